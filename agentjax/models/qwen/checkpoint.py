@@ -1,0 +1,246 @@
+"""Hugging Face checkpoint interop for Qwen: safetensors folder <-> sharded agentjax params.
+
+    cfg, params = load_hf("path/to/Qwen2.5-7B-Instruct", mesh=mesh)  # placed shard by shard
+    save_hf("path/to/export", cfg, params)                         # transformers loads this
+
+Loading validates every tensor name and shape against the config before reading any data, so a
+bad checkpoint fails with an error naming the tensor and nothing half-loaded is returned. Each
+device's shard is read straight from the memory-mapped file (jax.make_array_from_callback): no
+process ever materializes a whole float32 copy of the model on one device.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from typing import Any, Iterator, Mapping
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import SingleDeviceSharding
+
+from agentjax.models.qwen.config import QwenConfig
+from agentjax.models.qwen.model import abstract_params, param_shardings
+from agentjax.models.safetensors_io import CheckpointError, SafetensorsFolder, write_safetensors_folder
+
+# Tensors that may appear in a folder without being parameters of the model.
+_IGNORABLE_SUFFIXES = (".rotary_emb.inv_freq",)
+
+# Layout kinds between our parameter (left) and the Hugging Face tensor (right):
+#   copy   same layout
+#   T      [in, out] <- [out, in]                        (nn.Linear weight)
+#   heads  [E, heads, D] <- [heads*D, E]                 (q/k/v_proj.weight)
+#   hbias  [heads, D] <- [heads*D]                       (q/k/v_proj.bias)
+#   o      [H, D, E] <- [E, H*D]                         (o_proj.weight)
+
+
+def _param_map(cfg: QwenConfig) -> dict[tuple[str, ...], tuple[str, str]]:
+  """Our param path -> (Hugging Face tensor name, layout kind)."""
+  out: dict[tuple[str, ...], tuple[str, str]] = {
+      ("embed_tokens",): ("model.embed_tokens.weight", "copy"),
+      ("norm", "scale"): ("model.norm.weight", "copy"),
+  }
+  if not cfg.tie_word_embeddings:
+    out[("lm_head",)] = ("lm_head.weight", "T")
+  for i in range(cfg.num_layers):
+    ours, hf = f"layers_{i}", f"model.layers.{i}"
+    out[(ours, "input_layernorm", "scale")] = (f"{hf}.input_layernorm.weight", "copy")
+    out[(ours, "post_attention_layernorm", "scale")] = (f"{hf}.post_attention_layernorm.weight", "copy")
+    for proj in ("q_proj", "k_proj", "v_proj"):
+      out[(ours, "self_attn", proj, "kernel")] = (f"{hf}.self_attn.{proj}.weight", "heads")
+      if cfg.qkv_bias:
+        out[(ours, "self_attn", proj, "bias")] = (f"{hf}.self_attn.{proj}.bias", "hbias")
+    out[(ours, "self_attn", "o_proj", "kernel")] = (f"{hf}.self_attn.o_proj.weight", "o")
+    if cfg.qk_norm:
+      out[(ours, "self_attn", "q_norm", "scale")] = (f"{hf}.self_attn.q_norm.weight", "copy")
+      out[(ours, "self_attn", "k_norm", "scale")] = (f"{hf}.self_attn.k_norm.weight", "copy")
+    for proj in ("gate_proj", "up_proj", "down_proj"):
+      out[(ours, "mlp", proj, "kernel")] = (f"{hf}.mlp.{proj}.weight", "T")
+  return out
+
+
+def _hf_shape(kind: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+  if kind == "copy":
+    return shape
+  if kind == "T":
+    return shape[::-1]
+  if kind == "heads":
+    return (shape[1] * shape[2], shape[0])
+  if kind == "hbias":
+    return (shape[0] * shape[1],)
+  if kind == "o":
+    return (shape[2], shape[0] * shape[1])
+  raise AssertionError(kind)
+
+
+def _read_slice(hf: np.ndarray, kind: str, shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
+  """Reads our-layout block `index` of the parameter from the HF tensor, touching only its rows."""
+  idx = tuple(slice(*s.indices(n)) for s, n in zip(index, shape))
+  if kind == "copy":
+    return np.asarray(hf[idx])
+  if kind == "T":
+    return np.asarray(hf[idx[1], idx[0]]).T
+  d = shape[-1] if kind in ("heads", "hbias") else shape[1]
+  if kind == "heads":   # ours [E, h, D]
+    se, sh, sd = idx
+    block = np.asarray(hf[sh.start * d:sh.stop * d, se]).T          # [e, h*D]
+    return block.reshape(block.shape[0], -1, d)[:, :, sd]
+  if kind == "hbias":   # ours [h, D]
+    sh, sd = idx
+    return np.asarray(hf[sh.start * d:sh.stop * d]).reshape(-1, d)[:, sd]
+  if kind == "o":       # ours [h, D, E]
+    sh, sd, se = idx
+    block = np.asarray(hf[se, sh.start * d:sh.stop * d]).T          # [h*D, e]
+    return block.reshape(-1, d, block.shape[1])[:, sd, :]
+  raise AssertionError(kind)
+
+
+def _to_hf(kind: str, ours: np.ndarray) -> np.ndarray:
+  if kind == "copy":
+    return ours
+  if kind == "T":
+    return ours.T
+  if kind == "heads":
+    return ours.reshape(ours.shape[0], -1).T
+  if kind == "hbias":
+    return ours.reshape(-1)
+  if kind == "o":
+    return ours.reshape(-1, ours.shape[-1]).T
+  raise AssertionError(kind)
+
+
+def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
+  for key in path:
+    tree = tree[key]
+  return tree
+
+
+def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
+  for key in path[:-1]:
+    tree = tree.setdefault(key, {})
+  tree[path[-1]] = value
+
+
+def validate_tensors(cfg: QwenConfig, folder: SafetensorsFolder) -> None:
+  """Checks that the folder holds exactly the model's tensors with the right shapes."""
+  mapping = _param_map(cfg)
+  abstract = abstract_params(cfg)
+  expected = {hf_name: _hf_shape(kind, _get(abstract, path).shape)
+              for path, (hf_name, kind) in mapping.items()}
+  present = set(folder)
+  missing = sorted(set(expected) - present)
+  if missing:
+    raise CheckpointError(f"{folder.path}: checkpoint is missing tensor {missing[0]!r}"
+                          + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
+  # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): harmless.
+  allowed_extra = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
+  extra = sorted(n for n in present - set(expected) - allowed_extra
+                 if not n.endswith(_IGNORABLE_SUFFIXES))
+  if extra:
+    raise CheckpointError(f"{folder.path}: checkpoint has unexpected tensor {extra[0]!r}"
+                          + (f" and {len(extra) - 1} more" if len(extra) > 1 else "")
+                          + f" (not part of a {cfg.model_type} model with this config.json)")
+  for name, shape in expected.items():
+    if folder.shape(name) != shape:
+      raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has shape "
+                            f"{list(folder.shape(name))}, expected {list(shape)} from config.json")
+    if not np.issubdtype(folder[name].dtype, np.floating):
+      raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has non-float dtype "
+                            f"{folder[name].dtype}")
+
+
+def params_from_tensors(cfg: QwenConfig, tensors: Mapping[str, np.ndarray],
+                        shardings: Any | None = None) -> Any:
+  """Builds (sharded) params from a mapping of Hugging Face tensor names to arrays.
+
+  `tensors` may be a SafetensorsFolder (memory-mapped) or any dict, e.g. a transformers
+  state_dict converted to numpy. Each device's block is read and cast separately.
+  """
+  abstract = abstract_params(cfg)
+  params: dict[str, Any] = {}
+  default = SingleDeviceSharding(jax.local_devices()[0])
+  for path, (hf_name, kind) in _param_map(cfg).items():
+    leaf = _get(abstract, path)
+    sharding = _get(shardings, path) if shardings is not None else default
+    hf = tensors[hf_name]
+    shape, dtype = tuple(leaf.shape), leaf.dtype
+
+    def callback(index, hf=hf, kind=kind, shape=shape, dtype=dtype):
+      return _read_slice(hf, kind, shape, index).astype(dtype)
+
+    _set(params, path, jax.make_array_from_callback(shape, sharding, callback))
+  return params
+
+
+def load_hf(path: str, mesh: jax.sharding.Mesh | None = None, **config_overrides: Any
+            ) -> tuple[QwenConfig, Any]:
+  """Loads a Hugging Face Qwen2/2.5/3 folder (config.json + safetensors) into sharded params.
+
+  Args:
+    path: checkpoint folder.
+    mesh: place parameters by the rules table on this mesh; default: the first local device.
+    config_overrides: QwenConfig fields to change, e.g. param_dtype="bfloat16", remat_policy="full".
+  Returns:
+    (config, params).
+  """
+  cfg = QwenConfig.from_hf_folder(path, **config_overrides)
+  folder = SafetensorsFolder(path)
+  validate_tensors(cfg, folder)
+  shardings = param_shardings(cfg, mesh) if mesh is not None else None
+  return cfg, params_from_tensors(cfg, folder, shardings)
+
+
+def hf_tensors(cfg: QwenConfig, params: Any, dtype: Any = None) -> Iterator[tuple[str, np.ndarray]]:
+  """Yields (Hugging Face name, host array) one parameter at a time (gathered across hosts)."""
+  for path, (hf_name, kind) in _param_map(cfg).items():
+    arr = _get(params, path)
+    if isinstance(arr, jax.Array) and not arr.is_fully_addressable:
+      arr = multihost_utils.process_allgather(arr, tiled=True)
+    host = np.asarray(jax.device_get(arr))
+    if dtype is not None:
+      host = host.astype(dtype)
+    yield hf_name, np.ascontiguousarray(_to_hf(kind, host))
+
+
+def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
+            dtype: Any = None, max_shard_bytes: int = 4 << 30) -> str:
+  """Exports params as a folder `transformers.AutoModelForCausalLM.from_pretrained` loads.
+
+  The folder is written beside the target and moved into place at the end, so a failed export
+  never leaves a half-written folder or destroys an earlier export at `path`. On multi-host
+  runs every process must call this (parameters are gathered); only process 0 writes.
+  """
+  tensors = hf_tensors(cfg, params, dtype)
+  if jax.process_index() != 0:
+    for _ in tensors:  # take part in the gathers
+      pass
+    return path
+  path = os.path.abspath(path)
+  parent = os.path.dirname(path)
+  os.makedirs(parent, exist_ok=True)
+  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  try:
+    write_safetensors_folder(staging, tensors, max_shard_bytes)
+    hf_config = cfg.to_hf_dict()
+    if dtype is not None:
+      hf_config["dtype"] = np.dtype(dtype).name
+    with open(os.path.join(staging, "config.json"), "w") as f:
+      json.dump(hf_config, f, indent=2)
+    if tokenizer is not None:
+      tokenizer.save_pretrained(staging)
+    if os.path.exists(path):
+      backup = path + ".old"
+      shutil.rmtree(backup, ignore_errors=True)
+      os.replace(path, backup)
+      os.replace(staging, path)
+      shutil.rmtree(backup)
+    else:
+      os.replace(staging, path)
+  except BaseException:
+    shutil.rmtree(staging, ignore_errors=True)
+    raise
+  return path
+

@@ -1,0 +1,293 @@
+"""Flax (linen) port of the Qwen2 / Qwen2.5 / Qwen3 decoder, numerically matching transformers.
+
+One module serves training and sampling:
+
+  logits, cache = Qwen(cfg).apply({"params": params}, tokens, positions, mask)            # training
+  hidden, cache = Qwen(cfg).apply(..., cache=cache, cache_index=index, return_hidden=True)  # sampling
+  logits = Qwen(cfg).apply({"params": params}, hidden_at_some_positions, method=Qwen.logits)
+
+Shapes: B batch, Q query tokens in this call, K keys (= Q without a cache, = S cache slots with
+one), E hidden, H query heads, N kv heads, G = H / N, D head_dim, V vocab.
+
+The KV cache is an explicit pytree (`KVCache`) passed in and returned, with a per-sequence write
+position `cache_index` [B], so rows of a batch advance independently. Parameters are a plain
+pytree (no flax boxes); their logical axis names come from `param_logical_axes(cfg)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from agentjax.models.qwen.config import QwenConfig
+from agentjax.parallel import constrain, logical_to_sharding
+
+Array = jax.Array
+_F32 = jnp.float32
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole layer in the backward pass
+    "dots": jax.checkpoint_policies.checkpoint_dots,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _dtype(name: str):
+  return jnp.dtype(name)
+
+
+def _init(std: float, axes: tuple[str, ...]):
+  return nn.with_logical_partitioning(nn.initializers.normal(std), axes)
+
+
+@flax.struct.dataclass
+class KVCache:
+  """Per-layer key/value buffers, each [B, S, N, D] (logical: batch, cache_length, kv_heads, head_dim)."""
+
+  keys: tuple[Array, ...]
+  values: tuple[Array, ...]
+
+  LOGICAL_AXES = ("batch", "cache_length", "kv_heads", "head_dim")
+
+  @classmethod
+  def zeros(cls, cfg: QwenConfig, batch: int, length: int, dtype: Any = None) -> "KVCache":
+    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    dtype = dtype or _dtype(cfg.dtype)
+    return cls(keys=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+               values=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
+
+  @property
+  def length(self) -> int:
+    return self.keys[0].shape[1]
+
+  def logical_axes(self) -> "KVCache":
+    spec = jax.sharding.PartitionSpec(*self.LOGICAL_AXES)
+    return KVCache(keys=tuple(spec for _ in self.keys), values=tuple(spec for _ in self.values))
+
+
+class RMSNorm(nn.Module):
+  """RMSNorm in float32, scaled after casting back (as transformers' Qwen2RMSNorm)."""
+
+  eps: float
+  axis_name: str = "norm"
+  param_dtype: Any = _F32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, (self.axis_name,)),
+                       (x.shape[-1],), self.param_dtype)
+    x32 = x.astype(_F32)
+    y = x32 * lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return scale.astype(x.dtype) * y.astype(x.dtype)
+
+
+def rope_cos_sin(positions: Array, head_dim: int, theta: float) -> tuple[Array, Array]:
+  """Rotary tables for explicit positions. positions [B, Q] -> cos, sin [B, Q, D] in float32."""
+  inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=_F32) / head_dim))
+  freqs = positions.astype(_F32)[..., None] * inv_freq
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
+  """Rotate-half RoPE. x [B, Q, heads, D]; cos, sin [B, Q, D]."""
+  x32 = x.astype(_F32)
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+  out = x32 * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+  return out.astype(x.dtype)
+
+
+def _write_cache(buffer: Array, new: Array, index: Array) -> Array:
+  """Writes new [B, Q, N, D] into buffer [B, S, N, D] at row-wise offsets index [B]."""
+  return jax.vmap(lambda b, n, i: lax.dynamic_update_slice_in_dim(b, n, i, axis=0))(
+      buffer, new.astype(buffer.dtype), index)
+
+
+class Attention(nn.Module):
+  cfg: QwenConfig
+
+  @nn.compact
+  def __call__(self, x: Array, cos: Array, sin: Array, mask: Array,
+               kv: tuple[Array, Array] | None, cache_index: Array | None):
+    cfg = self.cfg
+    dtype, pdtype = _dtype(cfg.dtype), _dtype(cfg.param_dtype)
+    b, q_len, _ = x.shape
+    n, g, d = cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
+
+    def proj(heads, name, heads_axis):
+      return nn.DenseGeneral(
+          (heads, d), use_bias=cfg.qkv_bias, dtype=dtype, param_dtype=pdtype, name=name,
+          kernel_init=_init(0.02, ("embed", heads_axis, "head_dim")),
+          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (heads_axis, "head_dim")))(x)
+
+    q = proj(cfg.num_heads, "q_proj", "heads")    # [B, Q, H, D]
+    k = proj(n, "k_proj", "kv_heads")             # [B, Q, N, D]
+    v = proj(n, "v_proj", "kv_heads")
+    if cfg.qk_norm:  # Qwen3: RMSNorm over head_dim, before RoPE
+      q = RMSNorm(cfg.rms_norm_eps, "head_dim", pdtype, name="q_norm")(q)
+      k = RMSNorm(cfg.rms_norm_eps, "head_dim", pdtype, name="k_norm")(k)
+    q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
+    k = apply_rope(k, cos, sin)
+
+    if kv is not None:
+      keys = _write_cache(kv[0], k, cache_index)     # [B, S, N, D]
+      values = _write_cache(kv[1], v, cache_index)
+      keys = constrain(keys, KVCache.LOGICAL_AXES)
+      values = constrain(values, KVCache.LOGICAL_AXES)
+      new_kv = (keys, values)
+    else:
+      keys, values, new_kv = k, v, None
+
+    # GQA without repeating K/V: group the query heads by the KV head they share.
+    qg = q.reshape(b, q_len, n, g, d)
+    scores = jnp.einsum("bqngd,bknd->bngqk", qg, keys.astype(dtype),
+                        preferred_element_type=_F32) * (d ** -0.5)
+    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(_F32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bngqk,bknd->bqngd", probs, values.astype(dtype)).reshape(b, q_len, n * g, d)
+    out = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=dtype,
+                          param_dtype=pdtype, name="o_proj",
+                          kernel_init=_init(0.02, ("heads", "head_dim", "embed")))(out)
+    return out, new_kv
+
+
+class MLP(nn.Module):
+  cfg: QwenConfig
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    cfg = self.cfg
+    dtype, pdtype = _dtype(cfg.dtype), _dtype(cfg.param_dtype)
+
+    def dense(features, name, axes):
+      return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
+                      kernel_init=_init(0.02, axes))
+
+    gate = dense(cfg.intermediate_size, "gate_proj", ("embed", "mlp"))(x)
+    up = dense(cfg.intermediate_size, "up_proj", ("embed", "mlp"))(x)
+    h = constrain(nn.silu(gate) * up, ("batch", "length", "mlp"))
+    return dense(cfg.hidden_size, "down_proj", ("mlp", "embed"))(h)
+
+
+class DecoderLayer(nn.Module):
+  cfg: QwenConfig
+
+  @nn.compact
+  def __call__(self, x, cos, sin, mask, kv, cache_index):
+    cfg = self.cfg
+    pdtype = _dtype(cfg.param_dtype)
+    h, new_kv = Attention(cfg, name="self_attn")(
+        RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="input_layernorm")(x),
+        cos, sin, mask, kv, cache_index)
+    x = x + h
+    x = x + MLP(cfg, name="mlp")(RMSNorm(cfg.rms_norm_eps, "norm", pdtype,
+                                         name="post_attention_layernorm")(x))
+    return constrain(x, ("batch", "length", "embed")), new_kv
+
+
+class Qwen(nn.Module):
+  """The Qwen causal LM. See the module docstring for the calling conventions."""
+
+  cfg: QwenConfig
+
+  def setup(self):
+    cfg = self.cfg
+    pdtype = _dtype(cfg.param_dtype)
+    self.embed_tokens = self.param("embed_tokens", _init(0.02, ("vocab", "embed")),
+                                   (cfg.vocab_size, cfg.hidden_size), pdtype)
+    layer_cls = DecoderLayer
+    if cfg.remat_policy != "none":
+      layer_cls = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[cfg.remat_policy])
+    self.layers = [layer_cls(cfg, name=f"layers_{i}") for i in range(cfg.num_layers)]
+    self.norm = RMSNorm(cfg.rms_norm_eps, "norm", pdtype)
+    if not cfg.tie_word_embeddings:
+      self.lm_head = self.param("lm_head", _init(0.02, ("embed", "vocab")),
+                                (cfg.hidden_size, cfg.vocab_size), pdtype)
+
+  def __call__(self, tokens: Array, positions: Array, attention_mask: Array,
+               cache: KVCache | None = None, cache_index: Array | None = None,
+               return_hidden: bool = False) -> tuple[Array, KVCache | None]:
+    """Runs the decoder.
+
+    Args:
+      tokens: [B, Q] int32 token ids.
+      positions: [B, Q] int32 position ids (RoPE), explicit so that padding and packing are free.
+      attention_mask: [B, Q, K] bool; K = Q without a cache, K = cache length S with one.
+      cache: optional KVCache with buffers [B, S, N, D]; this call's keys/values are written into it.
+      cache_index: [B] int32, the slot where each row's first token of this call is written.
+      return_hidden: return the final-norm hidden states [B, Q, E] instead of logits, so that a
+        sampler projects only the positions it samples from (see `logits`).
+    Returns:
+      (logits [B, Q, V] float32, or hidden [B, Q, E]), and the updated cache (None without one).
+    """
+    cfg = self.cfg
+    if cache is not None and cache_index is None:
+      raise ValueError("cache_index [B] is required when a cache is given")
+    x = jnp.take(self.embed_tokens, tokens, axis=0).astype(_dtype(cfg.dtype))
+    x = constrain(x, ("batch", "length", "embed"))
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+    keys, values = [], []
+    for i, layer in enumerate(self.layers):
+      kv = None if cache is None else (cache.keys[i], cache.values[i])
+      x, new_kv = layer(x, cos, sin, attention_mask, kv, cache_index)
+      if new_kv is not None:
+        keys.append(new_kv[0])
+        values.append(new_kv[1])
+    hidden = self.norm(x)
+    new_cache = KVCache(tuple(keys), tuple(values)) if cache is not None else None
+    if return_hidden:
+      return hidden, new_cache
+    return self.logits(hidden), new_cache
+
+  def logits(self, hidden: Array) -> Array:
+    """LM head: hidden [..., E] -> logits [..., V] in float32 (accumulated in float32)."""
+    dtype = _dtype(self.cfg.dtype)
+    h = hidden.astype(dtype)
+    if self.cfg.tie_word_embeddings:
+      out = jnp.einsum("...e,ve->...v", h, self.embed_tokens.astype(dtype), preferred_element_type=_F32)
+    else:
+      out = jnp.einsum("...e,ev->...v", h, self.lm_head.astype(dtype), preferred_element_type=_F32)
+    return out
+
+
+# --------------------------------------------------------------------------- parameters
+
+
+def _dummy_inputs():
+  tokens = jnp.zeros((1, 1), jnp.int32)
+  return tokens, tokens, jnp.ones((1, 1, 1), bool)
+
+
+def _abstract_boxed(cfg: QwenConfig):
+  return jax.eval_shape(lambda r: Qwen(cfg).init(r, *_dummy_inputs())["params"], jax.random.key(0))
+
+
+def param_logical_axes(cfg: QwenConfig) -> Any:
+  """Pytree (like params) of PartitionSpecs of logical axis names."""
+  return nn.get_partition_spec(_abstract_boxed(cfg))
+
+
+def abstract_params(cfg: QwenConfig) -> Any:
+  """Pytree of jax.ShapeDtypeStruct with the parameter shapes (nothing allocated)."""
+  return nn.meta.unbox(_abstract_boxed(cfg))
+
+
+def param_shardings(cfg: QwenConfig, mesh: jax.sharding.Mesh) -> Any:
+  """NamedShardings for the parameters on `mesh`, by the rules table in agentjax/parallel."""
+  return logical_to_sharding(param_logical_axes(cfg), abstract_params(cfg), mesh)
+
+
+def init_params(cfg: QwenConfig, rng: Array, mesh: jax.sharding.Mesh | None = None) -> Any:
+  """Random parameters (normal(0.02) matrices, unit norms, zero biases), created sharded."""
+
+  def init(r):
+    return nn.meta.unbox(Qwen(cfg).init(r, *_dummy_inputs())["params"])
+
+  shardings = param_shardings(cfg, mesh) if mesh is not None else None
+  return jax.jit(init, out_shardings=shardings)(rng)

@@ -1,0 +1,36 @@
+"""agentjax: train LLM search agents with reinforcement learning in JAX.
+
+Install for development and tests:  pip install torch==2.13.0 && pip install -e '.[test]'
+(`make test` does this in .venv). torch is a test-only dependency: it runs transformers'
+reference models for the parity tests; agentjax itself never imports it.
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="agentjax",
+    version="0.1.0",
+    description="JAX/Flax RL for multi-turn LLM search agents (IGPO, GRPO family) on Qwen models",
+    packages=find_packages(include=["agentjax", "agentjax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.10,<0.11",
+        "flax>=0.12,<0.13",
+        "optax>=0.2.8,<0.3",
+        "orbax-checkpoint>=0.12,<0.13",
+        "chex>=0.1.92,<0.2",
+        "ml_collections>=1.1,<2",
+        "numpy>=1.26",
+        "ml_dtypes>=0.5",
+        "transformers>=5.0,<6",
+        "safetensors>=0.5,<1",
+        "tokenizers>=0.22,<1",
+        "tensorflow-datasets>=4.9.9,<5",
+        "importlib_resources>=6",
+        "absl-py>=2.1,<3",
+    ],
+    extras_require={
+        # torch: exactly the CPU build that lies on local disk (other specs pull CUDA wheels).
+        "test": ["pytest>=8", "torch==2.13.0"],
+    },
+)
