@@ -24,6 +24,7 @@ _CODE_TO_DTYPE = {
     "BOOL": np.dtype(np.bool_),
 }
 _DTYPE_TO_CODE = {v: k for k, v in _CODE_TO_DTYPE.items()}
+FLOAT_DTYPES = frozenset(_CODE_TO_DTYPE[c] for c in ("F64", "F32", "F16", "BF16"))
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 

@@ -24,7 +24,8 @@ from jax.sharding import SingleDeviceSharding
 
 from agentjax.models.qwen.config import QwenConfig
 from agentjax.models.qwen.model import abstract_params, param_shardings
-from agentjax.models.safetensors_io import CheckpointError, SafetensorsFolder, write_safetensors_folder
+from agentjax.models.safetensors_io import (FLOAT_DTYPES, CheckpointError, SafetensorsFolder,
+                                            write_safetensors_folder)
 
 # Tensors that may appear in a folder without being parameters of the model.
 _IGNORABLE_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -147,7 +148,7 @@ def validate_tensors(cfg: QwenConfig, folder: SafetensorsFolder) -> None:
     if folder.shape(name) != shape:
       raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has shape "
                             f"{list(folder.shape(name))}, expected {list(shape)} from config.json")
-    if not np.issubdtype(folder[name].dtype, np.floating):
+    if folder[name].dtype not in FLOAT_DTYPES:
       raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has non-float dtype "
                             f"{folder[name].dtype}")
 

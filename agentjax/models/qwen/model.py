@@ -70,6 +70,36 @@ class KVCache:
     return KVCache(keys=tuple(spec for _ in self.keys), values=tuple(spec for _ in self.values))
 
 
+class Linear(nn.Module):
+  """y = x . kernel (+ bias), contracting x's last `in_dims` dims with the kernel's first ones.
+
+  kernel [*in_shape, *features] and bias [*features] carry logical axis names. (Our own layer
+  rather than nn.DenseGeneral, which initializes a flattened kernel that cannot take per-dim
+  logical names once a mesh is set.)
+  """
+
+  features: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  in_dims: int = 1
+  use_bias: bool = False
+  bias_axes: tuple[str, ...] = ()
+  dtype: Any = _F32
+  param_dtype: Any = _F32
+
+  @nn.compact
+  def __call__(self, x: Array) -> Array:
+    in_shape = x.shape[x.ndim - self.in_dims:]
+    kernel = self.param("kernel", _init(0.02, self.kernel_axes), in_shape + tuple(self.features),
+                        self.param_dtype)
+    contract = (tuple(range(x.ndim - self.in_dims, x.ndim)), tuple(range(self.in_dims)))
+    y = lax.dot_general(x.astype(self.dtype), kernel.astype(self.dtype), (contract, ((), ())))
+    if self.use_bias:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
+                        tuple(self.features), self.param_dtype)
+      y = y + bias.astype(self.dtype)
+    return y
+
+
 class RMSNorm(nn.Module):
   """RMSNorm in float32, scaled after casting back (as transformers' Qwen2RMSNorm)."""
 
@@ -121,10 +151,8 @@ class Attention(nn.Module):
     n, g, d = cfg.num_kv_heads, cfg.num_groups, cfg.head_dim
 
     def proj(heads, name, heads_axis):
-      return nn.DenseGeneral(
-          (heads, d), use_bias=cfg.qkv_bias, dtype=dtype, param_dtype=pdtype, name=name,
-          kernel_init=_init(0.02, ("embed", heads_axis, "head_dim")),
-          bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (heads_axis, "head_dim")))(x)
+      return Linear((heads, d), ("embed", heads_axis, "head_dim"), use_bias=cfg.qkv_bias,
+                    bias_axes=(heads_axis, "head_dim"), dtype=dtype, param_dtype=pdtype, name=name)(x)
 
     q = proj(cfg.num_heads, "q_proj", "heads")    # [B, Q, H, D]
     k = proj(n, "k_proj", "kv_heads")             # [B, Q, N, D]
@@ -151,9 +179,8 @@ class Attention(nn.Module):
     scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(_F32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
     out = jnp.einsum("bngqk,bknd->bqngd", probs, values.astype(dtype)).reshape(b, q_len, n * g, d)
-    out = nn.DenseGeneral(cfg.hidden_size, axis=(-2, -1), use_bias=False, dtype=dtype,
-                          param_dtype=pdtype, name="o_proj",
-                          kernel_init=_init(0.02, ("heads", "head_dim", "embed")))(out)
+    out = Linear((cfg.hidden_size,), ("heads", "head_dim", "embed"), in_dims=2, dtype=dtype,
+                 param_dtype=pdtype, name="o_proj")(out)
     return out, new_kv
 
 
@@ -166,8 +193,7 @@ class MLP(nn.Module):
     dtype, pdtype = _dtype(cfg.dtype), _dtype(cfg.param_dtype)
 
     def dense(features, name, axes):
-      return nn.Dense(features, use_bias=False, dtype=dtype, param_dtype=pdtype, name=name,
-                      kernel_init=_init(0.02, axes))
+      return Linear((features,), axes, dtype=dtype, param_dtype=pdtype, name=name)
 
     gate = dense(cfg.intermediate_size, "gate_proj", ("embed", "mlp"))(x)
     up = dense(cfg.intermediate_size, "up_proj", ("embed", "mlp"))(x)

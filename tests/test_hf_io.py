@@ -1,0 +1,184 @@
+"""Hugging Face folder interop: sharded/bf16 loading, export, tokenizers, and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+
+from agentjax.models.qwen import ConfigError, QwenConfig, init_params
+from agentjax.models.qwen.checkpoint import load_hf, save_hf
+from agentjax.models.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
+from agentjax.models.tokenizer import TokenizerError, load_tokenizer
+from tests import hf_fixtures
+from tests.test_qwen_model import forward
+
+
+def _export_logits_match(cfg, params, tmp_path, **save_kwargs):
+  from transformers import AutoModelForCausalLM
+
+  out = save_hf(str(tmp_path / "export"), cfg, params, **save_kwargs)
+  model = AutoModelForCausalLM.from_pretrained(out).eval()
+  ids = np.random.RandomState(6).randint(0, cfg.vocab_size, (2, 10))
+  ref = hf_fixtures.hf_logits(model, ids)
+  ours = np.asarray(forward(cfg, params, ids))
+  assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max()
+  return out
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen3"])
+def test_export_then_transformers_loads_same_logits(tmp_path, preset):
+  cfg = QwenConfig.preset(preset)
+  params = init_params(cfg, jax.random.key(7))
+  out = _export_logits_match(cfg, params, tmp_path)
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  # and back into agentjax, bit-exact
+  cfg2, params2 = load_hf(out)
+  assert cfg2 == cfg
+  jax.tree.map(np.testing.assert_array_equal, params2, params)
+
+
+def test_sharded_export_and_overwrite_keeps_folder_whole(tmp_path):
+  cfg = QwenConfig.preset("tiny-qwen3")
+  params = init_params(cfg, jax.random.key(8))
+  out = _export_logits_match(cfg, params, tmp_path, max_shard_bytes=100_000)
+  files = os.listdir(out)
+  assert "model.safetensors.index.json" in files and sum(f.endswith(".safetensors") for f in files) > 2
+  # Exporting again over the folder replaces it whole; no staging folders are left behind.
+  params_b = init_params(cfg, jax.random.key(9))
+  _export_logits_match(cfg, params_b, tmp_path)
+  assert sorted(os.listdir(tmp_path)) == ["export"]
+
+
+def test_failed_export_leaves_previous_export_intact(tmp_path):
+  cfg = QwenConfig.preset("tiny")
+  params = init_params(cfg, jax.random.key(10))
+  out = save_hf(str(tmp_path / "export"), cfg, params)
+  before = open(os.path.join(out, "model.safetensors"), "rb").read()
+  broken = dict(params)
+  del broken["norm"]  # a params tree missing a leaf fails half way through writing
+  with pytest.raises(KeyError):
+    save_hf(out, cfg, broken)
+  assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
+  assert sorted(os.listdir(tmp_path)) == ["export"]
+
+
+def test_load_sharded_and_bfloat16_checkpoints(tmp_path, hf_checkpoint):
+  folder, hf_model = hf_checkpoint("qwen2-gqa8", max_shard_size="40KB")
+  assert os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
+  cfg, params = load_hf(folder)
+  ids = np.random.RandomState(11).randint(0, cfg.vocab_size, (2, 9))
+  ref = hf_fixtures.hf_logits(hf_model, ids)
+  assert np.abs(np.asarray(forward(cfg, params, ids)) - ref).max() <= 1e-4 * np.abs(ref).max()
+
+  import torch
+
+  bf16_dir = str(tmp_path / "bf16")
+  hf_model.to(torch.bfloat16).save_pretrained(bf16_dir)
+  hf_model.to(torch.float32)
+  cfg16, params16 = load_hf(bf16_dir)
+  want = hf_model.model.layers[0].self_attn.o_proj.weight.detach().to(torch.bfloat16).float().numpy()
+  got = np.asarray(params16["layers_0"]["self_attn"]["o_proj"]["kernel"])
+  np.testing.assert_array_equal(got.reshape(-1, got.shape[-1]).T, want)
+
+
+def test_tokenizer_with_chat_template(tiny_tokenizer_dir):
+  tok = load_tokenizer(tiny_tokenizer_dir)
+  ids = tok.apply_chat_template([{"role": "user", "content": "capital of Veltrana?"}],
+                                add_generation_prompt=True, tokenize=True, return_dict=False)
+  text = tok.decode(ids)
+  assert text.startswith("<|im_start|>user\ncapital of Veltrana?<|im_end|>")
+  assert text.endswith("<|im_start|>assistant\n")
+
+
+def test_tokenizer_without_chat_template_fails(tmp_path):
+  folder = hf_fixtures.make_tokenizer_dir(str(tmp_path / "tok"), chat_template=None)
+  with pytest.raises(TokenizerError, match="chat_template"):
+    load_tokenizer(folder)
+  assert load_tokenizer(folder, require_chat_template=False) is not None
+  with pytest.raises(TokenizerError, match="does not exist"):
+    load_tokenizer(str(tmp_path / "nowhere"))
+
+
+# ----------------------------------------------------------------------------- bad checkpoints
+
+
+def _copy(folder, tmp_path):
+  dst = str(tmp_path / "ckpt")
+  shutil.copytree(folder, dst)
+  return dst
+
+
+def _edit_tensors(folder, edit):
+  path = os.path.join(folder, "model.safetensors")
+  st = SafetensorsFile(path)
+  tensors = {name: np.array(st.tensor(name)) for name in st.names()}
+  edit(tensors)
+  write_safetensors(path, tensors)
+
+
+def _edit_config(folder, edit):
+  path = os.path.join(folder, "config.json")
+  with open(path) as f:
+    hf = json.load(f)
+  edit(hf)
+  with open(path, "w") as f:
+    json.dump(hf, f)
+
+
+BAD_TENSORS = {
+    "missing": (lambda t: t.pop("model.layers.1.mlp.up_proj.weight"),
+                "missing tensor 'model.layers.1.mlp.up_proj.weight'"),
+    "extra": (lambda t: t.__setitem__("model.layers.9.mlp.up_proj.weight", np.zeros(3, np.float32)),
+              "unexpected tensor 'model.layers.9.mlp.up_proj.weight'"),
+    "misshaped": (lambda t: t.__setitem__("model.layers.0.self_attn.k_proj.weight",
+                                          np.zeros((3, 64), np.float32)),
+                  r"tensor 'model.layers.0.self_attn.k_proj.weight' has shape \[3, 64\], expected \[32, 64\]"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TENSORS))
+def test_bad_tensor_names_the_tensor(hf_checkpoint, tmp_path, case):
+  folder, _ = hf_checkpoint("qwen2-tied-gqa2")
+  bad = _copy(folder, tmp_path)
+  edit, message = BAD_TENSORS[case]
+  _edit_tensors(bad, edit)
+  with pytest.raises(CheckpointError, match=message):
+    load_hf(bad)
+
+
+BAD_CONFIGS = {
+    "model_type": (lambda c: c.__setitem__("model_type", "llama"), "model_type 'llama' is not supported"),
+    "sliding": (lambda c: c.__setitem__("use_sliding_window", True), "use_sliding_window"),
+    "rope": (lambda c: c.__setitem__("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}),
+             "rope_type 'yarn'"),
+    "missing_field": (lambda c: c.pop("hidden_size"), "required field 'hidden_size'"),
+    "heads": (lambda c: c.__setitem__("num_key_value_heads", 3), "num_kv_heads"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_names_the_field(hf_checkpoint, tmp_path, case):
+  folder, _ = hf_checkpoint("qwen2-tied-gqa2")
+  bad = _copy(folder, tmp_path)
+  edit, message = BAD_CONFIGS[case]
+  _edit_config(bad, edit)
+  with pytest.raises(ConfigError, match=message):
+    load_hf(bad)
+
+
+def test_corrupt_and_pickle_only_folders(hf_checkpoint, tmp_path):
+  folder, _ = hf_checkpoint("qwen2-tied-gqa2")
+  bad = _copy(folder, tmp_path)
+  with open(os.path.join(bad, "model.safetensors"), "r+b") as f:
+    f.truncate(1000)
+  with pytest.raises(CheckpointError, match="model.safetensors"):
+    load_hf(bad)
+  os.remove(os.path.join(bad, "model.safetensors"))
+  open(os.path.join(bad, "pytorch_model.bin"), "wb").close()
+  with pytest.raises(CheckpointError, match="pickle"):
+    load_hf(bad)
