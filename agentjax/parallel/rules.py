@@ -46,8 +46,14 @@ def current_rules() -> LogicalRules:
 
 
 def constrain(x: jax.Array, logical_axes: tuple[str | None, ...]) -> jax.Array:
-  """Sharding constraint by logical names. A no-op unless a mesh is set with `jax.set_mesh`."""
-  return nn.with_logical_constraint(x, logical_axes, rules=current_rules())
+  """Sharding constraint by logical names. A no-op unless a mesh is set with `jax.set_mesh`.
+
+  Mesh axes that do not divide a dimension (batch 1 on 8 devices) are dropped, as for parameters.
+  """
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return x
+  return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
 
 
 def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int] | None = None,
