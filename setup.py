@@ -28,6 +28,7 @@ setup(
         "tensorflow-datasets>=4.9.9,<5",
         "importlib_resources>=6",
         "absl-py>=2.1,<3",
+        "bm25s>=0.2.5,<0.4",
     ],
     extras_require={
         # torch: exactly the CPU build that lies on local disk (other specs pull CUDA wheels).

@@ -2,6 +2,7 @@
 
     python launch/bench.py forward            # jitted forward vs transformers (PyTorch), CPU
     python launch/bench.py forward --preset=qwen2.5-1.5b --dtype=bfloat16 --no_reference  # GPU
+    python launch/bench.py decode --batch=16 --length=256   # sampler vs transformers generate
 
 The last printed line is one JSON object. Figures are recorded in docs/BENCHMARKS.md.
 Timings are medians over several runs after a warm-up (compilation excluded and reported apart).
@@ -24,10 +25,11 @@ from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "qwen2.5-0.5b", "Model shape (random weights).")
-flags.DEFINE_integer("batch", 4, "Batch size.")
-flags.DEFINE_integer("length", 512, "Tokens per sequence.")
+flags.DEFINE_integer("batch", None, "Batch size (forward: 4, decode: 16).")
+flags.DEFINE_integer("length", None, "Tokens per sequence (forward: 512) or prompt (decode: 256).")
 flags.DEFINE_string("dtype", "float32", "Compute and parameter dtype: float32 or bfloat16.")
 flags.DEFINE_integer("repeats", 3, "Timed runs (the median is reported).")
+flags.DEFINE_integer("new_tokens", 128, "decode: tokens generated per sequence.")
 flags.DEFINE_bool("no_reference", False, "Skip the transformers reference (e.g. on a GPU host "
                   "without torch); reports throughput and MFU only.")
 
@@ -70,25 +72,16 @@ def bench_forward() -> dict:
 
   from agentjax.models import masks
   from agentjax.models.qwen import Qwen, QwenConfig, init_params
-  from agentjax.models.qwen.checkpoint import params_from_tensors
 
   cfg = QwenConfig.preset(FLAGS.preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
-  b, length = FLAGS.batch, FLAGS.length
+  b, length = FLAGS.batch or 4, FLAGS.length or 512
   ids = np.random.RandomState(0).randint(0, cfg.vocab_size, (b, length))
   tokens_per_run = b * length
 
-  ref_model = None
   if FLAGS.no_reference:
-    params = init_params(cfg, jax.random.key(0))
+    params, ref_model = init_params(cfg, jax.random.key(0)), None
   else:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    ref_model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg.to_hf_dict())).eval()
-    tensors = {k: v.detach().float().numpy() for k, v in ref_model.state_dict().items()}
-    params = params_from_tensors(cfg, tensors)
-    del tensors
+    ref_model, params = _reference_model(cfg)
 
   @jax.jit
   def forward(params, ids):
@@ -129,7 +122,103 @@ def bench_forward() -> dict:
   return result
 
 
-BENCHES = {"forward": bench_forward}
+def _reference_model(cfg):
+  """A random transformers model of cfg's shape, and the same weights as agentjax params."""
+  import torch
+  from transformers import AutoConfig, AutoModelForCausalLM
+
+  from agentjax.models.qwen.checkpoint import params_from_tensors
+
+  torch.manual_seed(0)
+  model = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg.to_hf_dict())).eval()
+  tensors = {k: v.detach().float().numpy() for k, v in model.state_dict().items()}
+  return model, params_from_tensors(cfg, tensors)
+
+
+class CompileCounter:
+  """Counts XLA compilations (jax.monitoring events) from construction on."""
+
+  _count = 0
+  _registered = False
+
+  def __init__(self):
+    import jax
+
+    if not CompileCounter._registered:
+      def listener(name, *_, **__):
+        if name == "/jax/core/compile/backend_compile_duration":
+          CompileCounter._count += 1
+      jax.monitoring.register_event_duration_secs_listener(listener)
+      CompileCounter._registered = True
+    self.start = CompileCounter._count
+
+  @property
+  def count(self) -> int:
+    return CompileCounter._count - self.start
+
+
+def bench_decode() -> dict:
+  """Greedy generation (prefill + new tokens) vs transformers generate, same random weights."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from agentjax.models.qwen import Qwen, QwenConfig
+  from agentjax.sampling import SamplingParams, StopTable, bucket, extend, generate, init_state
+
+  cfg = QwenConfig.preset(FLAGS.preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype,
+                          eos_token_id=None)
+  b, prompt_len, new = FLAGS.batch or 16, FLAGS.length or 256, FLAGS.new_tokens
+  ids = np.random.RandomState(0).randint(0, cfg.vocab_size, (b, prompt_len)).astype(np.int32)
+  if FLAGS.no_reference:
+    from agentjax.models.qwen import init_params
+    params, ref_model = init_params(cfg, jax.random.key(0)), None
+  else:
+    ref_model, params = _reference_model(cfg)
+  model = Qwen(cfg)
+  cache_len = bucket(prompt_len + new)
+  no_stops = (StopTable.build([b""] * cfg.vocab_size, []), jnp.zeros((0,), jnp.int32),
+              jnp.int32(cache_len))
+  greedy = SamplingParams(greedy=True)
+
+  def run():
+    state = init_state(cfg, b, cache_len, jax.random.key(0))
+    state = extend(model, params, state, jnp.asarray(ids), jnp.full((b,), prompt_len, jnp.int32),
+                   jnp.full((b,), -1, jnp.int32))
+    state, gen = generate(model, params, state, jnp.ones((b,), bool), jnp.zeros((b,), jnp.int32),
+                          no_stops, greedy, new)
+    return np.asarray(gen.new_tokens), gen
+
+  counter = CompileCounter()
+  start = time.perf_counter()
+  ours_tokens, gen = run()
+  warm_s = time.perf_counter() - start
+  compiles_warmup = counter.count
+  counter = CompileCounter()
+  ours_s = median_seconds(run, FLAGS.repeats)
+  assert (np.asarray(gen.num_new) == new).all()
+  result = {"bench": "decode", "preset": FLAGS.preset, "batch": b, "prompt": prompt_len,
+            "new_tokens": new, "dtype": FLAGS.dtype,
+            "ours_tok_s": round(b * new / ours_s, 1), "ours_s": round(ours_s, 3),
+            "compiles": counter.count, "compiles_warmup": compiles_warmup,
+            "warmup_s": round(warm_s, 1)}
+  if ref_model is not None:
+    import torch
+
+    with torch.inference_mode():
+      ids_t = torch.tensor(ids, dtype=torch.long)
+      kwargs = dict(attention_mask=torch.ones_like(ids_t), max_new_tokens=new, min_new_tokens=new,
+                    do_sample=False, pad_token_id=0, eos_token_id=None)
+      ref_tokens = ref_model.generate(ids_t, **kwargs)[:, prompt_len:].numpy()  # warm-up
+      ref_s = median_seconds(lambda: ref_model.generate(ids_t, **kwargs), max(1, FLAGS.repeats - 1))
+    result.update(ref_tok_s=round(b * new / ref_s, 1), ref_s=round(ref_s, 3),
+                  ratio=round(ref_s / ours_s, 3),
+                  greedy_token_agreement=float((ref_tokens == ours_tokens).mean()))
+  result["device"] = device_name()
+  return result
+
+
+BENCHES = {"forward": bench_forward, "decode": bench_decode}
 
 
 def main(argv):

@@ -134,9 +134,14 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
 
 
 def _write_cache(buffer: Array, new: Array, index: Array) -> Array:
-  """Writes new [B, Q, N, D] into buffer [B, S, N, D] at row-wise offsets index [B]."""
-  return jax.vmap(lambda b, n, i: lax.dynamic_update_slice_in_dim(b, n, i, axis=0))(
-      buffer, new.astype(buffer.dtype), index)
+  """Writes new [B, Q, N, D] into buffer [B, S, N, D] at slots index[b] + q.
+
+  A scatter rather than dynamic_update_slice: slots past the end are dropped, where
+  dynamic_update_slice would clamp the start and overwrite live slots of a full row.
+  """
+  slots = index[:, None] + jnp.arange(new.shape[1], dtype=index.dtype)[None]
+  rows = jnp.arange(buffer.shape[0])[:, None]
+  return buffer.at[rows, slots].set(new.astype(buffer.dtype), mode="drop")
 
 
 class Attention(nn.Module):

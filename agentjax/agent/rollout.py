@@ -1,0 +1,301 @@
+"""Multi-turn search-agent rollouts: think -> search -> information -> ... -> answer.
+
+For a batch of questions, each repeated group_size times:
+
+  prefill prompts ─► per turn: [hook text] ─► generate (one lax.while_loop until a stop string)
+                    ─► parse actions (host, text only) ─► ONE batched search call
+                    ─► feed observations into the KV cache (never re-running earlier context)
+
+The decode state (KV cache, token buffer, masks, log-probs) stays on the device for the whole
+rollout; only each turn's sampled tokens come to the host, as text for the tool, and observation
+tokens go back. Trajectory tokens are exactly the ids that were sampled or fed: nothing is ever
+re-tokenized from decoded text (re-tokenizing at tool boundaries shifts tokens and spikes the KL).
+
+Extension points for later methods: `before_turn` (a hook that injects text, e.g. rubrics, before
+each turn's generation) and `policy_for_turn` (which of several parameter sets generates a turn,
+e.g. a searcher and a generator adapter).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, get_protocol
+from agentjax.models.qwen import Qwen, QwenConfig
+from agentjax.retrieval import SearchBackend
+from agentjax.sampling import (STOP_BUDGET, STOP_EOS, SamplingParams, StopTable, bucket,
+                               decode_bytes, extend, generate, init_state, token_byte_table)
+
+# before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
+TurnHook = Callable[[int, Sequence[int], Sequence[str]], Sequence[str | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+  protocol: str = "search_r1"
+  group_size: int = 5
+  max_turns: int = 4
+  max_new_tokens: int = 256     # per turn
+  max_obs_tokens: int = 512     # per observation, tags included
+  max_total_tokens: int = 4096  # whole trajectory, prompt included (the KV cache budget)
+  topk: int = 3
+  sampling: SamplingParams = SamplingParams()
+  use_chat_template: bool = True
+
+  def __post_init__(self):
+    get_protocol(self.protocol)
+    for name in ("group_size", "max_turns", "max_new_tokens", "max_obs_tokens",
+                 "max_total_tokens", "topk"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@chex.dataclass(frozen=True)
+class TrajectoryBatch:
+  """A batch of finished trajectories. Arrays are [B, S] over cache slots unless noted.
+
+  Slot j of row b holds the j-th token of that trajectory (position id j); slots past the row's
+  length are padding (valid = False).
+  """
+
+  tokens: jax.Array        # [B, S] int32
+  positions: jax.Array     # [B, S] int32 (0 on padding)
+  valid: jax.Array         # [B, S] bool, real tokens
+  loss_mask: jax.Array     # [B, S] bool, exactly the tokens the policy sampled
+  logprobs: jax.Array      # [B, S] float32, sampling-time log-prob of sampled tokens (temperature 1)
+  turn_id: jax.Array       # [B, S] int32, turn of each token (hook text, samples, observation); -1 prompt
+  turn_ends: np.ndarray    # [B, max_turns + 1] int32: context end after the prompt (0) and after
+                           #   each turn t's observation (t); entries past num_turns repeat the last
+  num_turns: np.ndarray    # [B] int32
+  answered: np.ndarray     # [B] bool, ended with an <answer>
+  format_valid: np.ndarray # [B] bool, answered with no invalid action on the way
+  truncated: np.ndarray    # [B] bool, hit max_turns or the token budget without answering
+  group_ids: np.ndarray    # [B] int32, index of the question
+  num_format_errors: np.ndarray    # [B] int32 invalid actions
+  num_search_failures: np.ndarray  # [B] int32 searches the retriever failed
+  answers: np.ndarray      # [B] object: answer text ("" if none); host-side
+
+
+class RolloutEngine:
+  """Runs batched multi-turn rollouts of one model against one search backend."""
+
+  def __init__(self, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
+               config: RolloutConfig, before_turn: TurnHook | None = None):
+    self.cfg, self.tokenizer, self.backend, self.config = cfg, tokenizer, backend, config
+    self.protocol = get_protocol(config.protocol)
+    self.model = Qwen(cfg)
+    self.before_turn = before_turn
+    self.byte_table = token_byte_table(tokenizer, cfg.vocab_size)
+    eos = set(cfg.eos_token_ids)
+    if tokenizer.eos_token_id is not None:
+      eos.add(int(tokenizer.eos_token_id))
+    self.eos_ids = jnp.asarray(sorted(eos), jnp.int32)
+    self.stop_table = StopTable.build(self.byte_table, self.protocol.stop_strings)
+    self.cache_len = bucket(config.max_total_tokens)
+    self._prefix_suffix = {}
+
+  # ------------------------------------------------------------------ text <-> tokens (host)
+
+  def encode(self, text: str) -> list[int]:
+    return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return decode_bytes(self.byte_table, ids)
+
+  def prompt_ids(self, question: str) -> list[int]:
+    text = self.protocol.prompt(question)
+    if self.config.use_chat_template:
+      return list(self.tokenizer.apply_chat_template(
+          [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+          return_dict=False))
+    return self.encode(text)
+
+  def observation_ids(self, prefix: str, body: str, suffix: str) -> list[int]:
+    """prefix + body + suffix, with the body cut so the whole fits max_obs_tokens."""
+    key = (prefix, suffix)
+    if key not in self._prefix_suffix:
+      self._prefix_suffix[key] = (self.encode(prefix), self.encode(suffix))
+    pre, suf = self._prefix_suffix[key]
+    room = max(0, self.config.max_obs_tokens - len(pre) - len(suf))
+    return pre + self.encode(body)[:room] + suf
+
+  # ------------------------------------------------------------------ device calls
+
+  def _feed(self, params, state, rows_ids: Sequence[Sequence[int]], turn: np.ndarray):
+    """Feeds each row's ids (possibly none) through one `extend` call, shapes bucketed."""
+    lengths = np.array([len(x) for x in rows_ids], np.int32)
+    width = bucket(int(lengths.max()) if len(lengths) else 1)
+    block = np.zeros((len(rows_ids), width), np.int32)
+    for b, ids in enumerate(rows_ids):
+      block[b, :len(ids)] = ids
+    return extend(self.model, params, state, jnp.asarray(block), jnp.asarray(lengths),
+                  jnp.asarray(turn, jnp.int32))
+
+  # ------------------------------------------------------------------ the rollout
+
+  def run(self, params: Any, questions: Sequence[str], rng: jax.Array,
+          policy_for_turn: Callable[[int], str] | None = None
+          ) -> tuple[TrajectoryBatch, dict[str, float]]:
+    """Rolls out group_size trajectories per question.
+
+    Args:
+      params: model parameters, or a mapping name -> parameters when policy_for_turn is given.
+      questions: Q question strings; the batch is B = Q * group_size rows, row b answering
+        question b // group_size.
+      policy_for_turn: turn -> name of the parameters that generate that turn (and encode its
+        observation). Default: the single `params` for every turn.
+    Returns:
+      (TrajectoryBatch, metrics: seconds per phase, counts).
+    """
+    cfg = self.config
+    pick = (lambda turn: params) if policy_for_turn is None else \
+        (lambda turn: params[policy_for_turn(turn)])
+    group = cfg.group_size
+    rows = len(questions) * group
+    group_ids = np.repeat(np.arange(len(questions), dtype=np.int32), group)
+    budget = min(cfg.max_total_tokens, self.cache_len)
+
+    prompts = [self.prompt_ids(q) for q in questions]
+    for i, ids in enumerate(prompts):
+      if len(ids) >= budget:
+        raise ValueError(f"question {i}: prompt of {len(ids)} tokens does not fit "
+                         f"rollout.max_total_tokens={cfg.max_total_tokens}")
+    transcripts = [self.decode(prompts[g]) for g in group_ids]
+    timings = {"generate_s": 0.0, "search_s": 0.0, "extend_s": 0.0}
+
+    t0 = time.perf_counter()
+    state = init_state(self.cfg, rows, self.cache_len, rng)
+    state = self._feed(pick(0), state, [prompts[g] for g in group_ids], np.full(rows, -1))
+    jax.block_until_ready(state.length)
+    timings["extend_s"] += time.perf_counter() - t0
+
+    length = np.array([len(prompts[g]) for g in group_ids], np.int64)
+    turn_ends = np.zeros((rows, cfg.max_turns + 1), np.int32)
+    turn_ends[:, 0] = length
+    num_turns = np.zeros(rows, np.int32)
+    done = np.zeros(rows, bool)
+    answered = np.zeros(rows, bool)
+    truncated = np.zeros(rows, bool)
+    format_errors = np.zeros(rows, np.int32)
+    search_failures = np.zeros(rows, np.int32)
+    answers = np.array([""] * rows, dtype=object)
+    sampled_tokens = 0
+    stop = (self.stop_table, self.eos_ids, jnp.int32(budget))
+
+    for turn in range(cfg.max_turns):
+      active_rows = np.flatnonzero(~done)
+      if not len(active_rows):
+        break
+      turn_arr = np.full(rows, turn, np.int32)
+      policy = pick(turn)
+
+      if self.before_turn is not None:
+        texts = self.before_turn(turn, list(active_rows), [transcripts[b] for b in active_rows])
+        inject = [[] for _ in range(rows)]
+        for b, text in zip(active_rows, texts):
+          if text:
+            inject[b] = self.encode(text)[:max(0, budget - 1 - int(length[b]))]
+            transcripts[b] += self.decode(inject[b])
+        if any(inject):
+          t0 = time.perf_counter()
+          state = self._feed(policy, state, inject, turn_arr)
+          length += [len(x) for x in inject]
+          timings["extend_s"] += time.perf_counter() - t0
+
+      t0 = time.perf_counter()
+      active = np.zeros(rows, bool)
+      active[active_rows] = True
+      state, gen = generate(self.model, policy, state, jnp.asarray(active), jnp.asarray(turn_arr),
+                            stop, cfg.sampling, cfg.max_new_tokens)
+      new_tokens, num_new, reason = jax.device_get((gen.new_tokens, gen.num_new, gen.stop_reason))
+      timings["generate_s"] += time.perf_counter() - t0
+      sampled_tokens += int(num_new.sum())
+      length += num_new
+      num_turns[active_rows] += 1
+
+      observations: list[list[int]] = [[] for _ in range(rows)]
+      searches: list[tuple[int, str]] = []
+      for b in active_rows:
+        text = self.decode(new_tokens[b, :num_new[b]])
+        transcripts[b] += text
+        action = self.protocol.parse(text)
+        if action.kind == ANSWER:
+          answers[b], answered[b], done[b] = action.content, True, True
+        elif action.kind == SEARCH:
+          searches.append((b, action.content))
+        else:
+          assert action.kind == INVALID
+          format_errors[b] += 1
+          if reason[b] == STOP_EOS:  # the model ended its turn without a usable action: stop
+            done[b] = True
+          else:
+            observations[b] = self.encode(self.protocol.invalid_observation())
+        if reason[b] == STOP_BUDGET and not done[b]:
+          truncated[b] = done[b] = True
+
+      if searches:
+        t0 = time.perf_counter()
+        response = self.backend.search([q for _, q in searches], cfg.topk)
+        timings["search_s"] += time.perf_counter() - t0
+        for (b, _), docs, error in zip(searches, response.documents, response.errors):
+          if done[b]:
+            continue
+          if error is not None:
+            search_failures[b] += 1
+            observations[b] = self.observation_ids(*self.protocol.error_observation(error))
+          else:
+            observations[b] = self.observation_ids(*self.protocol.observation(docs))
+
+      for b in active_rows:
+        room = budget - int(length[b])
+        if len(observations[b]) >= room and not done[b]:
+          # No room to generate after this observation: keep what fits and stop.
+          observations[b] = observations[b][:max(0, room)]
+          truncated[b] = done[b] = True
+        transcripts[b] += self.decode(observations[b])
+
+      if any(observations[b] for b in active_rows):
+        t0 = time.perf_counter()
+        state = self._feed(policy, state, observations, turn_arr)
+        jax.block_until_ready(state.length)
+        timings["extend_s"] += time.perf_counter() - t0
+      length += [len(x) for x in observations]
+      turn_ends[active_rows, turn + 1] = length[active_rows]
+    truncated |= ~done  # ran out of turns without answering
+    # Boundaries past a row's last turn repeat its final length (convenient for gathers).
+    for t in range(1, cfg.max_turns + 1):
+      stale = t > num_turns
+      turn_ends[stale, t] = turn_ends[stale, t - 1]
+
+    slots = jnp.arange(self.cache_len, dtype=jnp.int32)[None]
+    batch = TrajectoryBatch(
+        tokens=state.tokens, positions=jnp.where(state.valid, slots, 0), valid=state.valid,
+        loss_mask=state.sampled, logprobs=state.logprobs, turn_id=state.turn_id,
+        turn_ends=turn_ends, num_turns=num_turns, answered=answered,
+        format_valid=answered & (format_errors == 0), truncated=truncated & ~answered,
+        group_ids=group_ids, num_format_errors=format_errors,
+        num_search_failures=search_failures, answers=answers)
+    metrics = dict(timings, sampled_tokens=float(sampled_tokens),
+                   turns_mean=float(num_turns.mean()), answered=float(answered.mean()),
+                   format_errors=float(format_errors.sum()),
+                   search_failures=float(search_failures.sum()),
+                   truncated=float(batch.truncated.mean()))
+    self.last_transcripts = transcripts
+    return batch, metrics
+
+
+def transcripts_of(batch: TrajectoryBatch, byte_table: Sequence[bytes]) -> list[str]:
+  """Full text of each trajectory, decoded from its exact token ids."""
+  tokens, valid = jax.device_get((batch.tokens, batch.valid))
+  return [decode_bytes(byte_table, tokens[b][valid[b]]) for b in range(tokens.shape[0])]
+
+
+__all__ = ["RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook", "transcripts_of"]
+_ = Mapping  # re-exported type for callers annotating params mappings

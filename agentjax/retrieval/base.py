@@ -1,0 +1,192 @@
+"""The search interface of rollouts: a batch of queries and a top-k in, documents out.
+
+Every backend (local BM25, a remote retrieval server, later dense retrievers) implements
+`SearchBackend.search(queries, topk) -> SearchResponse`. A retriever fault (server down, slow,
+answering garbage) never raises: the failed query gets no documents and a short error string,
+which the rollout engine turns into an error observation and counts (`SearchStats`). Only
+programmer errors (topk < 1, a bare string for `queries`) raise.
+
+Corpora use the FlashRAG / Search-R1 JSONL format: one `{"id": ..., "contents": "\"Title\"\\nbody"}`
+per line, the title on the first line of `contents` (often quoted; kept as-is).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib
+import json
+import threading
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+
+class CorpusError(ValueError):
+  """A corpus file that cannot be read; the message names the file and the line."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Document:
+  """One retrieved passage. `contents` is "Title\\nbody" (FlashRAG); `score` is the backend's."""
+  id: str
+  contents: str
+  score: float
+
+  @property
+  def title(self) -> str:
+    """The first line of `contents` (quotes, if any, kept)."""
+    return self.contents.split("\n", 1)[0]
+
+  @property
+  def text(self) -> str:
+    """`contents` after its first newline ("" for a one-line document)."""
+    parts = self.contents.split("\n", 1)
+    return parts[1] if len(parts) == 2 else ""
+
+
+@dataclasses.dataclass
+class SearchResponse:
+  """The answer to a batch of B queries, aligned with them.
+
+  documents: B lists of up to topk Documents, best first (fewer when fewer documents match).
+  errors: B entries, None for a query that succeeded (even with no documents), else a short
+    human-readable reason; a failed query always has `documents[i] == []`.
+  """
+  documents: list[list[Document]]
+  errors: list[str | None]
+
+  @classmethod
+  def failed(cls, num_queries: int, reason: str) -> SearchResponse:
+    """Every query failed for the same reason (the retriever as a whole is at fault)."""
+    return cls([[] for _ in range(num_queries)], [reason] * num_queries)
+
+  @property
+  def num_failed(self) -> int:
+    return sum(e is not None for e in self.errors)
+
+
+@dataclasses.dataclass
+class SearchStats:
+  """Cumulative counters of one backend, for the trainer's logs ("retriever failures").
+
+  calls: search() calls; queries: queries asked; failed_queries: queries answered with an error;
+  retries: extra attempts beyond the first (remote backends); seconds: wall time inside search().
+  Thread-safe: the rollout engine and the retrieval server call search() from several threads.
+  """
+  calls: int = 0
+  queries: int = 0
+  failed_queries: int = 0
+  retries: int = 0
+  seconds: float = 0.0
+  _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False,
+                                            compare=False)
+
+  def record(self, *, queries: int, failed_queries: int = 0, retries: int = 0,
+             seconds: float = 0.0) -> None:
+    """Adds one search() call."""
+    with self._lock:
+      self.calls += 1
+      self.queries += queries
+      self.failed_queries += failed_queries
+      self.retries += retries
+      self.seconds += seconds
+
+  def as_dict(self) -> dict[str, float]:
+    """A snapshot, e.g. for a metrics logger."""
+    with self._lock:
+      return {"calls": self.calls, "queries": self.queries, "failed_queries": self.failed_queries,
+              "retries": self.retries, "seconds": self.seconds}
+
+
+@runtime_checkable
+class SearchBackend(Protocol):
+  """What the rollout engine calls. Implementations keep a `stats: SearchStats`."""
+
+  stats: SearchStats
+
+  def search(self, queries: Sequence[str], topk: int) -> SearchResponse:
+    """Top-`topk` documents for each of the B `queries`; never raises for a retriever fault."""
+    ...
+
+
+def check_search_args(queries: Sequence[str], topk: int) -> list[str]:
+  """Validates search() arguments (programmer errors raise) and returns the queries as a list."""
+  if isinstance(queries, (str, bytes)):
+    raise TypeError("`queries` must be a sequence of strings, not a single string")
+  if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
+    raise ValueError(f"`topk` must be an integer >= 1, got {topk!r}")
+  queries = list(queries)
+  for i, q in enumerate(queries):
+    if not isinstance(q, str):
+      raise TypeError(f"`queries[{i}]` must be a string, got {type(q).__name__}")
+  return queries
+
+
+def read_corpus(path: str) -> tuple[list[dict[str, Any]], str]:
+  """Reads a FlashRAG JSONL corpus; returns (rows, sha256 hex of the file's bytes).
+
+  Each row is the line's JSON object with "id" coerced to str. The hash is computed in the same
+  pass (we read every byte anyway) so that index caches can be keyed by content. Blank lines are
+  skipped. Raises CorpusError naming the file and the 1-based line number of a malformed line.
+  """
+  digest = hashlib.sha256()
+  rows = []
+  try:
+    f = open(path, "rb")
+  except OSError as e:
+    raise CorpusError(f"{path}: cannot open corpus ({e.strerror or e})") from None
+  with f:
+    for lineno, raw in enumerate(f, start=1):
+      digest.update(raw)
+      if not raw.strip():
+        continue
+      try:
+        row = json.loads(raw)
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CorpusError(f"{path}:{lineno}: not valid JSON ({e})") from None
+      if not isinstance(row, dict):
+        raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+      for field in ("id", "contents"):
+        if field not in row:
+          raise CorpusError(f"{path}:{lineno}: missing field {field!r}")
+      if not isinstance(row["contents"], str):
+        raise CorpusError(f"{path}:{lineno}: field 'contents' must be a string, "
+                          f"got {type(row['contents']).__name__}")
+      if not isinstance(row["id"], (str, int)) or isinstance(row["id"], bool):
+        raise CorpusError(f"{path}:{lineno}: field 'id' must be a string or an integer")
+      row["id"] = str(row["id"])
+      rows.append(row)
+  if not rows:
+    raise CorpusError(f"{path}: the corpus has no documents")
+  return rows, digest.hexdigest()
+
+
+def load_corpus(path: str) -> list[dict[str, Any]]:
+  """Reads a FlashRAG JSONL corpus: a list of {"id": str, "contents": str, ...} rows.
+
+  Raises CorpusError (a ValueError) naming the file and line number of a malformed line.
+  """
+  return read_corpus(path)[0]
+
+
+# kind -> "module:attribute" (imported on first use, so that e.g. the http client does not pay
+# for importing bm25s) or a callable registered at runtime.
+_REGISTRY: dict[str, str | Callable[..., SearchBackend]] = {
+    "bm25": "agentjax.retrieval.bm25:BM25Backend",
+    "http": "agentjax.retrieval.http:HttpSearchBackend",
+}
+
+
+def register_backend(kind: str, factory: Callable[..., SearchBackend]) -> None:
+  """Makes `make_backend(kind, **kwargs)` call `factory(**kwargs)`."""
+  _REGISTRY[kind] = factory
+
+
+def make_backend(kind: str, **kwargs: Any) -> SearchBackend:
+  """Builds a backend by name, e.g. make_backend("http", url="http://127.0.0.1:8000/retrieve")."""
+  if kind not in _REGISTRY:
+    raise ValueError(f"unknown search backend kind {kind!r}; known: {sorted(_REGISTRY)}")
+  factory = _REGISTRY[kind]
+  if isinstance(factory, str):
+    module, attr = factory.split(":")
+    factory = getattr(importlib.import_module(module), attr)
+  return factory(**kwargs)

@@ -1,0 +1,458 @@
+"""Advantage estimators: outcome-level (GRPO family, RLOO, REINFORCE++), turn-level (IGPO, CW-GRPO).
+
+  estimator = get_advantage_estimator("igpo")
+  adv, stats = estimator(outcome=r, group_ids=g, loss_mask=m, ig=ig, num_turns=n, turn_id=t,
+                         gamma=1.0, norm_mode="joint")          # adv [B, L], 0 off loss_mask
+
+Shapes: B trajectories, L token slots, T max turns (static). Conventions:
+  loss_mask [B, L]  1 exactly on tokens the policy sampled (0 on prompt, observations, padding).
+  turn_id   [B, L]  int32, k for tokens of turn k (its sampled tokens and the observation after
+                    them), -1 on prompt and padding.
+  num_turns [B]     int32 >= 1; turn num_turns-1 is the answer (or truncated) turn, which carries
+                    the outcome reward.
+  group_ids [B]     int32; rollouts of one question share an id. Groups need not be contiguous:
+                    group statistics use a [B, B] same-group matrix (B is small), reduced with
+                    elementwise products and sums rather than matmuls, so no reduced-precision
+                    matmul (TPU/TF32 defaults) touches the rewards.
+  turn_mask [B, T]  arange(T) < num_turns[:, None].
+
+Every registered estimator takes keyword arguments and returns (advantages [B, L] float32,
+stats dict of scalars). Through the registry, batch fields an estimator does not use (ig,
+turn_id, ... see `BATCH_FIELDS`) are dropped, so a trainer can pass one batch dict to any of
+them; unknown configuration keywords still raise. Group standard deviations are population
+(ddof=0) ones; a singleton group's member gets advantage 0 in every group-baselined estimator.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+Array = jax.Array
+_F32 = jnp.float32
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
+
+# Per-batch inputs an estimator may or may not consume; the registry drops the unused ones.
+BATCH_FIELDS = frozenset({"outcome", "group_ids", "loss_mask", "turn_id", "num_turns", "ig",
+                          "retrieval_scores", "thinking_scores"})
+
+
+def register_advantage(name: str):
+  """Decorator: register an estimator under `name` (the function itself is returned unchanged)."""
+
+  def deco(fn: Callable) -> Callable:
+    if name in ADVANTAGE_ESTIMATORS:
+      raise ValueError(f"advantage estimator {name!r} is already registered")
+    accepted = set(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+      kwargs = {k: v for k, v in kwargs.items() if k in accepted or k not in BATCH_FIELDS}
+      return fn(*args, **kwargs)
+
+    ADVANTAGE_ESTIMATORS[name] = call
+    return fn
+
+  return deco
+
+
+def get_advantage_estimator(name: str) -> Callable:
+  """The registered estimator `name`; a KeyError names the known ones otherwise."""
+  try:
+    return ADVANTAGE_ESTIMATORS[name]
+  except KeyError:
+    raise KeyError(f"unknown advantage estimator {name!r}; known: "
+                   f"{sorted(ADVANTAGE_ESTIMATORS)}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks.
+# ---------------------------------------------------------------------------------------------
+
+
+def same_group(group_ids: Array) -> Array:
+  """[B] ids -> [B, B] bool, True where two trajectories answer the same question."""
+  group_ids = jnp.asarray(group_ids)
+  return group_ids[:, None] == group_ids[None, :]
+
+
+def _group_moments(values: Array, valid: Array, same: Array) -> tuple[Array, Array, Array]:
+  """Mean, population std and count of the valid entries pooled over each trajectory's group.
+
+  Args:
+    values: [B, T] float; invalid entries may hold anything (they are selected away, not scaled).
+    valid: [B, T] bool.
+    same: [B, B] bool same-group matrix.
+  Returns:
+    mean [B], std [B], count [B] (float32) of the group of trajectory i; 0 where count is 0.
+  """
+  values = values.astype(_F32)
+  pooled = same[:, :, None] & valid[None, :, :]  # [B(i), B(j), T]: entry (j, t) is in i's pool
+  count = jnp.sum(pooled, axis=(1, 2)).astype(_F32)
+  denom = jnp.maximum(count, 1.0)
+  mean = jnp.sum(jnp.where(pooled, values[None], 0.0), axis=(1, 2)) / denom
+  # Two-pass variance: exact for tightly clustered rewards, unlike E[x^2] - E[x]^2.
+  dev = jnp.where(pooled, values[None] - mean[:, None, None], 0.0)
+  std = jnp.sqrt(jnp.sum(dev * dev, axis=(1, 2)) / denom)
+  return mean, std, count
+
+
+def turn_to_token(turn_values: Array, turn_id: Array, loss_mask: Array) -> Array:
+  """Spread turn-level values to the tokens the policy sampled in each turn.
+
+  Args:
+    turn_values: [B, T] value of each turn.
+    turn_id: [B, L] int32 turn of each token (-1 on prompt/padding).
+    loss_mask: [B, L] bool or 0/1.
+  Returns:
+    [B, L] float32: turn_values[b, turn_id[b, l]] where loss_mask[b, l] (and 0 <= turn_id < T),
+    else 0.
+  """
+  num_t = turn_values.shape[1]
+  turn_id = jnp.asarray(turn_id).astype(jnp.int32)
+  picked = jnp.take_along_axis(turn_values.astype(_F32), jnp.clip(turn_id, 0, num_t - 1), axis=1)
+  ok = jnp.asarray(loss_mask).astype(bool) & (turn_id >= 0) & (turn_id < num_t)
+  return jnp.where(ok, picked, 0.0)
+
+
+def _broadcast_to_tokens(per_traj: Array, loss_mask: Array) -> Array:
+  """[B] -> [B, L]: the trajectory value on every sampled token, 0 elsewhere."""
+  return jnp.where(jnp.asarray(loss_mask).astype(bool), per_traj.astype(_F32)[:, None], 0.0)
+
+
+def _masked_mean_std(x: Array, mask: Array) -> tuple[Array, Array]:
+  """Mean and population std of x over mask (0, 0 when the mask is empty)."""
+  mask = mask.astype(bool)
+  n = jnp.maximum(jnp.sum(mask).astype(_F32), 1.0)
+  mean = jnp.sum(jnp.where(mask, x, 0.0)) / n
+  dev = jnp.where(mask, x - mean, 0.0)
+  return mean, jnp.sqrt(jnp.sum(dev * dev) / n)
+
+
+def turn_mask_from(num_turns: Array, num_t: int) -> Array:
+  """[B] turn counts -> [B, T] bool, True on the turns a trajectory has."""
+  return jnp.arange(num_t)[None, :] < jnp.asarray(num_turns)[:, None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Statistics.
+# ---------------------------------------------------------------------------------------------
+
+
+def advantage_collapse_fraction(outcome: Array, group_ids: Array, tol: float = 1e-6) -> Array:
+  """Fraction of groups whose outcome rewards are all equal (max - min <= tol).
+
+  Such a group gives every member a zero GRPO advantage ("advantage collapse"); a singleton
+  group counts as collapsed. Groups are counted once each: trajectory i contributes 1/n_i.
+  """
+  outcome = jnp.asarray(outcome).astype(_F32)
+  same = same_group(group_ids)
+  hi = jnp.max(jnp.where(same, outcome[None, :], -jnp.inf), axis=1)
+  lo = jnp.min(jnp.where(same, outcome[None, :], jnp.inf), axis=1)
+  inv_n = 1.0 / jnp.sum(same, axis=1).astype(_F32)
+  collapsed = (hi - lo <= tol).astype(_F32)
+  return jnp.sum(collapsed * inv_n) / jnp.sum(inv_n)
+
+
+def ig_statistics(ig: Array, num_turns: Array) -> dict[str, Array]:
+  """Mean, population std and count of the information gains of valid non-answer turns.
+
+  Args:
+    ig: [B, T]; entries at k >= num_turns - 1 are ignored.
+    num_turns: [B] int32.
+  Returns:
+    {"ig_mean", "ig_std", "ig_count"} scalars (mean/std are 0 when there is no such turn).
+  """
+  valid = turn_mask_from(jnp.asarray(num_turns) - 1, ig.shape[1])
+  mean, std = _masked_mean_std(ig.astype(_F32), valid)
+  return {"ig_mean": mean, "ig_std": std, "ig_count": jnp.sum(valid).astype(_F32)}
+
+
+def gt_entropy_reduction(v: Array, num_turns: Array) -> Array:
+  """Mean drop in the ground-truth answer's "entropy" from before turn 0 to after the last search.
+
+  Definition. v[b, k] is the mean per-token log-prob of the ground-truth answer under the policy
+  given the context up to boundary k, where boundary 0 is right after the prompt and boundary k
+  is right after turn k-1 (its generation and observation). The answer's "entropy" at a boundary
+  is H_k = -v[b, k]. A trajectory with K = num_turns - 1 >= 1 non-answer turns has its last
+  non-answer boundary at k = K, so its reduction is H_0 - H_K = v[b, K] - v[b, 0]; with
+  IG_k = v[b, k+1] - v[b, k] this is the telescoped sum of its information gains. The result is
+  the mean over trajectories with K >= 1 (0 if there is none).
+
+  Args:
+    v: [B, T + 1] per-boundary ground-truth log-prob values (entries past boundary K ignored).
+    num_turns: [B] int32.
+  Returns:
+    scalar float32.
+  """
+  v = v.astype(_F32)
+  last = jnp.clip(jnp.asarray(num_turns) - 1, 0, v.shape[1] - 1)
+  v_last = jnp.take_along_axis(v, last[:, None], axis=1)[:, 0]
+  has = jnp.asarray(num_turns) >= 2
+  n = jnp.maximum(jnp.sum(has).astype(_F32), 1.0)
+  return jnp.sum(jnp.where(has, v_last - v[:, 0], 0.0)) / n
+
+
+def _outcome_stats(outcome: Array, group_ids: Array, adv: Array, loss_mask: Array,
+                   collapse_tol: float) -> dict[str, Array]:
+  r_mean, r_std = _masked_mean_std(outcome.astype(_F32), jnp.ones(outcome.shape, bool))
+  a_mean, a_std = _masked_mean_std(adv, jnp.asarray(loss_mask).astype(bool))
+  return {"reward_mean": r_mean, "reward_std": r_std,
+          "collapse_fraction": advantage_collapse_fraction(outcome, group_ids, collapse_tol),
+          "adv_mean": a_mean, "adv_std": a_std}
+
+
+# ---------------------------------------------------------------------------------------------
+# Outcome-level estimators.
+# ---------------------------------------------------------------------------------------------
+
+
+def grpo_outcome_advantages(outcome: Array, group_ids: Array, *, scale_by_std: bool = True,
+                            eps: float = 1e-6) -> Array:
+  """[B] GRPO advantage per trajectory: (r - mean_g) / (std_g + eps), or r - mean_g (Dr.GRPO)."""
+  outcome = jnp.asarray(outcome).astype(_F32)
+  mean, std, _ = _group_moments(outcome[:, None], jnp.ones((outcome.shape[0], 1), bool),
+                                same_group(group_ids))
+  centered = outcome - mean
+  return centered / (std + eps) if scale_by_std else centered
+
+
+@register_advantage("gspo")  # GSPO changes the loss (sequence ratio), not the advantage.
+@register_advantage("grpo")
+def grpo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
+                    scale_by_std: bool = True, eps: float = 1e-6,
+                    collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """GRPO: outcome reward z-scored within its group, on every sampled token.
+
+  Args:
+    outcome: [B] outcome rewards.
+    group_ids: [B] int32.
+    loss_mask: [B, L].
+    scale_by_std: divide by (population std + eps); False is Dr.GRPO.
+    eps: added to the std.
+    collapse_tol: tolerance of the collapse statistic.
+  Returns:
+    advantages [B, L] float32, stats.
+  """
+  per_traj = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std, eps=eps)
+  adv = _broadcast_to_tokens(per_traj, loss_mask)
+  return adv, _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+
+
+@register_advantage("drgrpo")
+def drgrpo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
+                      collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """Dr.GRPO: r - group mean (no std scaling), on every sampled token."""
+  return grpo_advantages(outcome, group_ids, loss_mask, scale_by_std=False,
+                         collapse_tol=collapse_tol)
+
+
+@register_advantage("rloo")
+def rloo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
+                    collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """RLOO: r_i minus the mean of the other members of its group (0 for a singleton group)."""
+  outcome = jnp.asarray(outcome).astype(_F32)
+  same = same_group(group_ids)
+  n = jnp.sum(same, axis=1).astype(_F32)
+  total = jnp.sum(jnp.where(same, outcome[None, :], 0.0), axis=1)
+  others = jnp.maximum(n - 1.0, 1.0)
+  per_traj = jnp.where(n > 1, outcome - (total - outcome) / others, 0.0)
+  adv = _broadcast_to_tokens(per_traj, loss_mask)
+  return adv, _outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
+
+
+def _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, eps, collapse_tol):
+  outcome = jnp.asarray(outcome).astype(_F32)
+  base = (grpo_outcome_advantages(outcome, group_ids, scale_by_std=False)
+          if subtract_group_mean else outcome)
+  mask = jnp.asarray(loss_mask).astype(bool)
+  tok = _broadcast_to_tokens(base, mask)
+  # Whitening over every sampled token of the batch: long answers weigh more, as in
+  # OpenRLHF/verl's masked_whiten (population variance here; verl uses Bessel's, a negligible
+  # difference over thousands of tokens).
+  mean, std = _masked_mean_std(tok, mask)
+  adv = jnp.where(mask, (tok - mean) * jax.lax.rsqrt(std * std + eps), 0.0)
+  return adv, _outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
+
+
+@register_advantage("reinforce++")
+def reinforce_pp_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
+                            subtract_group_mean: bool = False, eps: float = 1e-8,
+                            collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """REINFORCE++: per-token advantage r (or r - group mean), whitened over the batch's tokens.
+
+  With outcome-only rewards and no discount the return of every token is r. The whitening is
+  (a - mean) / sqrt(var + eps), mean and population var over all sampled tokens of the batch.
+  subtract_group_mean=True is the "REINFORCE++-baseline" variant (also registered under
+  "reinforce++_baseline").
+  """
+  return _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, eps, collapse_tol)
+
+
+@register_advantage("reinforce++_baseline")
+def reinforce_pp_baseline_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
+                                     eps: float = 1e-8,
+                                     collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """REINFORCE++-baseline: r - group mean, whitened over the batch's sampled tokens."""
+  return _reinforce_pp(outcome, group_ids, loss_mask, True, eps, collapse_tol)
+
+
+# ---------------------------------------------------------------------------------------------
+# Turn-level estimators.
+# ---------------------------------------------------------------------------------------------
+
+
+def discounted_turn_returns(turn_rewards: Array, turn_mask: Array, gamma: float | Array) -> Array:
+  """A_k = r_k + gamma * A_{k+1} over the valid turns, from the last one back.
+
+  Computed as one [T, T] discount matrix D[k, j] = gamma^(j-k) for j >= k (a vectorized reverse
+  scan; T is a handful of turns). Invalid turns contribute nothing and get 0.
+
+  Args:
+    turn_rewards: [B, T].
+    turn_mask: [B, T] bool.
+    gamma: discount (Python float or scalar array).
+  Returns:
+    [B, T] float32.
+  """
+  num_t = turn_rewards.shape[1]
+  k = jnp.arange(num_t)
+  ahead = k[None, :] - k[:, None]  # [k, j] = j - k
+  disc = jnp.where(ahead >= 0, jnp.power(jnp.asarray(gamma, _F32), jnp.maximum(ahead, 0)), 0.0)
+  r = jnp.where(turn_mask, turn_rewards.astype(_F32), 0.0)
+  # Elementwise product + sum rather than a matmul, to keep full f32 on every backend.
+  out = jnp.sum(disc[None, :, :] * r[:, None, :], axis=-1)
+  return jnp.where(turn_mask, out, 0.0)
+
+
+def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, *,
+                         gamma: float | Array = 1.0, norm_mode: str = "joint",
+                         eps: float = 1e-6) -> Array:
+  """IGPO turn-level advantages [B, T] (see `igpo_advantages`)."""
+  num_t = ig.shape[1]
+  num_turns = jnp.asarray(num_turns).astype(jnp.int32)
+  k = jnp.arange(num_t)[None, :]
+  last = (num_turns - 1)[:, None]
+  valid = k <= last
+  is_answer = k == last
+  is_ig = k < last
+  outcome = jnp.asarray(outcome).astype(_F32)
+  rewards = jnp.where(is_answer, outcome[:, None], ig.astype(_F32))
+  same = same_group(group_ids)
+  if norm_mode == "joint":
+    mean, std, _ = _group_moments(rewards, valid, same)
+    normed = (rewards - mean[:, None]) / (std[:, None] + eps)
+  elif norm_mode == "separate":
+    o_mean, o_std, _ = _group_moments(rewards, is_answer, same)
+    g_mean, g_std, _ = _group_moments(rewards, is_ig, same)
+    normed = jnp.where(is_answer, (rewards - o_mean[:, None]) / (o_std[:, None] + eps),
+                       (rewards - g_mean[:, None]) / (g_std[:, None] + eps))
+  else:
+    raise ValueError(f"unknown norm_mode {norm_mode!r}; known: ('joint', 'separate')")
+  return discounted_turn_returns(normed, valid, gamma)
+
+
+@register_advantage("igpo")
+def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, turn_id: Array,
+                    loss_mask: Array, *, gamma: float | Array = 1.0, norm_mode: str = "joint",
+                    eps: float = 1e-6,
+                    collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """IGPO: information-gain turn rewards + outcome, group-normalized, discounted over turns.
+
+  Turn rewards r[b, k] = ig[b, k] for k < num_turns[b] - 1 and r[b, num_turns[b] - 1] =
+  outcome[b]. Normalization within each group:
+    "joint":    one mean/std over all valid turn rewards (IG and outcome pooled) of all the
+                group's rollouts (the IGPO paper);
+    "separate": outcomes z-scored among the group's outcomes, IG values among the group's IG
+                values (valid non-answer turns), each with its own mean/std.
+  z = (r - mean) / (std + eps), population std. Then A_k = z_k + gamma * A_{k+1} from the last
+  valid turn back, and A_k goes to the tokens the policy sampled in turn k.
+
+  Args:
+    ig: [B, T] information gain per turn (entries at k >= num_turns - 1 ignored).
+    outcome: [B] outcome rewards.
+    num_turns: [B] int32 >= 1.
+    group_ids: [B] int32.
+    turn_id: [B, L] int32.
+    loss_mask: [B, L].
+    gamma: turn discount.
+    norm_mode: "joint" or "separate".
+    eps: added to the stds.
+    collapse_tol: tolerance of the outcome-collapse statistic.
+  Returns:
+    advantages [B, L] float32, stats (reward/adv/IG statistics, "collapse_fraction" of outcomes).
+  """
+  turn_adv = igpo_turn_advantages(ig, outcome, num_turns, group_ids, gamma=gamma,
+                                  norm_mode=norm_mode, eps=eps)
+  adv = turn_to_token(turn_adv, turn_id, loss_mask)
+  stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  stats.update(ig_statistics(ig, num_turns))
+  return adv, stats
+
+
+def contribution_weighted_advantages(adv_outcome: Array, retrieval_scores: Array,
+                                     thinking_scores: Array, num_turns: Array, *,
+                                     mode: str = "normalize",
+                                     gamma: float | Array = 1.0) -> Array:
+  """CW-GRPO: redistribute a positive outcome advantage over rounds by their contribution.
+
+  Over the K = num_turns - 1 non-answer rounds, c_k = retrieval_k * thinking_k (scores are
+  expected to be >= 0). Weights:
+    "normalize": w_k = c_k / sum(c); if sum(c) <= 0 (nothing contributed) w_k = 1/K (uniform);
+    "softmax":   w = softmax(gamma * c) over the valid rounds.
+  If A > 0, round k < K gets A * K * w_k (uniform weights give A everywhere) and the answer round
+  K keeps A; if A <= 0 every round 0..K gets A unchanged (no blame redistribution). Turns past
+  the answer round get 0.
+
+  Args:
+    adv_outcome: [B] outcome advantage (e.g. GRPO's).
+    retrieval_scores: [B, T].
+    thinking_scores: [B, T].
+    num_turns: [B] int32 >= 1.
+    mode: "normalize" or "softmax".
+    gamma: softmax inverse temperature (ignored by "normalize").
+  Returns:
+    [B, T] float32 turn-level advantages.
+  """
+  num_t = retrieval_scores.shape[1]
+  num_k = jnp.asarray(num_turns).astype(jnp.int32) - 1  # [B] non-answer rounds
+  k = jnp.arange(num_t)[None, :]
+  rounds = k < num_k[:, None]
+  c = jnp.where(rounds, retrieval_scores.astype(_F32) * thinking_scores.astype(_F32), 0.0)
+  k_f = jnp.maximum(num_k, 1).astype(_F32)[:, None]
+  if mode == "normalize":
+    total = jnp.sum(c, axis=1, keepdims=True)
+    w = jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), rounds / k_f)
+  elif mode == "softmax":
+    logits = jnp.where(rounds, jnp.asarray(gamma, _F32) * c, -jnp.inf)
+    top = jnp.max(logits, axis=1, keepdims=True)
+    top = jnp.where(jnp.isfinite(top), top, 0.0)  # rows with no round: avoid inf - inf
+    e = jnp.where(rounds, jnp.exp(logits - top), 0.0)
+    w = e / jnp.maximum(jnp.sum(e, axis=1, keepdims=True), 1e-30)
+  else:
+    raise ValueError(f"unknown mode {mode!r}; known: ('normalize', 'softmax')")
+  a = jnp.asarray(adv_outcome).astype(_F32)[:, None]
+  round_adv = jnp.where(a > 0, a * k_f * w, a)
+  return jnp.where(rounds, round_adv, jnp.where(k == num_k[:, None], a, 0.0))
+
+
+@register_advantage("cw_grpo")
+def cw_grpo_advantages(outcome: Array, group_ids: Array, retrieval_scores: Array,
+                       thinking_scores: Array, num_turns: Array, turn_id: Array,
+                       loss_mask: Array, *, mode: str = "normalize", gamma: float | Array = 1.0,
+                       scale_by_std: bool = True, eps: float = 1e-6,
+                       collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """CW-GRPO: GRPO outcome advantage, contribution-weighted over rounds, spread to tokens.
+
+  See `grpo_outcome_advantages` and `contribution_weighted_advantages`.
+  """
+  a = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std, eps=eps)
+  turn_adv = contribution_weighted_advantages(a, retrieval_scores, thinking_scores, num_turns,
+                                              mode=mode, gamma=gamma)
+  adv = turn_to_token(turn_adv, turn_id, loss_mask)
+  return adv, _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)

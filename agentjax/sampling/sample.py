@@ -1,0 +1,60 @@
+"""Choosing the next token: greedy, temperature, top-k, top-p."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Static sampling settings (hashable: a jit static argument).
+
+  greedy ignores the others. top_k = 0 and top_p = 1.0 disable those filters.
+  """
+
+  temperature: float = 1.0
+  top_k: int = 0
+  top_p: float = 1.0
+  greedy: bool = False
+
+  def __post_init__(self):
+    if not self.greedy and self.temperature <= 0:
+      raise ValueError(f"temperature must be > 0 (or greedy=True), got {self.temperature}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+    if not 0.0 < self.top_p <= 1.0:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+  """Samples one token per row.
+
+  Args:
+    logits: [B, V] float32 next-token logits.
+  Returns:
+    tokens [B] int32, and their log-probabilities [B] under the temperature-1 distribution
+    (the policy's own probability, which the PPO ratio compares against).
+  """
+  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  if params.greedy:
+    tokens = jnp.argmax(logits, axis=-1)
+  else:
+    scaled = logits.astype(jnp.float32) / params.temperature
+    neg = jnp.finfo(jnp.float32).min
+    if params.top_k > 0 or params.top_p < 1.0:
+      # Work on the top candidates only: sorting a 150k vocabulary every step is expensive.
+      k = params.top_k if params.top_k > 0 else scaled.shape[-1]
+      top_vals, top_idx = jax.lax.top_k(scaled, min(k, scaled.shape[-1]))  # sorted descending
+      if params.top_p < 1.0:
+        probs = jax.nn.softmax(top_vals, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better candidates
+        top_vals = jnp.where(before < params.top_p, top_vals, neg)
+      choice = jax.random.categorical(rng, top_vals, axis=-1)
+      tokens = jnp.take_along_axis(top_idx, choice[:, None], axis=-1)[:, 0]
+    else:
+      tokens = jax.random.categorical(rng, scaled, axis=-1)
+  tokens = tokens.astype(jnp.int32)
+  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]

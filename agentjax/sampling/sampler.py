@@ -1,0 +1,157 @@
+"""KV-cache sampling: feed tokens (`extend`) and generate until a stop (`generate`).
+
+All state lives on the device in a `DecodeState` between calls. Each row owns a contiguous run of
+cache slots starting at 0, so a token's slot is also its position id and its index in the
+trajectory; rows advance independently (`length` [B] is each row's next free slot). Prompts,
+observations and injected text are fed with `extend` (one forward pass over the new tokens only:
+the earlier context is never re-run); `generate` runs a `lax.while_loop` of one-token decode steps.
+
+Writes beyond a row's budget are dropped (scatter mode="drop"), never clamped onto live slots.
+Shapes: B batch, S cache slots, V vocab, T tokens fed in one call, N max new tokens.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import flax
+import jax
+import jax.numpy as jnp
+
+from agentjax.models import masks
+from agentjax.models.qwen.model import KVCache, Qwen
+from agentjax.sampling.sample import SamplingParams, sample_token
+from agentjax.sampling.stops import StopTable, push_and_match
+
+# Why a row stopped generating.
+RUNNING, STOP_EOS, STOP_STRING, STOP_MAX_NEW, STOP_BUDGET = 0, 1, 2, 3, 4
+STOP_REASONS = {RUNNING: "running", STOP_EOS: "eos", STOP_STRING: "stop_string",
+                STOP_MAX_NEW: "max_new_tokens", STOP_BUDGET: "budget"}
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Smallest power of two >= max(n, minimum): shapes from a few buckets compile a few programs."""
+  size = minimum
+  while size < n:
+    size *= 2
+  return size
+
+
+@flax.struct.dataclass
+class DecodeState:
+  cache: KVCache
+  tokens: jax.Array       # [B, S] int32 token in each slot
+  valid: jax.Array        # [B, S] bool  slot holds a real token (attention keys)
+  sampled: jax.Array      # [B, S] bool  token was sampled by the policy (the RL loss mask)
+  logprobs: jax.Array     # [B, S] float32 temperature-1 log-prob of sampled tokens, 0 elsewhere
+  turn_id: jax.Array      # [B, S] int32 turn a token belongs to; -1 for the prompt
+  length: jax.Array       # [B] int32 next free slot of each row
+  next_logits: jax.Array  # [B, V] float32 logits after each row's last token
+  rng: jax.Array
+
+
+def init_state(cfg, batch: int, cache_len: int, rng: jax.Array) -> DecodeState:
+  shape = (batch, cache_len)
+  return DecodeState(
+      cache=KVCache.zeros(cfg, batch, cache_len),
+      tokens=jnp.zeros(shape, jnp.int32), valid=jnp.zeros(shape, bool),
+      sampled=jnp.zeros(shape, bool), logprobs=jnp.zeros(shape, jnp.float32),
+      turn_id=jnp.full(shape, -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
+      next_logits=jnp.zeros((batch, cfg.vocab_size), jnp.float32), rng=rng)
+
+
+def _set_rows(buffer: jax.Array, slots: jax.Array, values) -> jax.Array:
+  """buffer[b, slots[b, j]] = values[b, j]; out-of-range slots are dropped."""
+  rows = jnp.arange(buffer.shape[0])[:, None]
+  return buffer.at[rows, slots].set(values, mode="drop")
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: jax.Array,
+           turn: jax.Array) -> DecodeState:
+  """Feeds context tokens (prompt, observation, injected text) into the cache; nothing is sampled.
+
+  Args:
+    tokens: [B, T] int32, row b's first lengths[b] entries are fed (the rest is padding).
+    lengths: [B] int32, may be 0 (the row is untouched); clipped to the room left in the cache.
+    turn: [B] int32 turn id recorded for these tokens.
+  """
+  b, s = state.tokens.shape
+  lengths = jnp.minimum(lengths, s - state.length)
+  offsets = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
+  slots = state.length[:, None] + offsets                                   # [B, T]
+  write = jnp.where(offsets < lengths[:, None], slots, s)                   # s: dropped
+  valid = _set_rows(state.valid, write, True)
+  hidden, cache = model.apply({"params": params}, tokens, slots, masks.cache_mask(valid, slots),
+                              cache=state.cache, cache_index=state.length, return_hidden=True)
+  last = hidden[jnp.arange(b), jnp.maximum(lengths - 1, 0)]                 # [B, E]
+  logits = model.apply({"params": params}, last, method=Qwen.logits)       # [B, V] only
+  return state.replace(
+      cache=cache, tokens=_set_rows(state.tokens, write, tokens), valid=valid,
+      turn_id=_set_rows(state.turn_id, write, jnp.broadcast_to(turn[:, None], write.shape)),
+      length=state.length + lengths,
+      next_logits=jnp.where((lengths > 0)[:, None], logits, state.next_logits))
+
+
+@flax.struct.dataclass
+class Generation:
+  new_tokens: jax.Array   # [B, N] int32 tokens sampled in this call (row b: first num_new[b])
+  num_new: jax.Array      # [B] int32
+  stop_reason: jax.Array  # [B] int32, one of STOP_* (RUNNING for rows that were not active)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 6, 7), donate_argnums=2)
+def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: jax.Array,
+             stop: tuple[StopTable, jax.Array, jax.Array], sampling: SamplingParams,
+             max_new: int) -> tuple[DecodeState, Generation]:
+  """Samples up to max_new tokens per active row, each row stopping on its own.
+
+  Args:
+    active: [B] bool rows that generate in this call.
+    turn: [B] int32 turn id recorded for the sampled tokens.
+    stop: (StopTable, eos_ids [E] int32, budget: scalar int32 max slots a row may fill).
+  A row stops after an EOS id, after a stop string completes (the completing token is kept), at
+  max_new tokens, or when it reaches the budget. Every sampled token is fed to the model, so the
+  cache always holds the whole trajectory.
+  """
+  table, eos_ids, budget = stop
+  b, s = state.tokens.shape
+  rows = jnp.arange(b)
+  budget = jnp.minimum(budget, s)
+  active = active & (state.length < budget)
+  reason0 = jnp.where(state.length >= budget, STOP_BUDGET, RUNNING).astype(jnp.int32)
+
+  def cond(carry):
+    _, step, active, *_ = carry
+    return (step < max_new) & jnp.any(active)
+
+  def body(carry):
+    state, step, active, new_tokens, num_new, reason, window = carry
+    rng, key = jax.random.split(state.rng)
+    tok, logp = sample_token(key, state.next_logits, sampling)
+    slot = jnp.where(active, state.length, s)                                 # s: dropped
+    valid = state.valid.at[rows, slot].set(True, mode="drop")
+    logits, cache = model.apply({"params": params}, tok[:, None], slot[:, None],
+                                masks.cache_mask(valid, slot[:, None]), cache=state.cache,
+                                cache_index=slot)
+    state = state.replace(
+        cache=cache, valid=valid, rng=rng,
+        tokens=state.tokens.at[rows, slot].set(tok, mode="drop"),
+        sampled=state.sampled.at[rows, slot].set(True, mode="drop"),
+        logprobs=state.logprobs.at[rows, slot].set(logp, mode="drop"),
+        turn_id=state.turn_id.at[rows, slot].set(turn, mode="drop"),
+        length=state.length + active,
+        next_logits=jnp.where(active[:, None], logits[:, 0], state.next_logits))
+    new_tokens = new_tokens.at[:, step].set(jnp.where(active, tok, 0))
+    num_new = num_new + active
+    window, hit_stop = push_and_match(table, window, tok)
+    hit_eos = jnp.any(tok[:, None] == eos_ids[None, :], axis=-1)
+    why = jnp.select([hit_eos, hit_stop, state.length >= budget, num_new >= max_new],
+                     [STOP_EOS, STOP_STRING, STOP_BUDGET, STOP_MAX_NEW], RUNNING)
+    reason = jnp.where(active, why, reason)
+    return state, step + 1, active & (why == RUNNING), new_tokens, num_new, reason, window
+
+  carry = (state, jnp.int32(0), active, jnp.zeros((b, max_new), jnp.int32),
+           jnp.zeros((b,), jnp.int32), reason0, table.empty_window(b))
+  state, _, _, new_tokens, num_new, reason, _ = jax.lax.while_loop(cond, body, carry)
+  return state, Generation(new_tokens=new_tokens, num_new=num_new, stop_reason=reason)

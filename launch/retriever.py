@@ -1,0 +1,63 @@
+r"""A BM25 retrieval server speaking the Search-R1 HTTP API, for search-agent rollouts.
+
+    python launch/retriever.py --corpus=data/wiki-18.jsonl --port=8000
+    curl -s 127.0.0.1:8000/health
+    curl -s 127.0.0.1:8000/retrieve \
+        -d '{"queries": ["who wrote hamlet"], "topk": 3, "return_scores": true}'
+
+Trainers then use make_backend("http", url="http://127.0.0.1:8000/retrieve"). The corpus is
+FlashRAG JSONL ({"id", "contents"} per line); the BM25 index is built on first start and cached
+(--index_dir, default ~/.cache/agentjax/bm25), so later starts only load it. Binds 127.0.0.1
+unless --host says otherwise. API and status codes: agentjax/retrieval/server.py.
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import os
+
+# bm25s imports jax and runs one op at import time: keep that off the accelerators, which belong
+# to the trainer (JAX would otherwise preallocate most of a GPU's memory for this process).
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+from absl import app, flags, logging  # noqa: E402
+
+from agentjax.retrieval.bm25 import BM25Backend  # noqa: E402
+from agentjax.retrieval.server import make_server  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("corpus", None, "FlashRAG JSONL corpus ({\"id\", \"contents\"} per line).")
+flags.DEFINE_string("index_dir", None, "Folder of BM25 index caches (default "
+                    "~/.cache/agentjax/bm25).")
+flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0 exposes it to the network).")
+flags.DEFINE_integer("port", 8000, "Port to bind (0: any free port, printed at start).")
+flags.DEFINE_integer("topk", 3, "Documents per query when a request gives no topk.")
+flags.DEFINE_integer("max_topk", 100, "Largest topk a request may ask for.")
+flags.DEFINE_float("k1", 1.5, "BM25 k1.")
+flags.DEFINE_float("b", 0.75, "BM25 b.")
+flags.DEFINE_bool("stopwords", True, "Remove English stopwords (corpus and queries).")
+flags.DEFINE_bool("mmap", False, "Memory-map the cached index instead of reading it into RAM.")
+flags.mark_flag_as_required("corpus")
+
+
+def main(argv):
+  del argv
+  # bm25s sets its own logger to DEBUG at import; its per-build chatter is not worth a log line.
+  std_logging.getLogger("bm25s").setLevel(std_logging.WARNING)
+  backend = BM25Backend(FLAGS.corpus, index_dir=FLAGS.index_dir, k1=FLAGS.k1, b=FLAGS.b,
+                        stopwords="en" if FLAGS.stopwords else None, mmap=FLAGS.mmap)
+  logging.info("BM25 index %s at %s (%d documents)", "built" if backend.built else "loaded",
+               backend.index_path, backend.num_docs)
+  server = make_server(backend, host=FLAGS.host, port=FLAGS.port, default_topk=FLAGS.topk,
+                       max_topk=FLAGS.max_topk)
+  print(f"serving {backend.num_docs} documents at {server.url}", flush=True)
+  try:
+    server.serve_forever()
+  except KeyboardInterrupt:
+    pass
+  finally:
+    server.server_close()
+
+
+if __name__ == "__main__":
+  app.run(main)
