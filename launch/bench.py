@@ -30,6 +30,7 @@ flags.DEFINE_integer("length", None, "Tokens per sequence (forward: 512) or prom
 flags.DEFINE_string("dtype", "float32", "Compute and parameter dtype: float32 or bfloat16.")
 flags.DEFINE_integer("repeats", 3, "Timed runs (the median is reported).")
 flags.DEFINE_integer("new_tokens", 128, "decode: tokens generated per sequence.")
+flags.DEFINE_integer("think_tokens", 60, "rollout: tokens of thinking before each action.")
 flags.DEFINE_bool("no_reference", False, "Skip the transformers reference (e.g. on a GPU host "
                   "without torch); reports throughput and MFU only.")
 
@@ -135,34 +136,13 @@ def _reference_model(cfg):
   return model, params_from_tensors(cfg, tensors)
 
 
-class CompileCounter:
-  """Counts XLA compilations (jax.monitoring events) from construction on."""
-
-  _count = 0
-  _registered = False
-
-  def __init__(self):
-    import jax
-
-    if not CompileCounter._registered:
-      def listener(name, *_, **__):
-        if name == "/jax/core/compile/backend_compile_duration":
-          CompileCounter._count += 1
-      jax.monitoring.register_event_duration_secs_listener(listener)
-      CompileCounter._registered = True
-    self.start = CompileCounter._count
-
-  @property
-  def count(self) -> int:
-    return CompileCounter._count - self.start
-
-
 def bench_decode() -> dict:
   """Greedy generation (prefill + new tokens) vs transformers generate, same random weights."""
   import jax
   import jax.numpy as jnp
   import numpy as np
 
+  from agentjax.compiles import CompileCounter
   from agentjax.models.qwen import Qwen, QwenConfig
   from agentjax.sampling import SamplingParams, StopTable, bucket, extend, generate, init_state
 
@@ -181,12 +161,15 @@ def bench_decode() -> dict:
               jnp.int32(cache_len))
   greedy = SamplingParams(greedy=True)
 
-  def run():
+  def prefill():
     state = init_state(cfg, b, cache_len, jax.random.key(0))
     state = extend(model, params, state, jnp.asarray(ids), jnp.full((b,), prompt_len, jnp.int32),
                    jnp.full((b,), -1, jnp.int32))
-    state, gen = generate(model, params, state, jnp.ones((b,), bool), jnp.zeros((b,), jnp.int32),
-                          no_stops, greedy, new)
+    return jax.block_until_ready(state)
+
+  def run():
+    state, gen = generate(model, params, prefill(), jnp.ones((b,), bool),
+                          jnp.zeros((b,), jnp.int32), no_stops, greedy, new)
     return np.asarray(gen.new_tokens), gen
 
   counter = CompileCounter()
@@ -196,12 +179,14 @@ def bench_decode() -> dict:
   compiles_warmup = counter.count
   counter = CompileCounter()
   ours_s = median_seconds(run, FLAGS.repeats)
+  ours_prefill_s = median_seconds(prefill, FLAGS.repeats)
   assert (np.asarray(gen.num_new) == new).all()
   result = {"bench": "decode", "preset": FLAGS.preset, "batch": b, "prompt": prompt_len,
             "new_tokens": new, "dtype": FLAGS.dtype,
             "ours_tok_s": round(b * new / ours_s, 1), "ours_s": round(ours_s, 3),
             "compiles": counter.count, "compiles_warmup": compiles_warmup,
-            "warmup_s": round(warm_s, 1)}
+            "warmup_s": round(warm_s, 1), "ours_prefill_s": round(ours_prefill_s, 3),
+            "ours_step_ms": round((ours_s - ours_prefill_s) / new * 1000, 1)}
   if ref_model is not None:
     import torch
 
@@ -211,14 +196,106 @@ def bench_decode() -> dict:
                     do_sample=False, pad_token_id=0, eos_token_id=None)
       ref_tokens = ref_model.generate(ids_t, **kwargs)[:, prompt_len:].numpy()  # warm-up
       ref_s = median_seconds(lambda: ref_model.generate(ids_t, **kwargs), max(1, FLAGS.repeats - 1))
+      # generate's own prefill: one forward of the prompt keeping only the last logits.
+      ref_prefill_s = median_seconds(lambda: ref_model(ids_t, logits_to_keep=1), FLAGS.repeats)
+    ref_step_ms = (ref_s - ref_prefill_s) / new * 1000
     result.update(ref_tok_s=round(b * new / ref_s, 1), ref_s=round(ref_s, 3),
-                  ratio=round(ref_s / ours_s, 3),
+                  ratio=round(ref_s / ours_s, 3), ref_prefill_s=round(ref_prefill_s, 3),
+                  ref_step_ms=round(ref_step_ms, 1),
+                  decode_step_ratio=round(ref_step_ms / result["ours_step_ms"], 3),
                   greedy_token_agreement=float((ref_tokens == ours_tokens).mean()))
   result["device"] = device_name()
   return result
 
 
-BENCHES = {"forward": bench_forward, "decode": bench_decode}
+def bench_rollout() -> dict:
+  """A 4-turn search rollout against local BM25 vs one single-turn generation of the same number
+  of sampled tokens: what multi-turn costs on top of generating (search, cache extension, host
+  round trips). The policy is a scripted Qwen model (agentjax/models/qwen/scripted.py) of tiny
+  size, since a random tiny model never emits a well-formed search: each turn it thinks for
+  `think_tokens` tokens, then searches; the last turn answers."""
+  import tempfile
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from agentjax.agent import RolloutConfig, RolloutEngine
+  from agentjax.compiles import CompileCounter
+  from agentjax.models.qwen.scripted import chain, transition_params
+  from agentjax.retrieval import make_backend
+  from agentjax.sampling import SamplingParams, StopTable, bucket, extend, generate, init_state
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from tests import agent_fixtures as af
+  from tests import retrieval_fixtures
+
+  turns, think_tokens, questions = 4, FLAGS.think_tokens, 4
+  root = tempfile.mkdtemp(prefix="agentjax-bench-")
+  tok = af.scripted_tokenizer(os.path.join(root, "tok"))
+  backend = make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(
+      os.path.join(root, "corpus.jsonl")), index_dir=os.path.join(root, "index"))
+  agent = af.ScriptedAgent(tok)
+  cfg = agent.cfg
+  # Thinking: distinct plain-text tokens (no tag characters), then search; turn 4 answers.
+  reserved = set(agent.ids(af.THINK + af.SEARCH + af.ANSWER)) | agent.turn_starts()
+  words = [i for i in range(len(tok)) if i not in reserved and tok.eos_token_id != i
+           and not set(tok.decode([i])) & set("<>/")][:think_tokens]
+  think, search, answer = agent.ids(["<think>"]), agent.ids(af.SEARCH), agent.ids(af.ANSWER)
+  close = agent.ids(["</think>"])
+  succ = chain(think + words + close + search)
+  succ.update(chain(answer))
+  for last in agent.turn_starts():
+    succ[last] = think[:1]
+  params_search = transition_params(cfg, succ, fallback=tok.eos_token_id)
+  succ_answer = dict(succ)
+  succ_answer[close[0]] = answer[:1]
+  params_answer = transition_params(cfg, succ_answer, fallback=tok.eos_token_id)
+  policies = {"search": params_search, "answer": params_answer}
+  config = RolloutConfig(group_size=4, max_turns=turns, max_new_tokens=128, max_obs_tokens=128,
+                         max_total_tokens=2048, topk=3, sampling=SamplingParams(greedy=True))
+  engine = RolloutEngine(cfg, tok, backend, config)
+  names = [f"Who founded {n}?" for n in retrieval_fixtures.NAMES[:questions]]
+  pick = lambda t: "answer" if t == turns - 1 else "search"  # noqa: E731
+
+  def multi():
+    return engine.run(policies, names, jax.random.key(0), policy_for_turn=pick)
+
+  batch, metrics = multi()  # warm-up: compiles
+  counter = CompileCounter()
+  multi_s = median_seconds(multi, FLAGS.repeats)  # wall time of the whole rollout
+  batch, metrics = multi()
+  compiles = counter.count
+  assert batch.answered.all() and (batch.num_turns == turns).all(), metrics
+  sampled = int(np.asarray(batch.loss_mask).sum(1)[0])
+  rows = len(names) * config.group_size
+
+  # Single turn: the same prompts, the same number of sampled tokens, no stops, one generate call.
+  model = engine.model
+  prompt = engine.prompt_ids(names[0])
+  no_stop = (StopTable.build([b""] * cfg.vocab_size, []), jnp.zeros((0,), jnp.int32),
+             jnp.int32(engine.cache_len))
+
+  def single():
+    state = init_state(cfg, rows, engine.cache_len, jax.random.key(0))
+    block = np.zeros((rows, bucket(len(prompt))), np.int32)
+    block[:, :len(prompt)] = prompt
+    state = extend(model, params_search, state, jnp.asarray(block),
+                   jnp.full((rows,), len(prompt), jnp.int32), jnp.full((rows,), -1, jnp.int32))
+    _, gen = generate(model, params_search, state, jnp.ones((rows,), bool),
+                      jnp.zeros((rows,), jnp.int32), no_stop, config.sampling, sampled)
+    return np.asarray(gen.num_new)
+
+  single()
+  single_s = median_seconds(single, FLAGS.repeats)
+  return {"bench": "rollout", "multi_over_single": round(multi_s / single_s, 3),
+          "multi_s": round(multi_s, 3), "single_s": round(single_s, 3),
+          "generate_s": round(metrics["generate_s"], 3), "search_s": round(metrics["search_s"], 3),
+          "extend_s": round(metrics["extend_s"], 3), "turns": turns, "rows": rows,
+          "sampled_tokens_per_row": sampled, "compiles_after_warmup": compiles,
+          "device": device_name()}
+
+
+BENCHES = {"forward": bench_forward, "decode": bench_decode, "rollout": bench_rollout}
 
 
 def main(argv):

@@ -58,3 +58,7 @@ def test_rules_table_and_divisibility_fallback():
   assert logical_to_spec(("embed", "kv_heads", "head_dim"), (64, 2, 16), FakeMesh) == P("fsdp", None, None)
   assert logical_to_spec(("embed", "heads", "head_dim"), (64, 8, 16), FakeMesh) == P("fsdp", "tensor", None)
   assert logical_to_spec(("vocab", "embed"), (211, 64), FakeMesh) == P(None, "fsdp")
+
+
+def test_greedy_sampling_on_8_devices_equals_single_device():
+  assert "SHARDED_SAMPLING_OK" in run_with_fake_devices("tests.sharded_sampling_check")

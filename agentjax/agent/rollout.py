@@ -87,8 +87,12 @@ class RolloutEngine:
   """Runs batched multi-turn rollouts of one model against one search backend."""
 
   def __init__(self, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
-               config: RolloutConfig, before_turn: TurnHook | None = None):
+               config: RolloutConfig, before_turn: TurnHook | None = None,
+               mesh: jax.sharding.Mesh | None = None):
+    """With a mesh, the decode state is sharded by the rules table (batch over data and fsdp,
+    KV heads over tensor) and params are expected on the same mesh."""
     self.cfg, self.tokenizer, self.backend, self.config = cfg, tokenizer, backend, config
+    self.mesh = mesh
     self.protocol = get_protocol(config.protocol)
     self.model = Qwen(cfg)
     self.before_turn = before_turn
@@ -171,7 +175,7 @@ class RolloutEngine:
     timings = {"generate_s": 0.0, "search_s": 0.0, "extend_s": 0.0}
 
     t0 = time.perf_counter()
-    state = init_state(self.cfg, rows, self.cache_len, rng)
+    state = init_state(self.cfg, rows, self.cache_len, rng, mesh=self.mesh)
     state = self._feed(pick(0), state, [prompts[g] for g in group_ids], np.full(rows, -1))
     jax.block_until_ready(state.length)
     timings["extend_s"] += time.perf_counter() - t0

@@ -38,7 +38,7 @@ def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams) -> t
     tokens [B] int32, and their log-probabilities [B] under the temperature-1 distribution
     (the policy's own probability, which the PPO ratio compares against).
   """
-  logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  logits = logits.astype(jnp.float32)
   if params.greedy:
     tokens = jnp.argmax(logits, axis=-1)
   else:
@@ -57,4 +57,6 @@ def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams) -> t
     else:
       tokens = jax.random.categorical(rng, scaled, axis=-1)
   tokens = tokens.astype(jnp.int32)
-  return tokens, jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+  # log p(token) = logit - logsumexp: avoids materializing a [B, V] log-softmax every step.
+  chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+  return tokens, chosen - jax.nn.logsumexp(logits, axis=-1)

@@ -18,9 +18,12 @@ import flax
 import jax
 import jax.numpy as jnp
 
+from jax.sharding import PartitionSpec as P
+
 from agentjax.models import masks
 from agentjax.models.qwen.model import KVCache, Qwen
 from agentjax.sampling.sample import SamplingParams, sample_token
+from agentjax.parallel import logical_to_sharding
 from agentjax.sampling.stops import StopTable, push_and_match
 
 # Why a row stopped generating.
@@ -50,7 +53,24 @@ class DecodeState:
   rng: jax.Array
 
 
-def init_state(cfg, batch: int, cache_len: int, rng: jax.Array) -> DecodeState:
+def state_logical_axes(state: DecodeState) -> DecodeState:
+  """Logical axis names of every DecodeState field (the rules table maps them to the mesh)."""
+  per_token = P("batch", "length")
+  return DecodeState(cache=state.cache.logical_axes(), tokens=per_token, valid=per_token,
+                     sampled=per_token, logprobs=per_token, turn_id=per_token,
+                     length=P("batch"), next_logits=P("batch", "vocab"), rng=P())
+
+
+def init_state(cfg, batch: int, cache_len: int, rng: jax.Array,
+               mesh: jax.sharding.Mesh | None = None) -> DecodeState:
+  """An empty state; with a mesh, placed by the rules table (batch over data and fsdp)."""
+  state = _empty_state(cfg, batch, cache_len, rng)
+  if mesh is None:
+    return state
+  return jax.device_put(state, logical_to_sharding(state_logical_axes(state), state, mesh))
+
+
+def _empty_state(cfg, batch: int, cache_len: int, rng: jax.Array) -> DecodeState:
   shape = (batch, cache_len)
   return DecodeState(
       cache=KVCache.zeros(cfg, batch, cache_len),

@@ -47,23 +47,27 @@ def _init(std: float, axes: tuple[str, ...]):
 
 @flax.struct.dataclass
 class KVCache:
-  """Per-layer key/value buffers, each [B, S, N, D] (logical: batch, cache_length, kv_heads, head_dim)."""
+  """Per-layer key/value buffers, each [B, N, S, D] (logical: batch, kv_heads, cache_length, head_dim).
+
+  Heads before slots: a decode step's attention is then a batched matmul over (b, n) on
+  contiguous [S, D] blocks, with no per-step transpose of the cache.
+  """
 
   keys: tuple[Array, ...]
   values: tuple[Array, ...]
 
-  LOGICAL_AXES = ("batch", "cache_length", "kv_heads", "head_dim")
+  LOGICAL_AXES = ("batch", "kv_heads", "cache_length", "head_dim")
 
   @classmethod
   def zeros(cls, cfg: QwenConfig, batch: int, length: int, dtype: Any = None) -> "KVCache":
-    shape = (batch, length, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.num_kv_heads, length, cfg.head_dim)
     dtype = dtype or _dtype(cfg.dtype)
     return cls(keys=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
                values=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)))
 
   @property
   def length(self) -> int:
-    return self.keys[0].shape[1]
+    return self.keys[0].shape[2]
 
   def logical_axes(self) -> "KVCache":
     spec = jax.sharding.PartitionSpec(*self.LOGICAL_AXES)
@@ -134,14 +138,15 @@ def apply_rope(x: Array, cos: Array, sin: Array) -> Array:
 
 
 def _write_cache(buffer: Array, new: Array, index: Array) -> Array:
-  """Writes new [B, Q, N, D] into buffer [B, S, N, D] at slots index[b] + q.
+  """Writes new [B, N, Q, D] into buffer [B, N, S, D] at slots index[b] + q.
 
   A scatter rather than dynamic_update_slice: slots past the end are dropped, where
   dynamic_update_slice would clamp the start and overwrite live slots of a full row.
   """
-  slots = index[:, None] + jnp.arange(new.shape[1], dtype=index.dtype)[None]
-  rows = jnp.arange(buffer.shape[0])[:, None]
-  return buffer.at[rows, slots].set(new.astype(buffer.dtype), mode="drop")
+  slots = index[:, None, None] + jnp.arange(new.shape[2], dtype=index.dtype)[None, None]
+  rows = jnp.arange(buffer.shape[0])[:, None, None]
+  heads = jnp.arange(buffer.shape[1])[None, :, None]
+  return buffer.at[rows, heads, slots].set(new.astype(buffer.dtype), mode="drop")
 
 
 class Attention(nn.Module):
@@ -166,10 +171,11 @@ class Attention(nn.Module):
       q = RMSNorm(cfg.rms_norm_eps, "head_dim", pdtype, name="q_norm")(q)
       k = RMSNorm(cfg.rms_norm_eps, "head_dim", pdtype, name="k_norm")(k)
     q = constrain(apply_rope(q, cos, sin), ("batch", "length", "heads", "head_dim"))
-    k = apply_rope(k, cos, sin)
+    k = jnp.swapaxes(apply_rope(k, cos, sin), 1, 2)  # [B, N, Q, D], the cache layout
+    v = jnp.swapaxes(v, 1, 2)
 
     if kv is not None:
-      keys = _write_cache(kv[0], k, cache_index)     # [B, S, N, D]
+      keys = _write_cache(kv[0], k, cache_index)     # [B, N, S, D]
       values = _write_cache(kv[1], v, cache_index)
       keys = constrain(keys, KVCache.LOGICAL_AXES)
       values = constrain(values, KVCache.LOGICAL_AXES)
@@ -178,12 +184,17 @@ class Attention(nn.Module):
       keys, values, new_kv = k, v, None
 
     # GQA without repeating K/V: group the query heads by the KV head they share.
-    qg = q.reshape(b, q_len, n, g, d)
-    scores = jnp.einsum("bqngd,bknd->bngqk", qg, keys.astype(dtype),
+    # GQA without repeating K/V: the G query heads sharing a KV head become rows of one batched
+    # matmul per (b, n), m = q * G + g. With the [B, N, S, D] cache layout this needs no transpose
+    # of the cache (decode reads it once).
+    qg = q.reshape(b, q_len, n, g, d).transpose(0, 2, 1, 3, 4).reshape(b, n, q_len * g, d)
+    scores = jnp.einsum("bnmd,bnkd->bnmk", qg, keys.astype(dtype),
                         preferred_element_type=_F32) * (d ** -0.5)
-    scores = jnp.where(mask[:, None, None, :, :], scores, jnp.finfo(_F32).min)
+    mask_m = jnp.repeat(mask, g, axis=1) if g > 1 else mask               # [B, Q*G, K]
+    scores = jnp.where(mask_m[:, None], scores, jnp.finfo(_F32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bngqk,bknd->bqngd", probs, values.astype(dtype)).reshape(b, q_len, n * g, d)
+    out = jnp.einsum("bnmk,bnkd->bnmd", probs, values.astype(dtype))      # [B, N, Q*G, D]
+    out = out.reshape(b, n, q_len, g, d).transpose(0, 2, 1, 3, 4).reshape(b, q_len, n * g, d)
     out = Linear((cfg.hidden_size,), ("heads", "head_dim", "embed"), in_dims=2, dtype=dtype,
                  param_dtype=pdtype, name="o_proj")(out)
     return out, new_kv

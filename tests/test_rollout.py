@@ -1,0 +1,189 @@
+"""The multi-turn rollout engine, on a scripted Qwen agent against real BM25 retrieval."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import jax
+import numpy as np
+import pytest
+
+from agentjax.compiles import CompileCounter
+from agentjax.agent import RolloutConfig, RolloutEngine, SEARCH_R1, TOOL_CALL, transcripts_of
+from agentjax.retrieval import HttpSearchBackend, make_backend
+from agentjax.sampling import SamplingParams
+from tests import agent_fixtures as af
+from tests import retrieval_fixtures
+
+QUESTIONS = ["Who founded Zorvath?", "Where is Quellmoor?"]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+  root = tmp_path_factory.mktemp("agent")
+  tok = af.scripted_tokenizer(str(root / "tok"))
+  corpus = retrieval_fixtures.write_corpus(root / "corpus.jsonl")
+  backend = make_backend("bm25", corpus_path=corpus, index_dir=str(root / "index"))
+  return tok, backend, af.ScriptedAgent(tok)
+
+
+def engine(world, **overrides):
+  tok, backend, agent = world
+  kw = dict(group_size=2, max_turns=3, max_new_tokens=16, max_obs_tokens=96,
+            max_total_tokens=1024, topk=2, sampling=SamplingParams(greedy=True))
+  backend = overrides.pop("backend", backend)
+  hook = overrides.pop("before_turn", None)
+  return RolloutEngine(agent.cfg, tok, backend, RolloutConfig(**{**kw, **overrides}), before_turn=hook)
+
+
+def test_scripted_trajectory_token_by_token(world):
+  """Greedy: think + search every turn until max_turns. Every token is where the protocol says,
+  and the loss mask is exactly the sampled tokens: observations and prompt are excluded."""
+  tok, backend, agent = world
+  eng = engine(world)
+  batch, metrics = eng.run(agent.params(af.SEARCH), QUESTIONS, jax.random.key(0))
+  docs = backend.search(["Zorvath founder"], 2).documents[0]
+  observation = eng.observation_ids(*SEARCH_R1.observation(docs))
+  turn = agent.ids(af.THINK + af.SEARCH)
+  tokens, loss_mask, turn_id, valid = jax.device_get(
+      (batch.tokens, batch.loss_mask, batch.turn_id, batch.valid))
+  for b in range(4):
+    prompt = eng.prompt_ids(QUESTIONS[b // 2])
+    want = list(prompt)
+    want_mask = [False] * len(prompt)
+    want_turn = [-1] * len(prompt)
+    ends = [len(want)]
+    for t in range(3):
+      want += turn + observation
+      want_mask += [True] * len(turn) + [False] * len(observation)
+      want_turn += [t] * (len(turn) + len(observation))
+      ends.append(len(want))
+    n = len(want)
+    assert list(tokens[b, :n]) == want
+    assert list(loss_mask[b, :n]) == want_mask and not loss_mask[b, n:].any()
+    assert list(turn_id[b, :n]) == want_turn
+    assert valid[b, :n].all() and not valid[b, n:].any()
+    assert list(batch.turn_ends[b]) == ends
+  assert list(batch.num_turns) == [3] * 4 and batch.truncated.all() and not batch.answered.any()
+  assert list(batch.group_ids) == [0, 0, 1, 1]
+  assert metrics["search_failures"] == 0 and metrics["format_errors"] == 0
+  text = transcripts_of(batch, eng.byte_table)[0]
+  assert text.count("<information>Doc 1(Title: \"Zorvath\")") == 3
+
+
+def test_sampled_branching_gives_ragged_turns_and_answers(world):
+  tok, backend, agent = world
+  eng = engine(world, group_size=8, max_turns=4, sampling=SamplingParams(temperature=1.0))
+  batch, metrics = eng.run(agent.params(af.SEARCH, af.ANSWER), QUESTIONS, jax.random.key(3))
+  assert set(batch.num_turns) > {1} and batch.answered.any()
+  for b in range(16):
+    if batch.answered[b]:
+      assert batch.answers[b] == "Aldric" and batch.format_valid[b] and not batch.truncated[b]
+      last = batch.turn_ends[b, batch.num_turns[b]]
+      answer = agent.ids(af.ANSWER)
+      assert list(np.asarray(batch.tokens[b, last - len(answer):last])) == answer
+    else:
+      assert batch.num_turns[b] == 4 and batch.truncated[b]
+  loss_mask, turn_id = jax.device_get((batch.loss_mask, batch.turn_id))
+  # 3 sampled tokens of think and 3 of the action in every turn
+  np.testing.assert_array_equal(loss_mask.sum(1), 6 * batch.num_turns)
+  assert metrics["answered"] == batch.answered.mean()
+
+
+def test_invalid_actions_and_eos(world):
+  tok, backend, agent = world
+  eng = engine(world)
+  batch, metrics = eng.run(agent.params(af.EMPTY_SEARCH), QUESTIONS[:1], jax.random.key(0))
+  text = transcripts_of(batch, eng.byte_table)[0]
+  assert text.count("My previous action is invalid") == 3
+  assert list(batch.num_format_errors) == [3, 3] and not batch.format_valid.any()
+  assert metrics["format_errors"] == 6
+  # A model that ends its turn (EOS) without an action stops there.
+  params = agent.params([tok.eos_token])  # THINK then EOS
+  batch, _ = eng.run(params, QUESTIONS[:1], jax.random.key(0))
+  assert list(batch.num_turns) == [1, 1] and not batch.answered.any()
+  assert not batch.truncated.any() and not batch.format_valid.any()  # ended, not cut off
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_retriever_down_gives_error_observation(world):
+  down = HttpSearchBackend(f"http://127.0.0.1:{_free_port()}/retrieve", timeout_s=0.5,
+                           max_retries=1, backoff_s=0.01)
+  tok, _, agent = world
+  eng = engine(world, backend=down, max_turns=2)
+  batch, metrics = eng.run(agent.params(af.SEARCH), QUESTIONS[:1], jax.random.key(0))
+  text = transcripts_of(batch, eng.byte_table)[0]
+  assert text.count("<information>Search failed: ") == 2
+  assert list(batch.num_search_failures) == [2, 2] and metrics["search_failures"] == 4
+  assert down.stats.failed_queries == 4
+
+
+def test_tool_call_protocol(world):
+  tok, backend, agent = world
+  eng = engine(world, protocol="tool_call", max_turns=2)
+  batch, _ = eng.run(agent.params(af.TOOL_SEARCH), QUESTIONS[:1], jax.random.key(0))
+  text = transcripts_of(batch, eng.byte_table)[0]
+  assert text.count("<tool_response>\nDoc 1(Title: \"Zorvath\")") == 2
+  assert text.count("<|im_start|>user\n<tool_response>") == 2
+  batch, metrics = eng.run(agent.params(af.TOOL_BROKEN), QUESTIONS[:1], jax.random.key(0))
+  assert metrics["format_errors"] == 4 and TOOL_CALL.invalid_message.strip() in \
+      transcripts_of(batch, eng.byte_table)[0]
+
+
+def test_before_turn_hook_and_two_policies(world):
+  tok, backend, agent = world
+  seen = []
+
+  def hook(turn, rows, transcripts):
+    seen.append((turn, list(rows)))
+    return [f"Rubric {turn}: cite a document." for _ in rows]
+
+  eng = engine(world, before_turn=hook)
+  rubric = ["Rubric 0: cite a document.", "Rubric 1: cite a document."]
+  searcher = agent.params(af.SEARCH, extra_starts=rubric)
+  answerer = agent.params(af.ANSWER, extra_starts=rubric)
+  batch, _ = eng.run({"searcher": searcher, "answerer": answerer}, QUESTIONS, jax.random.key(0),
+                     policy_for_turn=lambda t: "searcher" if t == 0 else "answerer")
+  assert list(batch.num_turns) == [2] * 4 and batch.answered.all()
+  assert seen == [(0, [0, 1, 2, 3]), (1, [0, 1, 2, 3])]
+  tokens, loss_mask = jax.device_get((batch.tokens, batch.loss_mask))
+  text = transcripts_of(batch, eng.byte_table)[0]
+  assert (text.index("Rubric 0") < text.index("<search>Zorvath founder") < text.index("Rubric 1")
+          < text.index("<answer>Aldric"))
+  # injected text is context, never trained on
+  rubric = eng.encode("Rubric 1: cite a document.")
+  row = list(tokens[0])
+  start = next(i for i in range(len(row)) if row[i:i + len(rubric)] == rubric)
+  assert not loss_mask[0, start:start + len(rubric)].any()
+
+
+def test_budget_truncation_and_prompt_too_long(world):
+  tok, backend, agent = world
+  prompt_len = len(engine(world).prompt_ids(QUESTIONS[0]))
+  eng = engine(world, max_total_tokens=prompt_len + 40, max_turns=4)
+  batch, _ = eng.run(agent.params(af.SEARCH), QUESTIONS[:1], jax.random.key(0))
+  assert batch.truncated.all() and not batch.answered.any()
+  assert int(np.asarray(batch.valid).sum(1).max()) <= prompt_len + 40
+  eng = engine(world, max_total_tokens=prompt_len)
+  with pytest.raises(ValueError, match="max_total_tokens"):
+    eng.run(agent.params(af.SEARCH), QUESTIONS[:1], jax.random.key(0))
+
+
+def test_compilations_are_bounded(world):
+  """A second rollout with other questions (same buckets) compiles nothing new."""
+  tok, backend, agent = world
+  eng = engine(world, sampling=SamplingParams(temperature=1.0))
+  params = agent.params(af.SEARCH, af.ANSWER)
+  counter = CompileCounter()
+  eng.run(params, QUESTIONS, jax.random.key(0))
+  first = counter.count
+  counter = CompileCounter()
+  eng.run(params, ["Who founded Brindlecap, the library?", "Quellmoor?"], jax.random.key(1))
+  assert counter.count == 0
+  assert first <= 12, first

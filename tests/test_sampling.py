@@ -1,0 +1,196 @@
+"""The sampler: greedy = argmax of full forwards, exact log-probs, stops, bucketing."""
+
+from __future__ import annotations
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentjax.models import masks
+from agentjax.models.qwen import Qwen, QwenConfig, init_params
+from agentjax.models.tokenizer import load_tokenizer
+from agentjax.sampling import (STOP_BUDGET, STOP_EOS, STOP_MAX_NEW, STOP_STRING, SamplingParams,
+                               StopTable, extend, generate, init_state, push_and_match,
+                               token_byte_table)
+from tests import hf_fixtures
+
+
+def spread_params(cfg, seed):
+  """Random params scaled up so that next-token distributions are far from uniform."""
+  return jax.tree.map(lambda x: x * 4.0, init_params(cfg, jax.random.key(seed)))
+
+
+def full_logits(cfg, params, ids):
+  ids = jnp.asarray(np.asarray(ids)[None])
+  valid = jnp.ones(ids.shape, bool)
+  return Qwen(cfg).apply({"params": params}, ids, masks.positions_from_padding(valid),
+                         masks.causal_padding_mask(valid))[0][0]
+
+
+def no_stop(cfg, budget, eos=()):
+  return (StopTable.build([b""] * cfg.vocab_size, []), jnp.asarray(eos, jnp.int32).reshape(-1),
+          jnp.int32(budget))
+
+
+def fill(state, cfg, params, rows, turn):
+  width = max(8, max(len(r) for r in rows))
+  block = np.zeros((len(rows), width), np.int32)
+  for b, r in enumerate(rows):
+    block[b, :len(r)] = r
+  return extend(Qwen(cfg), params, state, jnp.asarray(block),
+                jnp.asarray([len(r) for r in rows], jnp.int32), jnp.full((len(rows),), turn, jnp.int32))
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-qwen3"])
+def test_greedy_equals_repeated_argmax_of_full_forwards(preset):
+  cfg = QwenConfig.preset(preset)
+  params = spread_params(cfg, 0)
+  rng = np.random.RandomState(0)
+  prompts = [list(rng.randint(0, cfg.vocab_size, n)) for n in (7, 3, 12)]
+  state = fill(init_state(cfg, 3, 64, jax.random.key(0)), cfg, params, prompts, -1)
+  state, gen = generate(Qwen(cfg), params, state, jnp.ones(3, bool), jnp.zeros(3, jnp.int32),
+                        no_stop(cfg, 64), SamplingParams(greedy=True), 9)
+  assert (np.asarray(gen.stop_reason) == STOP_MAX_NEW).all()
+  for b, prompt in enumerate(prompts):
+    seq = list(prompt)
+    for _ in range(9):
+      seq.append(int(jnp.argmax(full_logits(cfg, params, seq)[-1])))
+    assert list(np.asarray(gen.new_tokens[b])) == seq[len(prompt):]
+    assert list(np.asarray(state.tokens[b, :len(seq)])) == seq
+
+
+class LogprobTest(chex.TestCase):
+
+  def test_sampled_logprobs_equal_teacher_forced(self):
+    """Across prefill, two sampled turns and a fed observation in between, the stored log-prob of
+    every sampled token equals the teacher-forced temperature-1 log-prob (the first PPO ratio is 1)."""
+    cfg = QwenConfig.preset("tiny-qwen3")
+    params = spread_params(cfg, 1)
+    rng = np.random.RandomState(1)
+    model = Qwen(cfg)
+    state = fill(init_state(cfg, 4, 128, jax.random.key(1)), cfg, params,
+                 [list(rng.randint(0, cfg.vocab_size, n)) for n in (5, 9, 2, 6)], -1)
+    sampling = SamplingParams(temperature=0.7, top_k=50, top_p=0.9)
+    active = jnp.asarray([True, True, False, True])
+    state, _ = generate(model, params, state, active, jnp.zeros(4, jnp.int32), no_stop(cfg, 128),
+                        sampling, 6)
+    state = fill(state, cfg, params, [list(rng.randint(0, cfg.vocab_size, n)) for n in (3, 0, 4, 5)], 0)
+    state, _ = generate(model, params, state, jnp.ones(4, bool), jnp.ones(4, jnp.int32),
+                        no_stop(cfg, 128), SamplingParams(temperature=1.3), 5)
+    tokens, valid, sampled, logprobs = jax.device_get(
+        (state.tokens, state.valid, state.sampled, state.logprobs))
+    for b in range(4):
+      n = int(valid[b].sum())
+      assert valid[b, :n].all() and not valid[b, n:].any()
+      ref = jax.nn.log_softmax(full_logits(cfg, params, tokens[b, :n]), axis=-1)
+      positions = np.flatnonzero(sampled[b])
+      assert len(positions) == (11 if b != 2 else 5)
+      want = np.asarray(ref)[positions - 1, tokens[b, positions]]
+      np.testing.assert_allclose(logprobs[b, positions], want, atol=1e-4)
+      assert (logprobs[b, ~sampled[b]] == 0).all()
+
+
+def test_stop_reasons_eos_and_budget():
+  cfg = QwenConfig.preset("tiny")
+  params = spread_params(cfg, 2)
+  prompt = [[5, 6, 7], [8, 9]]
+  model = Qwen(cfg)
+  greedy = SamplingParams(greedy=True)
+  state = fill(init_state(cfg, 2, 32, jax.random.key(0)), cfg, params, prompt, -1)
+  _, gen = generate(model, params, state, jnp.ones(2, bool), jnp.zeros(2, jnp.int32),
+                    no_stop(cfg, 32), greedy, 6)
+  first = np.asarray(gen.new_tokens)[:, 2]   # make the 3rd greedy token of each row an EOS
+  state = fill(init_state(cfg, 2, 32, jax.random.key(0)), cfg, params, prompt, -1)
+  _, gen = generate(model, params, state, jnp.ones(2, bool), jnp.zeros(2, jnp.int32),
+                    no_stop(cfg, 32, eos=first), greedy, 6)
+  assert list(np.asarray(gen.stop_reason)) == [STOP_EOS, STOP_EOS]
+  assert (np.asarray(gen.num_new) <= 3).all()
+  # A budget of 6 slots: rows stop when they fill it, and nothing is written past it.
+  state = fill(init_state(cfg, 2, 32, jax.random.key(0)), cfg, params, prompt, -1)
+  state, gen = generate(model, params, state, jnp.ones(2, bool), jnp.zeros(2, jnp.int32),
+                        no_stop(cfg, 6), greedy, 10)
+  assert list(np.asarray(gen.stop_reason)) == [STOP_BUDGET, STOP_BUDGET]
+  assert list(np.asarray(state.length)) == [6, 6]
+  assert not np.asarray(state.valid)[:, 6:].any()
+
+
+def test_top_k_and_top_p_filters():
+  cfg = QwenConfig.preset("tiny")
+  from agentjax.sampling import sample_token
+
+  logits = jax.random.normal(jax.random.key(0), (64, cfg.vocab_size)) * 3
+  top5 = np.argsort(-np.asarray(logits), axis=-1)[:, :5]
+  keys = jax.random.split(jax.random.key(1), 20)
+  for key in keys:
+    tok, logp = sample_token(key, logits, SamplingParams(top_k=5))
+    assert all(t in row for t, row in zip(np.asarray(tok), top5))
+    np.testing.assert_allclose(logp, jax.nn.log_softmax(logits)[jnp.arange(64), tok], atol=1e-5)
+    tok, _ = sample_token(key, logits, SamplingParams(top_p=1e-6))
+    assert (np.asarray(tok) == top5[:, 0]).all()
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingParams(top_p=0.0)
+
+
+# --------------------------------------------------------------------------- stop strings
+
+
+@pytest.fixture(scope="module")
+def bpe(tmp_path_factory):
+  """A byte-level BPE trained on agent text, where tags are split and merged in several ways."""
+  return load_tokenizer(hf_fixtures.make_tokenizer_dir(str(tmp_path_factory.mktemp("bpe"))))
+
+
+def _first_hit(table, ids):
+  window = table.empty_window(1)
+  step = jax.jit(lambda w, t: push_and_match(table, w, t))
+  for i, t in enumerate(ids):
+    window, hit = step(window, jnp.asarray([t], jnp.int32))
+    if bool(hit[0]):
+      return i
+  return None
+
+
+def test_stop_strings_match_on_bytes_however_bpe_splits_them(bpe):
+  table_bytes = token_byte_table(bpe, len(bpe))
+  table = StopTable.build(table_bytes, ["</search>", "</answer>"])
+  vocab = bpe.get_vocab()
+  byte_ids = {}
+  for piece, i in vocab.items():  # single-byte tokens, to spell text one byte at a time
+    if len(table_bytes[i]) == 1:
+      byte_ids[table_bytes[i]] = i
+  for text in ["<search>capital of Veltrana</search>", "x</search>\n\n<information>",
+               "<answer>Orsk</answer>", "a </sea rch> b </search>"]:
+    end = min(text.find(s) + len(s) for s in ("</search>", "</answer>") if s in text)
+    for ids in (bpe.encode(text, add_special_tokens=False),
+                [byte_ids[bytes([c])] for c in text.encode()]):
+      # the hit comes at the token whose bytes complete the stop string, not before or after
+      spans = np.cumsum([len(table_bytes[i]) for i in ids])
+      assert _first_hit(table, ids) == int(np.searchsorted(spans, end)), (text, ids)
+  # BPE really does split and merge the tag in these texts
+  pieces = [table_bytes[i] for i in bpe.encode("x</search>\n\n", add_special_tokens=False)]
+  assert b"</search>" not in pieces
+  assert _first_hit(table, bpe.encode("no stop here </searc h>", add_special_tokens=False)) is None
+
+
+def test_generate_stops_on_a_split_tag(bpe):
+  """End to end: a scripted model spells '... </search> ...' in BPE pieces; generation stops at
+  the piece that completes the tag and keeps it."""
+  from agentjax.models.qwen.scripted import chain, transition_config, transition_params
+  from agentjax.sampling import bucket
+
+  ids = bpe.encode("Orsk</search> more", add_special_tokens=False)
+  assert len(set(ids)) == len(ids)
+  table_bytes = token_byte_table(bpe, bucket(len(bpe), 64))
+  cfg = transition_config(bucket(len(bpe), 64))
+  params = transition_params(cfg, chain(ids), fallback=ids[0])
+  state = fill(init_state(cfg, 1, 64, jax.random.key(0)), cfg, params, [ids[:1]], -1)
+  stop = (StopTable.build(table_bytes, ["</search>"]), jnp.zeros((0,), jnp.int32), jnp.int32(64))
+  _, gen = generate(Qwen(cfg), params, state, jnp.ones(1, bool), jnp.zeros(1, jnp.int32), stop,
+                    SamplingParams(greedy=True), 20)
+  out = list(np.asarray(gen.new_tokens[0, :int(gen.num_new[0])]))
+  assert int(gen.stop_reason[0]) == STOP_STRING
+  spans = np.cumsum([len(table_bytes[i]) for i in ids])
+  end = b"".join(table_bytes[i] for i in ids).find(b"</search>") + len(b"</search>")
+  assert out == ids[1:int(np.searchsorted(spans, end)) + 1]
