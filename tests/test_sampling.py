@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -22,11 +24,18 @@ def spread_params(cfg, seed):
   return jax.tree.map(lambda x: x * 4.0, init_params(cfg, jax.random.key(seed)))
 
 
-def full_logits(cfg, params, ids):
-  ids = jnp.asarray(np.asarray(ids)[None])
-  valid = jnp.ones(ids.shape, bool)
+def full_logits(cfg, params, ids, width=64):
+  """Logits [len(ids), V] of one full forward (right-padded to `width`: one compilation)."""
+  n = len(ids)
+  padded = np.zeros((1, width), np.int32)
+  padded[0, :n] = ids
+  return _forward(cfg, params, jnp.asarray(padded), jnp.arange(width)[None] < n)[0, :n]
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(cfg, params, ids, valid):
   return Qwen(cfg).apply({"params": params}, ids, masks.positions_from_padding(valid),
-                         masks.causal_padding_mask(valid))[0][0]
+                         masks.causal_padding_mask(valid))[0]
 
 
 def no_stop(cfg, budget, eos=()):
