@@ -171,6 +171,22 @@ def test_bad_config_names_the_field(hf_checkpoint, tmp_path, case):
     load_hf(bad)
 
 
+def test_qwen3_attention_bias_is_refused():
+  hf = QwenConfig.preset("tiny-qwen3").to_hf_dict()
+  with pytest.raises(ConfigError, match="attention_bias"):
+    QwenConfig.from_hf_dict({**hf, "attention_bias": True})
+
+
+def test_corrupt_header_entry_names_the_tensor(tmp_path):
+  import struct
+
+  header = json.dumps({"w": {"dtype": "F32", "data_offsets": [0, 4]}}).encode()
+  path = tmp_path / "model.safetensors"
+  path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
+  with pytest.raises(CheckpointError, match="tensor 'w' has a corrupt header entry"):
+    SafetensorsFile(str(path))
+
+
 def test_corrupt_and_pickle_only_folders(hf_checkpoint, tmp_path):
   folder, _ = hf_checkpoint("qwen2-tied-gqa2")
   bad = _copy(folder, tmp_path)

@@ -59,6 +59,7 @@ INVALID_TOOL_CALL = {
     "empty query": '<tool_call>{"name": "search", "arguments": {"query": ""}}</tool_call>',
     "unclosed": '<tool_call>{"name": "search"',
     "deep json": "<tool_call>" + "[" * 100_000 + "</tool_call>",
+    "huge integer": "<tool_call>" + "1" * 5000 + "</tool_call>",
     "long query": '<tool_call>{"name": "search", "arguments": {"query": "' + "y" * 10_000 + '"}}</tool_call>',
 }
 

@@ -28,6 +28,20 @@ def world(tmp_path_factory):
   return tok, backend, af.ScriptedAgent(tok)
 
 
+def assert_consistent(batch):
+  """Invariants every TrajectoryBatch keeps, whatever happened in the rollout."""
+  valid, loss_mask, turn_id = (np.asarray(x) for x in jax.device_get(
+      (batch.valid, batch.loss_mask, batch.turn_id)))
+  rows = np.arange(len(batch.num_turns))
+  np.testing.assert_array_equal(batch.turn_ends[rows, batch.num_turns], valid.sum(1))
+  assert (np.diff(batch.turn_ends, axis=1) >= 0).all()
+  assert not (loss_mask & ~valid).any()
+  for b in rows:
+    n = valid[b].sum()
+    assert valid[b, :n].all()  # real tokens are a prefix
+    np.testing.assert_array_equal(turn_id[b, :n] >= 0, np.arange(n) >= batch.turn_ends[b, 0])
+
+
 def engine(world, **overrides):
   tok, backend, agent = world
   kw = dict(group_size=2, max_turns=3, max_new_tokens=16, max_obs_tokens=96,
@@ -66,6 +80,7 @@ def test_scripted_trajectory_token_by_token(world):
     assert valid[b, :n].all() and not valid[b, n:].any()
     assert list(batch.turn_ends[b]) == ends
   assert list(batch.num_turns) == [3] * 4 and batch.truncated.all() and not batch.answered.any()
+  assert_consistent(batch)
   assert list(batch.group_ids) == [0, 0, 1, 1]
   assert metrics["search_failures"] == 0 and metrics["format_errors"] == 0
   text = transcripts_of(batch, eng.byte_table)[0]
@@ -89,6 +104,7 @@ def test_sampled_branching_gives_ragged_turns_and_answers(world):
   # 3 sampled tokens of think and 3 of the action in every turn
   np.testing.assert_array_equal(loss_mask.sum(1), 6 * batch.num_turns)
   assert metrics["answered"] == batch.answered.mean()
+  assert_consistent(batch)
 
 
 def test_invalid_actions_and_eos(world):
@@ -100,10 +116,13 @@ def test_invalid_actions_and_eos(world):
   assert list(batch.num_format_errors) == [3, 3] and not batch.format_valid.any()
   assert metrics["format_errors"] == 6
   # A model that ends its turn (EOS) without an action stops there.
+  assert_consistent(batch)
+  # A turn that ends (EOS) without an action is invalid too: the agent is told and goes on.
   params = agent.params([tok.eos_token])  # THINK then EOS
   batch, _ = eng.run(params, QUESTIONS[:1], jax.random.key(0))
-  assert list(batch.num_turns) == [1, 1] and not batch.answered.any()
-  assert not batch.truncated.any() and not batch.format_valid.any()  # ended, not cut off
+  assert list(batch.num_turns) == [3, 3] and list(batch.num_format_errors) == [3, 3]
+  assert batch.truncated.all() and not batch.answered.any()
+  assert_consistent(batch)
 
 
 def _free_port():
@@ -122,6 +141,37 @@ def test_retriever_down_gives_error_observation(world):
   assert text.count("<information>Search failed: ") == 2
   assert list(batch.num_search_failures) == [2, 2] and metrics["search_failures"] == 4
   assert down.stats.failed_queries == 4
+  assert_consistent(batch)
+
+
+class BrokenBackend:
+  """A backend with a bug: raises, or answers fewer results than queries."""
+
+  def __init__(self, short):
+    self.short = short
+
+  def search(self, queries, topk):
+    if self.short:
+      from agentjax.retrieval import SearchResponse
+      return SearchResponse([[]], [None])
+    raise RuntimeError("index file vanished")
+
+
+@pytest.mark.parametrize("short", [False, True])
+def test_backend_bug_does_not_crash_the_rollout(world, short):
+  tok, _, agent = world
+  eng = engine(world, backend=BrokenBackend(short), max_turns=2)
+  batch, metrics = eng.run(agent.params(af.SEARCH), QUESTIONS, jax.random.key(0))
+  assert metrics["search_failures"] == 8
+  assert "search backend error" in transcripts_of(batch, eng.byte_table)[3]
+  assert_consistent(batch)
+
+
+def test_caller_rng_survives_the_rollout(world):
+  tok, _, agent = world
+  rng = jax.random.key(7)
+  engine(world, max_turns=1).run(agent.params(af.SEARCH), QUESTIONS[:1], rng)
+  jax.random.split(rng)  # the engine donated its own copy, not the caller's key
 
 
 def test_tool_call_protocol(world):
@@ -170,6 +220,13 @@ def test_budget_truncation_and_prompt_too_long(world):
   batch, _ = eng.run(agent.params(af.SEARCH), QUESTIONS[:1], jax.random.key(0))
   assert batch.truncated.all() and not batch.answered.any()
   assert int(np.asarray(batch.valid).sum(1).max()) <= prompt_len + 40
+  assert_consistent(batch)
+  # The budget runs out in the middle of the first action: cut off, not a format error.
+  eng = engine(world, max_total_tokens=prompt_len + 4)
+  batch, _ = eng.run(agent.params(af.SEARCH), QUESTIONS[:1], jax.random.key(0))
+  assert batch.truncated.all() and list(batch.num_format_errors) == [0, 0]
+  np.testing.assert_array_equal(np.asarray(batch.valid).sum(1), prompt_len + 4)
+  assert_consistent(batch)
   eng = engine(world, max_total_tokens=prompt_len)
   with pytest.raises(ValueError, match="max_total_tokens"):
     eng.run(agent.params(af.SEARCH), QUESTIONS[:1], jax.random.key(0))

@@ -131,7 +131,7 @@ class Protocol:
     body = head[start + len("<tool_call>"):]
     try:
       call = json.loads(body)
-    except (json.JSONDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError also covers over-long integer literals
       return Action(INVALID, "tool call is not valid JSON")
     if not isinstance(call, dict) or call.get("name") != "search":
       return Action(INVALID, "tool call must name the 'search' tool")
@@ -139,7 +139,7 @@ class Protocol:
     if isinstance(args, str):  # some models emit arguments as a JSON string
       try:
         args = json.loads(args)
-      except (json.JSONDecodeError, RecursionError):
+      except (ValueError, RecursionError):
         return Action(INVALID, "tool call arguments are not valid JSON")
     query = args.get("query") if isinstance(args, dict) else None
     if not isinstance(query, str):

@@ -27,10 +27,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, get_protocol
+from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, get_protocol
 from agentjax.models.qwen import Qwen, QwenConfig
-from agentjax.retrieval import SearchBackend
-from agentjax.sampling import (STOP_BUDGET, STOP_EOS, SamplingParams, StopTable, bucket,
+from agentjax.retrieval import SearchBackend, SearchResponse
+from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket,
                                decode_bytes, extend, generate, init_state, token_byte_table)
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
@@ -100,6 +100,8 @@ class RolloutEngine:
     eos = set(cfg.eos_token_ids)
     if tokenizer.eos_token_id is not None:
       eos.add(int(tokenizer.eos_token_id))
+    if config.use_chat_template and "<|im_end|>" in tokenizer.get_vocab():
+      eos.add(int(tokenizer.convert_tokens_to_ids("<|im_end|>")))  # end of the assistant turn
     self.eos_ids = jnp.asarray(sorted(eos), jnp.int32)
     self.stop_table = StopTable.build(self.byte_table, self.protocol.stop_strings)
     self.cache_len = bucket(config.max_total_tokens)
@@ -129,6 +131,24 @@ class RolloutEngine:
     pre, suf = self._prefix_suffix[key]
     room = max(0, self.config.max_obs_tokens - len(pre) - len(suf))
     return pre + self.encode(body)[:room] + suf
+
+  def parse(self, text: str) -> Action:
+    """The protocol's parse, with a last line of defence: model text never raises."""
+    try:
+      return self.protocol.parse(text)
+    except Exception as e:  # noqa: BLE001 - any parser failure is the model's malformed output
+      return Action(INVALID, f"unparsable action ({type(e).__name__})")
+
+  def search(self, queries: Sequence[str]) -> SearchResponse:
+    """One batched call; a backend that raises or answers the wrong number of results fails
+    every query of the call (each gets an error observation) instead of ending the rollout."""
+    try:
+      response = self.backend.search(list(queries), self.config.topk)
+      if len(response.documents) != len(queries) or len(response.errors) != len(queries):
+        raise ValueError(f"{len(response.documents)} results for {len(queries)} queries")
+      return response
+    except Exception as e:  # noqa: BLE001 - retriever faults must not crash training
+      return SearchResponse.failed(len(queries), f"search backend error: {e!r}"[:300])
 
   # ------------------------------------------------------------------ device calls
 
@@ -229,28 +249,23 @@ class RolloutEngine:
       for b in active_rows:
         text = self.decode(new_tokens[b, :num_new[b]])
         transcripts[b] += text
-        action = self.protocol.parse(text)
+        if reason[b] == STOP_BUDGET:  # cut off mid-turn: no room left for any action
+          truncated[b] = done[b] = True
+          continue
+        action = self.parse(text)
         if action.kind == ANSWER:
           answers[b], answered[b], done[b] = action.content, True, True
         elif action.kind == SEARCH:
           searches.append((b, action.content))
-        else:
-          assert action.kind == INVALID
+        else:  # malformed, or the turn ended (EOS / max_new_tokens) without an action
           format_errors[b] += 1
-          if reason[b] == STOP_EOS:  # the model ended its turn without a usable action: stop
-            done[b] = True
-          else:
-            observations[b] = self.encode(self.protocol.invalid_observation())
-        if reason[b] == STOP_BUDGET and not done[b]:
-          truncated[b] = done[b] = True
+          observations[b] = self.encode(self.protocol.invalid_observation())
 
       if searches:
         t0 = time.perf_counter()
-        response = self.backend.search([q for _, q in searches], cfg.topk)
+        response = self.search([q for _, q in searches])
         timings["search_s"] += time.perf_counter() - t0
         for (b, _), docs, error in zip(searches, response.documents, response.errors):
-          if done[b]:
-            continue
           if error is not None:
             search_failures[b] += 1
             observations[b] = self.observation_ids(*self.protocol.error_observation(error))
@@ -259,7 +274,7 @@ class RolloutEngine:
 
       for b in active_rows:
         room = budget - int(length[b])
-        if len(observations[b]) >= room and not done[b]:
+        if observations[b] and len(observations[b]) >= room:
           # No room to generate after this observation: keep what fits and stop.
           observations[b] = observations[b][:max(0, room)]
           truncated[b] = done[b] = True

@@ -50,16 +50,21 @@ class SafetensorsFile:
         header = json.loads(f.read(header_len))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
       raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
+    if not isinstance(header, dict):
+      raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
     self.metadata = header.pop("__metadata__", None) or {}
     self._data_start = 8 + header_len
     self._entries = {}
     for name, entry in header.items():
-      code = entry.get("dtype")
+      code = entry.get("dtype") if isinstance(entry, dict) else None
       if code not in _CODE_TO_DTYPE:
         raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {code!r}")
       dtype = _CODE_TO_DTYPE[code]
-      shape = tuple(int(s) for s in entry["shape"])
-      begin, end = (int(o) for o in entry["data_offsets"])
+      try:
+        shape = tuple(int(s) for s in entry["shape"])
+        begin, end = (int(o) for o in entry["data_offsets"])
+      except (KeyError, TypeError, ValueError) as e:
+        raise CheckpointError(f"{path}: tensor {name!r} has a corrupt header entry ({e!r})") from None
       if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)) or \
           self._data_start + end > size:
         raise CheckpointError(f"{path}: tensor {name!r} has data offsets {[begin, end]} that do "

@@ -4,6 +4,7 @@
   advantages  ADVANTAGE_ESTIMATORS registry: grpo, drgrpo, gspo, rloo, reinforce++,
               reinforce++_baseline, igpo, cw_grpo; turn_to_token; collapse / IG statistics
   losses      POLICY_LOSSES registry: ppo, gspo; aggregate_loss, kl_penalty
+  info_gain   IGPO's ground-truth probes, packed into one forward pass (score_packed)
 """
 
 from __future__ import annotations
@@ -31,6 +32,17 @@ from agentjax.rl.advantages import (
     turn_mask_from,
     turn_to_token,
 )
+from agentjax.rl.info_gain import (
+    ALIAS_MODES,
+    ANSWER_TEMPLATES,
+    PackedScores,
+    Probes,
+    build_probes,
+    information_gain,
+    packed_mask,
+    score_naive,
+    score_packed,
+)
 from agentjax.rl.losses import (
     AGGREGATIONS,
     KL_ESTIMATORS,
@@ -55,6 +67,8 @@ from agentjax.rl.rewards import (
 )
 
 __all__ = [
+    "ALIAS_MODES", "ANSWER_TEMPLATES", "PackedScores", "Probes", "build_probes",
+    "information_gain", "packed_mask", "score_naive", "score_packed",
     "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "ASSISTANT_MARKER", "BATCH_FIELDS", "KL_ESTIMATORS",
     "POLICY_LOSSES", "USER_MARKER", "advantage_collapse_fraction", "aggregate_loss",
     "check_format", "contribution_weighted_advantages", "cw_grpo_advantages",

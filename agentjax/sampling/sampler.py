@@ -63,8 +63,12 @@ def state_logical_axes(state: DecodeState) -> DecodeState:
 
 def init_state(cfg, batch: int, cache_len: int, rng: jax.Array,
                mesh: jax.sharding.Mesh | None = None) -> DecodeState:
-  """An empty state; with a mesh, placed by the rules table (batch over data and fsdp)."""
-  state = _empty_state(cfg, batch, cache_len, rng)
+  """An empty state; with a mesh, placed by the rules table (batch over data and fsdp).
+
+  The state holds a copy of `rng`: extend/generate donate the state, and the caller's key must
+  survive that.
+  """
+  state = _empty_state(cfg, batch, cache_len, jax.random.clone(rng))
   if mesh is None:
     return state
   return jax.device_put(state, logical_to_sharding(state_logical_axes(state), state, mesh))
@@ -138,8 +142,8 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
   b, s = state.tokens.shape
   rows = jnp.arange(b)
   budget = jnp.minimum(budget, s)
+  reason0 = jnp.where(active & (state.length >= budget), STOP_BUDGET, RUNNING).astype(jnp.int32)
   active = active & (state.length < budget)
-  reason0 = jnp.where(state.length >= budget, STOP_BUDGET, RUNNING).astype(jnp.int32)
 
   def cond(carry):
     _, step, active, *_ = carry

@@ -20,9 +20,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-# Tokens longer than this keep only their last bytes in the window: the long tokens of real
-# vocabularies are whitespace and punctuation runs, which no stop string sits inside.
-MAX_TOKEN_BYTES = 32
+# Tokens longer than this keep only their last bytes in the window. Real vocabularies stay far
+# below it (Qwen's longest tokens are runs of a few dozen spaces or dashes), so in practice every
+# token is matched whole.
+MAX_TOKEN_BYTES = 256
 
 
 @flax.struct.dataclass

@@ -142,6 +142,9 @@ class QwenConfig:
       raise ConfigError(f"config.json: rope_parameters.rope_type {rope_type!r} is not supported "
                         "(only 'default' RoPE)")
     rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    if model_type == "qwen3" and hf.get("attention_bias", False):
+      # transformers then also adds an o_proj bias, which this port does not have.
+      raise ConfigError("config.json: attention_bias=true is not supported for qwen3")
 
     hidden = need("hidden_size")
     heads = need("num_attention_heads")
@@ -160,8 +163,8 @@ class QwenConfig:
         rope_theta=float(rope_theta),
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        # Qwen2 hard-codes bias=True on q/k/v; Qwen3 reads attention_bias (default False).
-        qkv_bias=bool(hf.get("attention_bias", False)) if is_qwen3 else True,
+        # Qwen2 hard-codes bias=True on q/k/v; Qwen3 has none (see the attention_bias check).
+        qkv_bias=not is_qwen3,
         qk_norm=is_qwen3,
         max_position_embeddings=int(hf.get("max_position_embeddings", 32768)),
         bos_token_id=hf.get("bos_token_id"),
@@ -206,8 +209,10 @@ class QwenConfig:
         "eos_token_id": list(self.eos_token_id) if isinstance(self.eos_token_id, tuple) else self.eos_token_id,
     }
     if is_qwen3:
+      if self.qkv_bias:
+        raise ConfigError("qkv_bias=True cannot be exported as qwen3 (no attention_bias support)")
       hf["head_dim"] = self.head_dim
-      hf["attention_bias"] = self.qkv_bias
+      hf["attention_bias"] = False
     elif self.head_dim != self.hidden_size // self.num_heads:
       raise ConfigError(f"qwen2 requires head_dim == hidden_size / num_heads, got {self.head_dim}")
     return hf

@@ -261,7 +261,7 @@ class Qwen(nn.Module):
       tokens: [B, Q] int32 token ids.
       positions: [B, Q] int32 position ids (RoPE), explicit so that padding and packing are free.
       attention_mask: [B, Q, K] bool; K = Q without a cache, K = cache length S with one.
-      cache: optional KVCache with buffers [B, S, N, D]; this call's keys/values are written into it.
+      cache: optional KVCache with buffers [B, N, S, D]; this call's keys/values are written into it.
       cache_index: [B] int32, the slot where each row's first token of this call is written.
       return_hidden: return the final-norm hidden states [B, Q, E] instead of logits, so that a
         sampler projects only the positions it samples from (see `logits`).
@@ -271,7 +271,9 @@ class Qwen(nn.Module):
     cfg = self.cfg
     if cache is not None and cache_index is None:
       raise ValueError("cache_index [B] is required when a cache is given")
-    x = jnp.take(self.embed_tokens, tokens, axis=0).astype(_dtype(cfg.dtype))
+    # mode="clip": an out-of-range id (padding garbage) must not put NaN into the row, since
+    # masked attention still multiplies its value by 0.
+    x = jnp.take(self.embed_tokens, tokens, axis=0, mode="clip").astype(_dtype(cfg.dtype))
     x = constrain(x, ("batch", "length", "embed"))
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
     keys, values = [], []

@@ -1,0 +1,238 @@
+"""IGPO's information gain: how much each turn raised the policy's probability of the truth.
+
+For trajectory b and boundary t (t = 0: the prompt alone; t: the context after turn t-1's
+observation) we teacher-force the ground truth, wrapped in the protocol's answer schema, after the
+context and score it:
+
+  v[b, t] = mean over the answer's own tokens a_j of log pi(a_j | context_t, a_<j)   ("log_prob")
+          or exp of that                                                         ("prob", Eq. 3)
+  ig[b, k] = v[b, k + 1] - v[b, k]    for the non-answer turns k < num_turns - 1 (stop-gradient)
+
+The official implementation runs one teacher-forced pass per turn over the whole prefix (T passes,
+O(T * L) tokens). Here all probes of a trajectory ride along ONE forward pass:
+
+  row b:  [ trajectory slots 0..S-1 | probe 0 (A slots) | probe 1 | ... | probe P-1 ]
+
+Probe p (boundary t, gold alias k) attends only to the trajectory slots before its boundary and to
+its own earlier tokens, with position ids continuing from the boundary; trajectory tokens never
+attend to probes. The same pass yields the trajectory's per-token log-probs (the old or reference
+log-probs of PPO), so information gain costs little on top of what training computes anyway.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Sequence
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentjax.models.logprobs import chunked_token_logprobs
+from agentjax.models.qwen.model import Qwen
+from agentjax.sampling.sampler import bucket
+
+# The answer schema each protocol's probes use: {gt} is replaced by the gold answer, and only the
+# gold answer's own tokens are scored.
+ANSWER_TEMPLATES = {
+    "search_r1": "<think>Now there's enough information to answer</think>\n<answer> {gt} </answer>",
+    "tool_call": "<think>Now there's enough information to answer</think>\n<answer> {gt} </answer>",
+}
+MODES = ("log_prob", "prob")
+ALIAS_MODES = ("first", "max")
+
+
+@dataclasses.dataclass(frozen=True)
+class Probes:
+  """Ground-truth probes of a batch (host arrays).
+
+  tokens [B, K, A] int32: template + gold alias k (K = 1 in "first" mode), right-padded;
+  score [B, K, A] bool: the gold answer's own tokens (what v averages over);
+  valid [B, K, A] bool: real probe tokens (template included); alias_valid [B, K] bool.
+  """
+
+  tokens: np.ndarray
+  score: np.ndarray
+  valid: np.ndarray
+  alias_valid: np.ndarray
+
+
+def build_probes(encode: Callable[[str], Sequence[int]], golds: Sequence[Sequence[str] | str],
+                 template: str = ANSWER_TEMPLATES["search_r1"], alias_mode: str = "first",
+                 max_aliases: int = 4, max_answer_tokens: int = 64) -> Probes:
+  """Tokenizes the probe of each trajectory's gold answer(s).
+
+  The template's prefix, the gold text and the suffix are encoded separately and concatenated, so
+  the scored span is exactly the gold answer's tokens.
+  """
+  if alias_mode not in ALIAS_MODES:
+    raise ValueError(f"info_gain.alias_mode must be one of {ALIAS_MODES}, got {alias_mode!r}")
+  if template.count("{gt}") != 1:
+    raise ValueError("info_gain.answer_template must contain '{gt}' exactly once")
+  head, tail = template.split("{gt}")
+  head_ids, tail_ids = list(encode(head)), list(encode(tail))
+  rows = []
+  for gold in golds:
+    aliases = [gold] if isinstance(gold, str) else list(gold)
+    aliases = [a for a in aliases if a.strip()] or [""]
+    aliases = aliases[:1] if alias_mode == "first" else aliases[:max_aliases]
+    rows.append([list(encode(a))[:max_answer_tokens] for a in aliases])
+  k = max(len(r) for r in rows)
+  width = bucket(max(len(head_ids) + len(a) + len(tail_ids) for r in rows for a in r), 8)
+  b = len(rows)
+  tokens = np.zeros((b, k, width), np.int32)
+  score = np.zeros((b, k, width), bool)
+  valid = np.zeros((b, k, width), bool)
+  alias_valid = np.zeros((b, k), bool)
+  for i, row in enumerate(rows):
+    for j, ans in enumerate(row):
+      seq = head_ids + ans + tail_ids
+      tokens[i, j, :len(seq)] = seq
+      valid[i, j, :len(seq)] = True
+      score[i, j, len(head_ids):len(head_ids) + len(ans)] = True
+      alias_valid[i, j] = len(ans) > 0
+  return Probes(tokens=tokens, score=score, valid=valid, alias_valid=alias_valid)
+
+
+@flax.struct.dataclass
+class PackedScores:
+  token_logprobs: jax.Array  # [B, S] log p(token j | tokens < j); 0 at slot 0
+  token_entropy: jax.Array   # [B, S] entropy of the distribution predicting slot j (0 if not asked)
+  values: jax.Array          # [B, T] v at boundaries 0..T-1 (0 where t >= num_turns)
+  info_gain: jax.Array       # [B, T] ig of turn k (0 where k >= num_turns - 1)
+
+
+def packed_mask(valid: jax.Array, boundaries: jax.Array, probe_valid: jax.Array) -> jax.Array:
+  """Attention mask of the packed sequence.
+
+  Args:
+    valid: [B, S] bool, real trajectory tokens.
+    boundaries: [B, P] int32, context end (exclusive) of each probe.
+    probe_valid: [B, P, A] bool.
+  Returns:
+    [B, S + P*A, S + P*A] bool.
+  """
+  b, s = valid.shape
+  _, p, a = probe_valid.shape
+  traj = jnp.tril(jnp.ones((s, s), bool))[None] & valid[:, None, :]                 # [B, S, S]
+  top = jnp.concatenate([traj, jnp.zeros((b, s, p * a), bool)], axis=2)
+  context = (jnp.arange(s)[None, None, None, :] < boundaries[:, :, None, None]) \
+      & valid[:, None, None, :]
+  context = jnp.broadcast_to(context, (b, p, a, s))                                  # [B, P, A, S]
+  own = jnp.tril(jnp.ones((a, a), bool))[None, None] & probe_valid[:, :, None, :]   # [B, P, A, A]
+  same = jnp.eye(p, dtype=bool)[None, :, None, :, None]                             # [1, P, 1, P, 1]
+  probes = same & own[:, :, :, None, :]                                             # [B, P, A, P, A]
+  bottom = jnp.concatenate([context.reshape(b, p * a, s), probes.reshape(b, p * a, p * a)], axis=2)
+  return jnp.concatenate([top, bottom], axis=1)
+
+
+def information_gain(values: jax.Array, num_turns: jax.Array) -> jax.Array:
+  """ig[b, k] = v[b, k+1] - v[b, k] for k < num_turns[b] - 1, else 0. values [B, T]."""
+  t = values.shape[1]
+  gain = jnp.concatenate([values[:, 1:] - values[:, :-1], jnp.zeros_like(values[:, :1])], axis=1)
+  return jnp.where(jnp.arange(t)[None] < (num_turns - 1)[:, None], gain, 0.0)
+
+
+def _probe_values(logp: jax.Array, probes_score: jax.Array, alias_valid: jax.Array,
+                  mode: str) -> jax.Array:
+  """[B, T, K, A] log-probs -> v [B, T] (mean over scored tokens, then max over aliases)."""
+  score = probes_score[:, None].astype(jnp.float32)                               # [B, 1, K, A]
+  mean = jnp.sum(logp * score, -1) / jnp.maximum(jnp.sum(score, -1), 1.0)         # [B, T, K]
+  value = jnp.exp(mean) if mode == "prob" else mean
+  value = jnp.where(alias_valid[:, None], value, -jnp.inf)
+  return jnp.max(value, axis=-1)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "mode", "with_entropy", "chunk"))
+def score_packed(model: Qwen, params, tokens: jax.Array, valid: jax.Array, turn_ends: jax.Array,
+                 num_turns: jax.Array, probe_tokens: jax.Array, probe_score: jax.Array,
+                 probe_valid: jax.Array, alias_valid: jax.Array, *, mode: str = "log_prob",
+                 with_entropy: bool = False, chunk: int = 256) -> PackedScores:
+  """One forward pass: trajectory log-probs and the ground-truth value at every boundary.
+
+  Args:
+    tokens, valid: [B, S] trajectory (row b's real tokens are a prefix; slot j has position j).
+    turn_ends: [B, T'] context boundaries, T' >= T + 1 turns' worth (TrajectoryBatch.turn_ends);
+      the first T = turn_ends.shape[1] - 1 boundaries are probed.
+    num_turns: [B].
+    probe_tokens, probe_score, probe_valid: [B, K, A] from build_probes; alias_valid [B, K].
+  """
+  b, s = tokens.shape
+  t = turn_ends.shape[1] - 1
+  _, k, a = probe_tokens.shape
+  p = t * k
+  boundaries = jnp.repeat(turn_ends[:, :t], k, axis=1)                        # [B, P], p = t*K + k
+  ptok = jnp.tile(probe_tokens, (1, t, 1))                                    # [B, P, A]
+  pval = jnp.tile(probe_valid, (1, t, 1))
+  seq = jnp.concatenate([tokens, ptok.reshape(b, p * a)], axis=1)             # [B, S + P*A]
+  positions = jnp.concatenate([
+      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s)),
+      (boundaries[:, :, None] + jnp.arange(a, dtype=jnp.int32)[None, None]).reshape(b, p * a)],
+      axis=1)
+  mask = packed_mask(valid, boundaries, pval)
+  hidden, _ = model.apply({"params": params}, seq, positions, mask, return_hidden=True)
+
+  # What predicts each token: the previous slot of the trajectory; for a probe's first token the
+  # last context slot before its boundary, for later probe tokens the previous probe slot.
+  traj_h, probe_h = hidden[:, :s], hidden[:, s:].reshape(b, p, a, -1)
+  ctx_last = jnp.take_along_axis(traj_h, jnp.maximum(boundaries - 1, 0)[:, :, None], axis=1)
+  ctx_last = ctx_last[:, :, None, :]                                           # [B, P, 1, E]
+  probe_prev = jnp.concatenate([ctx_last, probe_h[:, :, :-1]], axis=2)         # [B, P, A, E]
+  traj_prev = jnp.concatenate([traj_h[:, :1], traj_h[:, :-1]], axis=1)         # [B, S, E]
+  prev = jnp.concatenate([traj_prev, probe_prev.reshape(b, p * a, -1)], axis=1)
+  logits_fn = functools.partial(model.apply, {"params": params}, method=Qwen.logits)
+  logp, ent = chunked_token_logprobs(logits_fn, prev, seq, chunk=chunk, with_entropy=with_entropy)
+  first = jnp.arange(s)[None] > 0
+  token_logprobs = jnp.where(first & valid, logp[:, :s], 0.0)
+  token_entropy = jnp.where(first & valid, ent[:, :s], 0.0) if with_entropy else jnp.zeros_like(token_logprobs)
+
+  values = _probe_values(logp[:, s:].reshape(b, t, k, a), probe_score, alias_valid, mode)
+  values = jax.lax.stop_gradient(jnp.where(jnp.arange(t)[None] < num_turns[:, None], values, 0.0))
+  return PackedScores(token_logprobs=token_logprobs, token_entropy=token_entropy, values=values,
+                      info_gain=information_gain(values, num_turns))
+
+
+@functools.partial(jax.jit, static_argnames=("model", "mode"))
+def _score_prefix_batch(model: Qwen, params, seq, valid, score, alias_valid, *, mode):
+  """Values of probes placed right after each row's context: seq [B, K, L] (context + probe)."""
+  b, k, length = seq.shape
+  flat, fvalid = seq.reshape(b * k, length), valid.reshape(b * k, length)
+  positions = jnp.maximum(jnp.cumsum(fvalid, axis=-1) - 1, 0)
+  mask = jnp.tril(jnp.ones((length, length), bool))[None] & fvalid[:, None, :]
+  hidden, _ = model.apply({"params": params}, flat, positions, mask, return_hidden=True)
+  prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
+  logits_fn = functools.partial(model.apply, {"params": params}, method=Qwen.logits)
+  logp, _ = chunked_token_logprobs(logits_fn, prev, flat)
+  return _probe_values(logp.reshape(b, 1, k, length), score, alias_valid, mode)[:, 0]
+
+
+def score_naive(model: Qwen, params, tokens: np.ndarray, turn_ends: np.ndarray,
+                num_turns: np.ndarray, probes: Probes, mode: str = "log_prob") -> np.ndarray:
+  """The official-code way: one teacher-forced pass per boundary over the whole prefix (batched
+  over trajectories). Same values as score_packed; used by tests and the benchmark. -> v [B, T]."""
+  tokens, turn_ends = np.asarray(tokens), np.asarray(turn_ends)
+  b, t = turn_ends.shape[0], turn_ends.shape[1] - 1
+  _, k, a = probes.tokens.shape
+  values = np.zeros((b, t), np.float32)
+  for step in range(t):
+    live = np.flatnonzero(step < np.asarray(num_turns))
+    if not len(live):
+      continue
+    ends = turn_ends[live, step]
+    width = bucket(int(ends.max()) + a)
+    seq = np.zeros((len(live), k, width), np.int32)
+    valid = np.zeros((len(live), k, width), bool)
+    score = np.zeros((len(live), k, width), bool)
+    for i, row in enumerate(live):
+      n = ends[i]
+      seq[i, :, :n] = tokens[row, :n]
+      valid[i, :, :n] = True
+      seq[i, :, n:n + a] = probes.tokens[row]
+      valid[i, :, n:n + a] = probes.valid[row]
+      score[i, :, n:n + a] = probes.score[row]
+    v = _score_prefix_batch(model, params, jnp.asarray(seq), jnp.asarray(valid), jnp.asarray(score),
+                            jnp.asarray(probes.alias_valid[live]), mode=mode)
+    values[live, step] = np.asarray(v)
+  return values

@@ -1,0 +1,380 @@
+"""Data layer: SynthWorld (determinism, names, schema invariants, disjoint splits, answers that
+follow the chain, corpus, BM25-backed demonstrations) and the tfds search-QA builder (FlashRAG
+JSONL -> array_record -> as_data_source, with no TensorFlow; malformed lines named precisely)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentjax.agent.protocol import ANSWER, SEARCH, SEARCH_R1, TOOL_CALL, format_documents
+from agentjax.data import (BENCHMARKS, QUESTION_TEMPLATES, RELATIONS, QAFormatError, SearchQA,
+                           SynthWorld, load_split, natural_key, prepare, read_qa_jsonl)
+from agentjax.retrieval import BM25Backend, load_corpus
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = dict(n_entities=200, n_train=150, n_dev=30, n_test=30)
+TOPK = 3
+# Real places and given names (checked independently of the generator's own blocklist).
+REAL_NAMES = {
+    "paris", "london", "berlin", "rome", "madrid", "lisbon", "oslo", "lima", "tokyo", "delhi",
+    "cairo", "nairobi", "kigali", "bamako", "dakar", "panama", "toronto", "sydney", "moscow",
+    "kenya", "mali", "peru", "chad", "cuba", "fiji", "iran", "iraq", "laos", "togo", "tonga",
+    "samoa", "ghana", "nepal", "spain", "china", "japan", "india", "egypt", "italy", "anna",
+    "maria", "sara", "laura", "linda", "nina", "nora", "rosa", "david", "peter", "john", "ivan",
+    "boris", "omar", "karl", "hans", "otto", "juan", "pedro", "mario", "marco", "luna", "maya"}
+# What each relation's sentence says in the passage of its subject.
+STATES = {"born_in": "{s} was born in {o}.", "works_for": "{s} works for {o}.",
+          "located_in": "{s} is a city located in {o}.", "capital": "The capital of {s} is {o}.",
+          "founded_by": "{s} was founded by {o}.",
+          "headquartered_in": "{s} is an organization headquartered in {o}."}
+
+
+def _quiet_tfds():
+  import tensorflow_datasets as tfds
+  tfds.disable_progress_bar()
+
+
+@pytest.fixture(scope="module")
+def world():
+  return SynthWorld.generate(seed=7)  # the default size: 2000 entities, 5000 questions
+
+
+@pytest.fixture(scope="module")
+def written(world, tmp_path_factory):
+  out = tmp_path_factory.mktemp("synthworld")
+  index_dir = str(tmp_path_factory.mktemp("bm25"))
+  paths = world.write(str(out), topk=TOPK, index_dir=index_dir)
+  backend = BM25Backend(paths["corpus"], index_dir=index_dir)
+  assert not backend.built  # write() built and cached the index; this one loads it
+  return paths, backend
+
+
+def _read_jsonl(path):
+  with open(path) as f:
+    return [json.loads(line) for line in f]
+
+
+def _subject(q):
+  return q["chain"][0]
+
+
+# ------------------------------------------------------------------ SynthWorld
+
+
+def test_generation_is_deterministic_per_seed_and_differs_across_seeds():
+  a, b, c = (SynthWorld.generate(seed=s, **SMALL) for s in (3, 3, 4))
+  assert a.entities == b.entities and a.relations == b.relations
+  assert a.questions == b.questions and a.corpus() == b.corpus()
+  assert [e.name for e in a.entities] != [e.name for e in c.entities]
+  assert a.questions["train"] != c.questions["train"]
+
+
+def test_generation_at_full_size_is_fast():
+  start = time.perf_counter()
+  w = SynthWorld.generate(seed=1, n_entities=2000, n_train=4000, n_dev=500, n_test=500)
+  w.corpus()
+  assert time.perf_counter() - start < 5.0
+  assert len(w.entities) == 2000 and sum(map(len, w.questions.values())) == 5000
+
+
+def test_names_are_unique_invented_and_pronounceable(world):
+  names = [e.name for e in world.entities]
+  assert len(set(names)) == len(names)
+  words = [w.lower() for e in world.entities
+           for w in (e.name.split()[:1] if e.type == "organization" else e.name.split())]
+  assert len(set(words)) == len(words)  # no name word shared, besides organization suffixes
+  for e in world.entities:
+    assert all(re.fullmatch(r"[A-Z][a-z]{3,}", w) for w in e.name.split()), e.name
+    assert len(e.name.split()) == {"person": 2, "organization": 2}.get(e.type, 1)
+  assert not set(words) & REAL_NAMES
+  for w in words:  # pronounceable: no run of more than 3 consonants
+    assert not re.search(r"[^aeiouy]{4}", w), w
+
+
+def test_relations_satisfy_the_schema(world):
+  types = [e.type for e in world.entities]
+  by_type = {t: {i for i, x in enumerate(types) if x == t} for t in set(types)}
+  assert set(world.relations) == set(RELATIONS)
+  for rel, (subj_type, obj_type) in RELATIONS.items():
+    table = world.relations[rel]
+    assert set(table) == by_type[subj_type], rel          # defined for every subject, only them
+    assert all(types[o] == obj_type for o in table.values()), rel
+  located, capital = world.relations["located_in"], world.relations["capital"]
+  for country, city in capital.items():
+    assert located[city] == country                       # a capital lies in its own country
+  assert set(located.values()) == by_type["country"]      # every country has a city
+  assert len(set(capital.values())) == len(capital)       # no city is capital of two countries
+
+
+def test_splits_have_sizes_disjoint_subjects_and_hops(world):
+  sizes = {s: len(q) for s, q in world.questions.items()}
+  assert sizes == {"train": 4000, "dev": 500, "test": 500}
+  subjects = {s: {_subject(q) for q in qs} for s, qs in world.questions.items()}
+  assert not subjects["train"] & subjects["dev"]
+  assert not subjects["train"] & subjects["test"]
+  assert not subjects["dev"] & subjects["test"]
+  for split, qs in world.questions.items():
+    assert len({q["id"] for q in qs}) == len(qs)
+    assert {q["hops"] for q in qs} == {1, 2, 3}, split
+    for q in qs:
+      assert q["hops"] == len(q["relations"]) == len(q["chain"]) - 1
+      assert tuple(q["relations"]) in QUESTION_TEMPLATES
+      assert len(set(q["chain"])) == len(q["chain"])       # no loops, one answer
+      assert _subject(q) in q["question"] and q["golden_answers"] == [q["chain"][-1]]
+
+
+def test_gold_answers_follow_the_chain_in_the_world(world):
+  # Independent walk over the relation tables, from names to indices and back.
+  index = {e.name: i for i, e in enumerate(world.entities)}
+  for qs in world.questions.values():
+    for q in qs:
+      node = index[_subject(q)]
+      for step, rel in enumerate(q["relations"]):
+        assert world.entities[node].type == RELATIONS[rel][0]
+        node = world.relations[rel][node]
+        assert world.entities[node].name == q["chain"][step + 1]
+      assert q["golden_answers"] == [world.entities[node].name]
+
+
+def test_corpus_passages_state_their_relations(world):
+  corpus = world.corpus()
+  assert len(corpus) == len(world.entities)
+  assert len({row["id"] for row in corpus}) == len(corpus)
+  for i, (row, e) in enumerate(zip(corpus, world.entities)):
+    title, body = row["contents"].split("\n", 1)
+    assert row["id"] == e.id and title == f'"{e.name}"'
+    for rel, (subj_type, _) in RELATIONS.items():
+      if subj_type == e.type:
+        obj = world.entities[world.relations[rel][i]].name
+        assert STATES[rel].format(s=e.name, o=obj) in body, (rel, body)
+
+
+def test_write_lays_out_flashrag_files(world, written):
+  paths, _ = written
+  out = os.path.dirname(paths["corpus"])
+  assert sorted(os.listdir(out)) == sorted(["corpus.jsonl", "train.jsonl", "dev.jsonl",
+                                            "test.jsonl", "demos.jsonl", "entities.jsonl",
+                                            "world.json"])
+  assert load_corpus(paths["corpus"]) == world.corpus()
+  for split in ("train", "dev", "test"):
+    assert _read_jsonl(paths[split]) == world.questions[split]
+    list(read_qa_jsonl(paths[split], ("hops", "chain", "relations")))  # valid FlashRAG QA
+  assert len(_read_jsonl(paths["demos"])) == 4000
+  entities = _read_jsonl(paths["entities"])
+  assert [(e["id"], e["name"], e["type"]) for e in entities] == \
+      [(e.id, e.name, e.type) for e in world.entities]
+  with open(paths["world"]) as f:
+    assert json.load(f)["seed"] == 7
+
+
+def test_written_files_are_deterministic(tmp_path):
+  w = SynthWorld.generate(seed=5, **SMALL)
+  a = w.write(str(tmp_path / "a"), index_dir=str(tmp_path / "idx"))
+  b = SynthWorld.generate(seed=5, **SMALL).write(str(tmp_path / "b"),
+                                                   index_dir=str(tmp_path / "idx"))
+  for key in a:
+    with open(a[key], "rb") as fa, open(b[key], "rb") as fb:
+      assert fa.read() == fb.read(), key
+
+
+def test_bm25_finds_the_subject_passage_for_every_demo_query(world, written):
+  _, backend = written
+  index = {e.name: e.id for e in world.entities}
+  queries, expected = [], []
+  for q in world.questions["train"]:
+    for h, rel in enumerate(q["relations"]):
+      queries.append(SynthWorld.hop_query(rel, q["chain"][h]))
+      expected.append(index[q["chain"][h]])
+  docs = backend.search(queries, TOPK).documents
+  assert all(d and d[0].id == want for d, want in zip(docs, expected))
+
+
+def test_demonstrations_parse_turn_by_turn_and_match_real_search(world, written):
+  paths, backend = written
+  demos = _read_jsonl(paths["demos"])
+  questions = {q["id"]: q for q in world.questions["train"]}
+  searches = []  # (query, observation text) of every search turn
+  for demo in demos:
+    q = questions[demo["id"]]
+    segs = demo["segments"]
+    assert demo["protocol"] == "search_r1" and demo["golden_answers"] == q["golden_answers"]
+    assert [s["role"] for s in segs] == ["assistant", "observation"] * q["hops"] + ["assistant"]
+    for turn, seg in enumerate(segs[0::2]):
+      assert seg["text"].startswith("<think>")
+      assert seg["text"].endswith(SEARCH_R1.stop_strings)  # what the rollout stops generation at
+      action = SEARCH_R1.parse(seg["text"])
+      if turn < q["hops"]:
+        assert action.kind == SEARCH
+        searches.append((action.content, segs[2 * turn + 1]["text"]))
+      else:
+        assert action.kind == ANSWER and action.content == q["golden_answers"][0]
+    # The last search's documents hold the gold answer.
+    assert q["golden_answers"][0] in segs[-2]["text"]
+  docs = backend.search([query for query, _ in searches], TOPK).documents
+  for (query, text), d in zip(searches, docs):
+    assert text == SEARCH_R1.observation_prefix + format_documents(d) + \
+        SEARCH_R1.observation_suffix, query
+
+
+def test_demonstrations_in_the_tool_call_protocol(tmp_path):
+  w = SynthWorld.generate(seed=2, **SMALL)
+  paths = w.write(str(tmp_path / "w"), index_dir=str(tmp_path / "idx"), protocol=TOOL_CALL)
+  backend = BM25Backend(paths["corpus"], index_dir=str(tmp_path / "idx"))
+  for demo, q in zip(w.demonstrations(backend, TOPK, protocol=TOOL_CALL), w.questions["train"]):
+    actions = [TOOL_CALL.parse(s["text"]) for s in demo["segments"][0::2]]
+    assert [a.kind for a in actions] == [SEARCH] * q["hops"] + [ANSWER]
+    assert actions[-1].content == q["golden_answers"][0]
+    assert demo["segments"][1]["text"].startswith(TOOL_CALL.observation_prefix)
+
+
+def test_generate_rejects_sizes_the_world_cannot_satisfy():
+  with pytest.raises(ValueError, match=r"split '(train|dev|test)' needs \d+ \d-hop questions"):
+    SynthWorld.generate(seed=0, n_entities=60, n_train=1000, n_dev=1000, n_test=1000)
+  with pytest.raises(ValueError, match="n_entities"):
+    SynthWorld.generate(seed=0, n_entities=10)
+
+
+# ------------------------------------------------------------------ tfds builder
+
+
+def _write_lines(path, rows):
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path, "w") as f:
+    for row in rows:
+      f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
+
+
+def _nq_style_manual_dir(root):
+  """A made-up FlashRAG "nq" folder: train (12 rows, ids train_0..11) and dev, extra keys."""
+  train = [{"id": f"train_{i}", "question": f"who wrote book {i}?",
+            "golden_answers": [f"Author {i}", f"A. {i}"], "metadata": {"x": i}}
+           for i in range(12)]
+  dev = [{"id": "dev_0", "question": "where is the Zorvath tower?", "golden_answers": ["Quell"]},
+         {"id": 1, "question": "an integer id?", "golden_answers": ["ünïcode ✓"]}]
+  _write_lines(os.path.join(root, "nq", "train.jsonl"), train)
+  _write_lines(os.path.join(root, "nq", "dev.jsonl"), dev)
+  return train, dev
+
+
+def test_tfds_builds_flashrag_dir_into_array_record_without_tensorflow(tmp_path):
+  manual, data = tmp_path / "manual", tmp_path / "tfds"
+  train, dev = _nq_style_manual_dir(str(manual))
+  # A fresh interpreter, so that no other test's imports can hide a TensorFlow import.
+  script = f"""
+import importlib.util, json, sys
+import tensorflow_datasets as tfds
+tfds.disable_progress_bar()
+from agentjax.data import load_split, SearchQA
+out = {{s: load_split("nq", s, {str(data)!r}, {str(manual)!r}) for s in ("train", "dev")}}
+builder = SearchQA(config="nq", data_dir={str(data)!r})
+raw = builder.as_data_source(split="train")[0]
+out["raw_types"] = sorted(type(v).__name__ for v in raw.values())
+out["splits"] = sorted(builder.info.splits)
+out["tf_loaded"] = "tensorflow" in sys.modules
+out["tf_installed"] = importlib.util.find_spec("tensorflow") is not None
+print("RESULT" + json.dumps(out))
+"""
+  proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT,
+                        timeout=120)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  out = json.loads(proc.stdout.split("RESULT", 1)[1])
+  # Building and reading never import TensorFlow (this holds whether or not it is installed; in
+  # this project's environment it is not installed at all, so nothing could have used it).
+  assert not out["tf_loaded"], f"tensorflow imported (installed: {out['tf_installed']})"
+  assert out["splits"] == ["dev", "train"]  # the splits whose files exist
+  assert "bytes" in out["raw_types"]  # tfds gives bytes; load_split decodes them
+  keep = ("id", "question", "golden_answers")
+  assert out["train"] == [{k: r[k] for k in keep} for r in train]  # natural id order = file order
+  assert out["dev"] == [{**dev[1], "id": "1"}, dev[0]]  # "1" < "dev_0" in natural order
+  assert [f.name for f in (data / "search_qa" / "nq" / "1.0.0").iterdir()
+          if "array_record" in f.name]
+
+
+def test_synthworld_goes_through_the_tfds_builder(world, written, tmp_path):
+  _quiet_tfds()
+  paths, _ = written
+  folder = os.path.dirname(paths["corpus"])  # the world's folder itself serves as manual_dir
+  for split in ("train", "dev", "test"):
+    got = load_split("synthworld", split, str(tmp_path), folder)
+    assert got == [{k: q[k] for k in sorted(q)} for q in world.questions[split]], split
+
+
+def test_load_split_rebuilds_when_the_source_files_change(tmp_path):
+  _quiet_tfds()
+  manual, data = str(tmp_path / "manual"), str(tmp_path / "tfds")
+  row = {"id": "test_0", "question": "q?", "golden_answers": ["a"]}
+  _write_lines(os.path.join(manual, "bamboogle", "test.jsonl"), [row])
+  assert [r["question"] for r in load_split("bamboogle", "test", data, manual)] == ["q?"]
+  _write_lines(os.path.join(manual, "bamboogle", "test.jsonl"),
+               [row, {**row, "id": "test_1", "question": "new?"}])
+  assert [r["question"] for r in load_split("bamboogle", "test", data, manual)] == ["q?", "new?"]
+  assert len(load_split("bamboogle", "test", data)) == 2  # built: no manual_dir needed
+  with pytest.raises(ValueError, match="no split 'train'"):
+    load_split("bamboogle", "train", data)
+
+
+BAD_LINES = [
+    ('{"id": "x", "question": "q?", "golden_answers": ["a"]', "not valid JSON"),
+    ('["id", "question"]', "expected a JSON object"),
+    ('{"question": "q?", "golden_answers": ["a"]}', "missing field 'id'"),
+    ('{"id": "x", "golden_answers": ["a"]}', "missing field 'question'"),
+    ('{"id": "x", "question": "q?"}', "missing field 'golden_answers'"),
+    ('{"id": "", "question": "q?", "golden_answers": ["a"]}', "field 'id' is empty"),
+    ('{"id": "x", "question": "  ", "golden_answers": ["a"]}', "field 'question' is empty"),
+    ('{"id": "x", "question": 3, "golden_answers": ["a"]}', "field 'question' must be a string"),
+    ('{"id": "x", "question": "q?", "golden_answers": []}', "field 'golden_answers' is empty"),
+    ('{"id": "x", "question": "q?", "golden_answers": "a"}',
+     "field 'golden_answers' must be a list"),
+    ('{"id": "x", "question": "q?", "golden_answers": ["a", ""]}',
+     "field 'golden_answers[1]' is empty"),
+    ('{"id": "train_0", "question": "q?", "golden_answers": ["a"]}',
+     "field 'id' repeats 'train_0' from line 1"),
+]
+
+
+@pytest.mark.parametrize("line,message", BAD_LINES)
+def test_malformed_lines_name_file_line_and_field(tmp_path, line, message):
+  path = str(tmp_path / "train.jsonl")
+  good = {"id": "train_0", "question": "fine?", "golden_answers": ["yes"]}
+  _write_lines(path, [good, "", line])  # the bad line is line 3 (a blank line 2 is skipped)
+  with pytest.raises(QAFormatError) as err:
+    list(read_qa_jsonl(path))
+  assert str(err.value).startswith(f"{path}:3: ") and message in str(err.value)
+
+
+def test_builder_reports_malformed_lines_and_missing_files(tmp_path):
+  _quiet_tfds()
+  manual, data = str(tmp_path / "manual"), str(tmp_path / "tfds")
+  _write_lines(os.path.join(manual, "popqa", "test.jsonl"),
+               [{"id": "test_0", "question": "q?", "golden_answers": ["a"]},
+                {"id": "test_1", "question": "q?"}])
+  with pytest.raises(QAFormatError, match=r"popqa/test\.jsonl:2: missing field 'golden_answers'"):
+    prepare("popqa", data, manual)
+  assert not SearchQA(config="popqa", data_dir=data).is_prepared()
+  with pytest.raises(FileNotFoundError, match="musique"):
+    load_split("musique", "dev", data, manual)
+  with pytest.raises(QAFormatError, match="missing field 'hops'"):  # synthworld needs its fields
+    _write_lines(os.path.join(manual, "synthworld", "dev.jsonl"),
+                 [{"id": "dev_0", "question": "q?", "golden_answers": ["a"]}])
+    prepare("synthworld", data, manual)
+
+
+def test_builder_has_one_config_per_benchmark_and_manual_instructions():
+  assert BENCHMARKS == ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique",
+                        "bamboogle", "synthworld")
+  assert [c.name for c in SearchQA.BUILDER_CONFIGS] == list(BENCHMARKS)
+  assert "RUC-NLPIR/FlashRAG_datasets" in SearchQA.MANUAL_DOWNLOAD_INSTRUCTIONS
+  assert "Search-R1" in SearchQA.MANUAL_DOWNLOAD_INSTRUCTIONS
+
+
+def test_natural_key_orders_digit_runs_as_numbers():
+  ids = ["train_10", "train_2", "dev_1", "train_1", "5a8b", "5a10b"]
+  assert sorted(ids, key=natural_key) == ["5a8b", "5a10b", "dev_1", "train_1", "train_2",
+                                          "train_10"]
