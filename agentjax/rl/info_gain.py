@@ -80,7 +80,10 @@ def build_probes(encode: Callable[[str], Sequence[int]], golds: Sequence[Sequenc
     aliases = aliases[:1] if alias_mode == "first" else aliases[:max_aliases]
     rows.append([list(encode(a))[:max_answer_tokens] for a in aliases])
   k = max(len(r) for r in rows)
-  width = bucket(max(len(head_ids) + len(a) + len(tail_ids) for r in rows for a in r), 8)
+  # A multiple of 8 rather than a power of two: every probe slot costs a forward position at each
+  # of T boundaries, and answer lengths vary little, so few shapes occur anyway.
+  longest = max(len(head_ids) + len(a) + len(tail_ids) for r in rows for a in r)
+  width = -(-longest // 8) * 8
   b = len(rows)
   tokens = np.zeros((b, k, width), np.int32)
   score = np.zeros((b, k, width), bool)

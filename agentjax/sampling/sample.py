@@ -29,16 +29,27 @@ class SamplingParams:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
-def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams) -> tuple[jax.Array, jax.Array]:
+def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
+                 vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
   """Samples one token per row.
 
   Args:
-    logits: [B, V] float32 next-token logits.
+    logits: [B, V] float32 next-token logits, or [V, B] with vocab_major=True (the decode loop's
+      layout; greedy and plain temperature sampling then need no transpose).
   Returns:
     tokens [B] int32, and their log-probabilities [B] under the temperature-1 distribution
     (the policy's own probability, which the PPO ratio compares against).
   """
   logits = logits.astype(jnp.float32)
+  if vocab_major:
+    if params.greedy:
+      tokens = jnp.argmax(logits, axis=0).astype(jnp.int32)
+    elif params.top_k > 0 or params.top_p < 1.0:
+      return sample_token(rng, logits.T, params)  # the filters work on [B, V]
+    else:
+      tokens = jax.random.categorical(rng, logits / params.temperature, axis=0).astype(jnp.int32)
+    chosen = logits[tokens, jnp.arange(logits.shape[1])]
+    return tokens, chosen - jax.nn.logsumexp(logits, axis=0)
   if params.greedy:
     tokens = jnp.argmax(logits, axis=-1)
   else:

@@ -149,23 +149,26 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     _, step, active, *_ = carry
     return (step < max_new) & jnp.any(active)
 
+  # Inside the loop the next-token logits are kept vocab-major [V, B] (see
+  # Qwen.logits_vocab_major); they are transposed once on entry and once on exit.
   def body(carry):
-    state, step, active, new_tokens, num_new, reason, window = carry
+    state, step, active, new_tokens, num_new, reason, window, logits_vb = carry
     rng, key = jax.random.split(state.rng)
-    tok, logp = sample_token(key, state.next_logits, sampling)
+    tok, logp = sample_token(key, logits_vb, sampling, vocab_major=True)
     slot = jnp.where(active, state.length, s)                                 # s: dropped
     valid = state.valid.at[rows, slot].set(True, mode="drop")
-    logits, cache = model.apply({"params": params}, tok[:, None], slot[:, None],
+    hidden, cache = model.apply({"params": params}, tok[:, None], slot[:, None],
                                 masks.cache_mask(valid, slot[:, None]), cache=state.cache,
-                                cache_index=slot)
+                                cache_index=slot, return_hidden=True)
+    logits = model.apply({"params": params}, hidden[:, 0], method=Qwen.logits_vocab_major)
+    logits_vb = jnp.where(active[None, :], logits, logits_vb)
     state = state.replace(
         cache=cache, valid=valid, rng=rng,
         tokens=state.tokens.at[rows, slot].set(tok, mode="drop"),
         sampled=state.sampled.at[rows, slot].set(True, mode="drop"),
         logprobs=state.logprobs.at[rows, slot].set(logp, mode="drop"),
         turn_id=state.turn_id.at[rows, slot].set(turn, mode="drop"),
-        length=state.length + active,
-        next_logits=jnp.where(active[:, None], logits[:, 0], state.next_logits))
+        length=state.length + active)
     new_tokens = new_tokens.at[:, step].set(jnp.where(active, tok, 0))
     num_new = num_new + active
     window, hit_stop = push_and_match(table, window, tok)
@@ -173,9 +176,11 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     why = jnp.select([hit_eos, hit_stop, state.length >= budget, num_new >= max_new],
                      [STOP_EOS, STOP_STRING, STOP_BUDGET, STOP_MAX_NEW], RUNNING)
     reason = jnp.where(active, why, reason)
-    return state, step + 1, active & (why == RUNNING), new_tokens, num_new, reason, window
+    return (state, step + 1, active & (why == RUNNING), new_tokens, num_new, reason, window,
+            logits_vb)
 
   carry = (state, jnp.int32(0), active, jnp.zeros((b, max_new), jnp.int32),
-           jnp.zeros((b,), jnp.int32), reason0, table.empty_window(b))
-  state, _, _, new_tokens, num_new, reason, _ = jax.lax.while_loop(cond, body, carry)
+           jnp.zeros((b,), jnp.int32), reason0, table.empty_window(b), state.next_logits.T)
+  state, _, _, new_tokens, num_new, reason, _, logits_vb = jax.lax.while_loop(cond, body, carry)
+  state = state.replace(next_logits=logits_vb.T)
   return state, Generation(new_tokens=new_tokens, num_new=num_new, stop_reason=reason)

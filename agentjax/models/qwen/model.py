@@ -299,6 +299,18 @@ class Qwen(nn.Module):
       out = jnp.einsum("...e,ev->...v", h, self.lm_head.astype(dtype), preferred_element_type=_F32)
     return out
 
+  def logits_vocab_major(self, hidden: Array) -> Array:
+    """LM head for a few rows, vocab-major: hidden [B, E] -> logits [V, B] float32.
+
+    The decode loop uses this layout: on CPU the [V, E] x [E, B] product streams the vocabulary
+    matrix once at near copy speed, while the [B, V] product runs ~40% slower.
+    """
+    dtype = _dtype(self.cfg.dtype)
+    h = hidden.astype(dtype)
+    if self.cfg.tie_word_embeddings:
+      return jnp.einsum("ve,be->vb", self.embed_tokens.astype(dtype), h, preferred_element_type=_F32)
+    return jnp.einsum("ev,be->vb", self.lm_head.astype(dtype), h, preferred_element_type=_F32)
+
 
 # --------------------------------------------------------------------------- parameters
 
