@@ -304,14 +304,11 @@ def bench_info_gain() -> dict:
   with 2 layers instead of 24 so that the whole bench fits in a few minutes on 2 CPU cores; the
   LM head (the same in both) is then a larger share of the cost than at full depth.
   """
-  import functools
-
   import jax
   import jax.numpy as jnp
   import numpy as np
 
-  from agentjax.models import masks
-  from agentjax.models.logprobs import chunked_token_logprobs
+  from agentjax.models.logprobs import sequence_logprobs
   from agentjax.models.qwen import Qwen, QwenConfig, init_params
   from agentjax.rl.info_gain import build_probes, score_naive, score_packed
 
@@ -328,14 +325,7 @@ def bench_info_gain() -> dict:
     params = init_params(cfg, jax.random.key(0))
     model = Qwen(cfg)
 
-    @functools.partial(jax.jit, static_argnums=0)
-    def plain(model, params, tokens, valid):
-      positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-      hidden, _ = model.apply({"params": params}, tokens, positions,
-                              masks.causal_padding_mask(valid), return_hidden=True)
-      prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
-      logits_fn = functools.partial(model.apply, {"params": params}, method=Qwen.logits)
-      return chunked_token_logprobs(logits_fn, prev, tokens)[0]
+    plain = jax.jit(sequence_logprobs, static_argnums=0)
 
     for length, turns in grid[name]:
       b = FLAGS.batch or 1
@@ -348,7 +338,7 @@ def bench_info_gain() -> dict:
       args = [jnp.asarray(x) for x in (tokens, valid, turn_ends, num_turns, probes.tokens,
                                        probes.score, probes.valid, probes.alias_valid)]
       packed = lambda: jax.block_until_ready(score_packed(model, params, *args))  # noqa: E731
-      forward = lambda: jax.block_until_ready(plain(model, params, args[0], args[1]))  # noqa: E731
+      forward = lambda: jax.block_until_ready(plain(model, params, args[0], args[1])[0])  # noqa: E731
       naive = lambda: score_naive(model, params, tokens, turn_ends, num_turns, probes)  # noqa: E731
       out, ref = packed(), naive()  # warm-up (compiles) and correctness
       forward()

@@ -146,3 +146,23 @@ def test_information_gain_masks_answer_turn():
                              [[0.4, -0.3, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]], atol=1e-7)
   with pytest.raises(ValueError, match="alias_mode"):
     build_probes(encode, ["x"], alias_mode="all")
+
+
+def test_sequence_logprobs_matches_full_forward_with_left_padding():
+  from agentjax.models.logprobs import sequence_logprobs
+
+  cfg = QwenConfig.preset("tiny-qwen3")
+  params = jax.tree.map(lambda x: x * 3.0, init_params(cfg, jax.random.key(4)))
+  rng = np.random.RandomState(4)
+  tokens = rng.randint(0, cfg.vocab_size, (2, 20)).astype(np.int32)
+  valid = np.ones((2, 20), bool)
+  valid[1, :7] = False  # left padding
+  logp, ent = jax.jit(sequence_logprobs, static_argnums=(0, 4, 5))(
+      Qwen(cfg), params, jnp.asarray(tokens), jnp.asarray(valid), 8, True)
+  for b, start in ((0, 0), (1, 7)):
+    ref = np.asarray(_row_logprobs(cfg, params, list(tokens[b, start:])))
+    want = ref[np.arange(19 - start), tokens[b, start + 1:]]
+    np.testing.assert_allclose(np.asarray(logp)[b, start + 1:], want, atol=1e-5)
+    assert (np.asarray(logp)[b, :start + 1] == 0).all()
+    ent_ref = -(np.exp(ref) * ref).sum(-1)[:19 - start]
+    np.testing.assert_allclose(np.asarray(ent)[b, start + 1:], ent_ref, atol=1e-4)

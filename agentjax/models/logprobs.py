@@ -50,3 +50,26 @@ def chunked_token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: 
   logp = logp.swapaxes(0, 1).reshape(b, -1)[:, :length]
   ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :length]
   return logp, (ent if with_entropy else None)
+
+
+def sequence_logprobs(model, params, tokens: jax.Array, valid: jax.Array, chunk: int = 256,
+                      with_entropy: bool = False) -> tuple[jax.Array, jax.Array | None]:
+  """Teacher-forced log p(tokens[b, j] | tokens[b, <j]) of padded sequences (one forward).
+
+  Args:
+    model: a Qwen module (anything with the same __call__(..., return_hidden=True) and .logits).
+    tokens, valid: [B, L]; real tokens may be left- or right-padded.
+  Returns:
+    logprobs [B, L] (0 at each row's first real token and on padding), entropy [B, L] or None.
+  """
+  from agentjax.models import masks  # local: masks is tiny, this keeps the module import-light
+
+  hidden, _ = model.apply({"params": params}, tokens, masks.positions_from_padding(valid),
+                          masks.causal_padding_mask(valid), return_hidden=True)
+  prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
+  logits_fn = lambda h: model.apply({"params": params}, h, method=type(model).logits)  # noqa: E731
+  logp, ent = chunked_token_logprobs(logits_fn, prev, tokens, chunk=chunk, with_entropy=with_entropy)
+  # A token has a predictor only if the slot before it is real.
+  has_prev = jnp.concatenate([jnp.zeros_like(valid[:, :1]), valid[:, :-1]], axis=1) & valid
+  logp = jnp.where(has_prev, logp, 0.0)
+  return logp, (jnp.where(has_prev, ent, 0.0) if with_entropy else None)
