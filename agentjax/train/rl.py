@@ -1,0 +1,129 @@
+"""One RL step for search agents: rollouts -> rewards -> one scoring pass -> advantages -> update.
+
+    batch, metrics = engine.run(params, questions, rng)                    # 1. rollouts
+    outcome = outcome_rewards(batch.answers, golds, ...)                   # 2. rewards (host)
+    scored = score_batch(model, params, ref_params, batch, probes)         # 3. old/ref log-probs + IG
+    adv, stats = compute_advantages("igpo", batch, outcome, scored.ig)     # 4. advantages
+    params, opt_state, m = update(params, opt_state, minibatch)           # 5. PPO-clip minibatches
+
+Each piece is a pure function over arrays; the trainer (a later part of this folder) strings them
+together, logs, checkpoints and evaluates. The update skips a step whose loss or gradient is not
+finite and leaves params and optimizer state untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Mapping
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentjax.agent.rollout import TrajectoryBatch
+from agentjax.models.logprobs import sequence_logprobs
+from agentjax.models.qwen import Qwen
+from agentjax.rl.advantages import get_advantage_estimator
+from agentjax.rl.info_gain import Probes, score_packed
+from agentjax.rl.losses import get_policy_loss
+from agentjax.train.optim import make_guarded_step
+
+
+@flax.struct.dataclass
+class ScoredBatch:
+  old_logp: jax.Array   # [B, S] current policy's log-probs of the trajectory tokens
+  ref_logp: jax.Array   # [B, S] reference policy's (zeros when no reference is used)
+  values: jax.Array     # [B, T] ground-truth value at each boundary (IGPO)
+  ig: jax.Array         # [B, T] information gain of each non-answer turn
+
+
+def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: TrajectoryBatch,
+                probes: Probes | None, mode: str = "log_prob", chunk: int = 256) -> ScoredBatch:
+  """Step 3: the policy's log-probs and IGPO's probes in ONE packed pass; the reference's log-probs
+  in a plain pass (no probes needed). Without probes (GRPO family) the policy pass is plain too."""
+  tokens, valid = batch.tokens, batch.valid
+  num_turns = jnp.asarray(batch.num_turns)
+  t = batch.turn_ends.shape[1] - 1
+  if probes is not None:
+    packed = score_packed(model, params, tokens, valid, jnp.asarray(batch.turn_ends), num_turns,
+                          jnp.asarray(probes.tokens), jnp.asarray(probes.score),
+                          jnp.asarray(probes.valid), jnp.asarray(probes.alias_valid),
+                          mode=mode, chunk=chunk)
+    old, values, ig = packed.token_logprobs, packed.values, packed.info_gain
+  else:
+    old = _plain_logprobs(model, params, tokens, valid, chunk)
+    values = ig = jnp.zeros((tokens.shape[0], t), jnp.float32)
+  ref = _plain_logprobs(model, ref_params, tokens, valid, chunk) if ref_params is not None \
+      else jnp.zeros_like(old)
+  return ScoredBatch(old_logp=old, ref_logp=ref, values=values, ig=ig)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 4))
+def _plain_logprobs(model, params, tokens, valid, chunk):
+  return sequence_logprobs(model, params, tokens, valid, chunk=chunk)[0]
+
+
+def compute_advantages(name: str, batch: TrajectoryBatch, outcome: np.ndarray, ig: jax.Array,
+                       **kwargs: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Step 4: per-token advantages [B, S] with the estimator named in config (registry)."""
+  fields = dict(outcome=jnp.asarray(outcome, jnp.float32), group_ids=jnp.asarray(batch.group_ids),
+                loss_mask=batch.loss_mask, turn_id=batch.turn_id,
+                num_turns=jnp.asarray(batch.num_turns), ig=ig)
+  return get_advantage_estimator(name)(**fields, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossConfig:
+  name: str = "ppo"                     # registry: ppo | gspo
+  kwargs: tuple[tuple[str, Any], ...] = ()  # e.g. (("clip_high", 0.28), ("kl_coef", 1e-3))
+  entropy: bool = False                 # compute the entropy (needed for an entropy bonus)
+  chunk: int = 256
+
+  def as_kwargs(self) -> dict[str, Any]:
+    return dict(self.kwargs)
+
+
+def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
+                       loss: PolicyLossConfig = PolicyLossConfig()):
+  """Step 5: a jitted update on one minibatch (params and optimizer state donated).
+
+  minibatch: dict of [b, S] arrays tokens, valid, loss_mask, old_logp, ref_logp, advantages.
+  Returns (params, opt_state, metrics); a non-finite loss, gradient or update skips the step
+  (metrics["skipped"] = 1) and returns params and opt_state unchanged (optim.make_guarded_step).
+  """
+  loss_fn = get_policy_loss(loss.name)
+  kwargs = loss.as_kwargs()
+  use_ref = kwargs.get("kl_coef", 0.0) > 0
+
+  def objective(params, mb):
+    logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
+                                  with_entropy=loss.entropy)
+    value, metrics = loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
+                             ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, **kwargs)
+    return value, metrics
+
+  return make_guarded_step(objective, optimizer)
+
+
+def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Array,
+                size: int, rng: np.random.Generator) -> list[dict[str, jax.Array]]:
+  """Shuffled minibatches of `size` trajectories (the last partial one is dropped)."""
+  arrays = dict(tokens=batch.tokens, valid=batch.valid, loss_mask=batch.loss_mask,
+                old_logp=scored.old_logp, ref_logp=scored.ref_logp, advantages=advantages)
+  order = rng.permutation(batch.tokens.shape[0])
+  out = []
+  for start in range(0, len(order) - size + 1, size):
+    idx = jnp.asarray(order[start:start + size])
+    out.append({k: v[idx] for k, v in arrays.items()})
+  return out
+
+
+def summarize(metrics: list[Mapping[str, jax.Array]]) -> dict[str, float]:
+  """Mean of each metric over minibatches, on the host."""
+  if not metrics:
+    return {}
+  host = jax.device_get(metrics)
+  return {k: float(np.mean([m[k] for m in host])) for k in host[0]}

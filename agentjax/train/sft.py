@@ -1,0 +1,294 @@
+"""Supervised fine-tuning on agent demonstrations (the warm start before RL).
+
+A demonstration (SynthWorld's demos.jsonl) is a question plus alternating assistant and
+observation segments. It becomes one token sequence laid out exactly as a rollout would lay it
+out:
+
+  prompt ids (chat template, as RolloutEngine.prompt_ids)        loss 0
+  assistant segment 1  (<think>..</think>\\n<search> q </search>)   loss 1
+  observation 1        (\\n\\n<information>Doc 1(..)..</information>\\n\\n)   loss 0
+  ...
+  assistant segment n  (<think>..</think>\\n<answer> a </answer>)   loss 1
+  <|im_end|>                                                       loss 1 (learn to stop)
+
+Each segment is encoded on its own, and an observation as prefix + body + suffix, because that is
+how the rollout engine feeds observation tokens: SFT then sees the token boundaries RL will see.
+
+    step = make_sft_step(Qwen(cfg), make_optimizer(3e-3, 20, 500))
+    params, opt_state, metrics = step(params, opt_state, pack_batch(examples, max_len=512))
+    # or the whole loop:
+    params, history = run_sft(cfg, params, tokenizer, demos, steps=500, batch_size=16,
+                              max_len=512, lr=3e-3, seed=0)
+
+The loss is a token-mean next-token cross-entropy over loss-mask tokens, computed from hidden
+states through `chunked_token_logprobs` (no [B, L, V] logits).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentjax.agent.protocol import SEARCH_R1, Protocol
+from agentjax.models import masks
+from agentjax.models.logprobs import chunked_token_logprobs
+from agentjax.models.qwen import Qwen, QwenConfig
+from agentjax.train.optim import make_guarded_step, make_optimizer, make_schedule
+
+log = logging.getLogger(__name__)
+
+Example = tuple[Sequence[int], Sequence[bool]]  # (ids, loss_mask), one demonstration
+
+
+# --------------------------------------------------------------------------- data (host)
+
+
+def _end_of_turn_id(tokenizer: Any, use_chat_template: bool) -> int:
+  """The token that ends the assistant's turn: what the rollout engine stops on."""
+  if use_chat_template and "<|im_end|>" in tokenizer.get_vocab():
+    return int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+  if tokenizer.eos_token_id is None:
+    raise ValueError("the tokenizer has no <|im_end|> and no eos_token: nothing ends a turn")
+  return int(tokenizer.eos_token_id)
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+  return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _observation_ids(tokenizer: Any, text: str, protocol: Protocol) -> list[int]:
+  """An observation's ids as RolloutEngine.observation_ids builds them: the protocol's prefix,
+  body and suffix encoded separately (for a tokenizer whose tags are not added tokens, this is
+  not the encoding of the joined text)."""
+  pre, suf = protocol.observation_prefix, protocol.observation_suffix
+  if len(text) >= len(pre) + len(suf) and text.startswith(pre) and text.endswith(suf):
+    return _encode(tokenizer, pre) + _encode(tokenizer, text[len(pre):len(text) - len(suf)]) + \
+        _encode(tokenizer, suf)
+  return _encode(tokenizer, text)  # e.g. the invalid-action message, fed as one piece
+
+
+def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = SEARCH_R1,
+                  use_chat_template: bool = True) -> tuple[list[int], list[bool]]:
+  """A demonstration as (ids, loss_mask), both of one length, laid out as in a rollout.
+
+  Args:
+    tokenizer: a transformers tokenizer (with a chat template when use_chat_template).
+    demo: {"question", "segments": [{"role": "assistant" | "observation", "text"}], and
+      optionally "protocol" (checked against `protocol`)}.
+    protocol: the rollout protocol whose prompt the demo answers.
+    use_chat_template: as RolloutConfig.use_chat_template.
+  Returns:
+    ids, and loss_mask: True on assistant tokens and the final end-of-turn token; False on the
+    prompt and on observations. Observations are not cut to RolloutConfig.max_obs_tokens.
+  """
+  if demo.get("protocol", protocol.name) != protocol.name:
+    raise ValueError(f"demo {demo.get('id')!r} is in protocol {demo['protocol']!r}, "
+                     f"not {protocol.name!r}")
+  text = protocol.prompt(demo["question"])
+  if use_chat_template:  # the same call as RolloutEngine.prompt_ids
+    ids = list(tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+        return_dict=False))
+  else:
+    ids = _encode(tokenizer, text)
+  mask = [False] * len(ids)
+  for seg in demo["segments"]:
+    if seg["role"] == "assistant":
+      seg_ids = _encode(tokenizer, seg["text"])
+    elif seg["role"] == "observation":
+      seg_ids = _observation_ids(tokenizer, seg["text"], protocol)
+    else:
+      raise ValueError(f"demo {demo.get('id')!r}: unknown segment role {seg['role']!r}")
+    ids += seg_ids
+    mask += [seg["role"] == "assistant"] * len(seg_ids)
+  ids.append(_end_of_turn_id(tokenizer, use_chat_template))
+  mask.append(True)
+  return ids, mask
+
+
+def pack_batch(examples: Sequence[Example], max_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
+  """Right-pads (and truncates) examples into fixed-shape arrays.
+
+  Returns:
+    {"tokens": [B, L] int32 (pad_id on padding), "loss_mask": [B, L] bool, "valid": [B, L] bool}
+    with L = max_len. Tokens past max_len are dropped, loss and all.
+  """
+  b = len(examples)
+  tokens = np.full((b, max_len), pad_id, np.int32)
+  loss_mask = np.zeros((b, max_len), bool)
+  valid = np.zeros((b, max_len), bool)
+  for i, (ids, mask) in enumerate(examples):
+    if len(ids) != len(mask):
+      raise ValueError(f"example {i}: {len(ids)} ids but {len(mask)} loss-mask entries")
+    n = min(len(ids), max_len)
+    tokens[i, :n] = np.asarray(ids[:n], np.int32)
+    loss_mask[i, :n] = np.asarray(mask[:n], bool)
+    valid[i, :n] = True
+  return {"tokens": tokens, "loss_mask": loss_mask, "valid": valid}
+
+
+# --------------------------------------------------------------------------- loss
+
+
+def _chunked_hits(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.Array,
+                  targets: jax.Array, chunk: int) -> jax.Array:
+  """Whether each target is the argmax of logits_fn(hidden) [B, L] bool, a chunk at a time.
+
+  "target logit >= max logit" rather than an argmax: a plain max reduction is cheaper on CPU
+  than argmax's (value, index) one, and differs only on exact ties.
+  """
+  b, length, e = hidden.shape
+  chunk = min(chunk, length)
+  pad = -length % chunk
+  hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+  targets = jnp.pad(targets, ((0, 0), (0, pad)))
+  hs = hidden.reshape(b, -1, chunk, e).swapaxes(0, 1)      # [n, B, C, E]
+  ts = targets.reshape(b, -1, chunk).swapaxes(0, 1)         # [n, B, C]
+
+  def one(args):
+    h, t = args
+    logits = logits_fn(h)                                   # [B, C, V]
+    return jnp.take_along_axis(logits, t[..., None], axis=-1)[..., 0] >= jnp.max(logits, axis=-1)
+
+  return jax.lax.map(one, (hs, ts)).swapaxes(0, 1).reshape(b, -1)[:, :length]
+
+
+def sft_loss(model: Qwen, params: Any, tokens: jax.Array, loss_mask: jax.Array,
+             valid: jax.Array, chunk: int = 256, with_accuracy: bool = True
+             ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """Masked next-token cross-entropy, the mean over loss-mask tokens.
+
+  Position j-1 predicts token j; token j counts iff loss_mask[j] and valid[j] (so the first token
+  never counts: nothing predicts it).
+
+  Args:
+    model: Qwen(cfg).
+    params: its parameters.
+    tokens: [B, L] int32.
+    loss_mask: [B, L] bool, the tokens to learn (assistant tokens and the final end of turn).
+    valid: [B, L] bool, real (non-padding) tokens.
+    chunk: positions per LM-head call.
+    with_accuracy: also compute the argmax accuracy (one more forward pass of the LM head,
+      without gradient).
+  Returns:
+    loss (scalar float32), and metrics {"loss", "accuracy" (argmax == target over the counted
+    tokens; 0 when not computed), "tokens" (number of counted tokens)}.
+  """
+  valid = valid.astype(bool)
+  hidden, _ = model.apply({"params": params}, tokens, masks.positions_from_padding(valid),
+                          masks.causal_padding_mask(valid), return_hidden=True)   # [B, L, E]
+
+  def logits_fn(h):
+    return model.apply({"params": params}, h, method=Qwen.logits)
+
+  hidden, targets = hidden[:, :-1], tokens[:, 1:]
+  weight = (loss_mask.astype(bool) & valid)[:, 1:].astype(jnp.float32)           # [B, L-1]
+  logp, _ = chunked_token_logprobs(logits_fn, hidden, targets, chunk=chunk)
+  n = jnp.sum(weight)
+  denom = jnp.maximum(n, 1.0)  # an all-masked batch gives loss 0, not NaN
+  loss = -jnp.sum(logp * weight) / denom
+  if with_accuracy:
+    hits = _chunked_hits(logits_fn, jax.lax.stop_gradient(hidden), targets, chunk)
+    accuracy = jnp.sum(hits * weight) / denom
+  else:
+    accuracy = jnp.zeros((), jnp.float32)
+  return loss, {"loss": loss, "accuracy": accuracy, "tokens": n}
+
+
+# --------------------------------------------------------------------------- optimizer and step
+
+
+def make_sft_step(model: Qwen, optimizer: optax.GradientTransformation, chunk: int = 256,
+                  with_accuracy: bool = True) -> Callable[..., tuple[Any, Any, dict]]:
+  """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)` (see
+  agentjax/train/optim.make_guarded_step: donated, non-finite steps skipped).
+
+  metrics: loss, accuracy, tokens (see sft_loss), grad_norm (before clipping), skipped.
+  """
+
+  def loss_fn(params, batch):
+    return sft_loss(model, params, batch["tokens"], batch["loss_mask"], batch["valid"],
+                    chunk=chunk, with_accuracy=with_accuracy)
+
+  return make_guarded_step(loss_fn, optimizer)
+
+
+# --------------------------------------------------------------------------- loop
+
+
+def _round_robin_batches(n: int, batch_size: int, rng: np.random.Generator):
+  """Endless batches of example indices: a fresh permutation per epoch, epochs chained (so a
+  batch may straddle two epochs, and n < batch_size still gives full batches)."""
+  order: list[int] = []
+  while True:
+    while len(order) < batch_size:
+      order += rng.permutation(n).tolist()
+    yield order[:batch_size]
+    order = order[batch_size:]
+
+
+def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mapping[str, Any]], *,
+            steps: int, batch_size: int, max_len: int, lr: float, seed: int = 0,
+            warmup_steps: int | None = None, weight_decay: float = 0.0,
+            clip_norm: float | None = 1.0, protocol: Protocol = SEARCH_R1,
+            use_chat_template: bool = True, chunk: int = 256, log_every: int = 10,
+            callback: Callable[[int, dict[str, float]], None] | None = None
+            ) -> tuple[Any, list[dict[str, float]]]:
+  """Trains `params` on the demonstrations for `steps` steps; returns (params, history).
+
+  Batches are drawn from shuffled demos (a fresh permutation per epoch, from `seed`), every batch
+  padded to [batch_size, max_len] so one compiled step serves the whole run. Demos longer than
+  max_len are truncated (their tail, the answer included, is then not learned; a warning says
+  how many). The `params` argument is donated to the first step: use the returned ones.
+
+  Args:
+    warmup_steps: default 5% of steps.
+    callback: called as callback(step, metrics) after every step (host floats).
+  Returns:
+    params, and history: one dict per step {"step", "loss", "accuracy", "tokens", "grad_norm",
+    "skipped", "lr" (the step's learning rate), "seconds" (wall time of the step)}.
+  """
+  if not demos:
+    raise ValueError("run_sft needs at least one demonstration")
+  examples = [tokenize_demo(tokenizer, d, protocol, use_chat_template) for d in demos]
+  lengths = np.array([len(ids) for ids, _ in examples])
+  if (lengths > max_len).any():
+    log.warning("%d of %d demos exceed max_len=%d tokens (longest %d) and are truncated",
+                int((lengths > max_len).sum()), len(examples), max_len, int(lengths.max()))
+  top = max(max(ids) for ids, _ in examples)
+  if top >= cfg.vocab_size:
+    raise ValueError(f"token id {top} >= model vocab_size {cfg.vocab_size}: the tokenizer does "
+                     "not fit the model")
+  pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+  if warmup_steps is None:
+    warmup_steps = max(1, steps // 20)
+  schedule = make_schedule(lr, warmup_steps, steps)
+  optimizer = make_optimizer(lr, warmup_steps, steps, weight_decay, clip_norm)
+  opt_state = optimizer.init(params)
+  step_fn = make_sft_step(Qwen(cfg), optimizer, chunk=chunk)
+  batches = _round_robin_batches(len(examples), batch_size, np.random.default_rng(seed))
+
+  history: list[dict[str, float]] = []
+  applied = 0  # updates applied so far: the optimizer's own count (skipped steps do not advance)
+  for i in range(steps):
+    t0 = time.perf_counter()
+    batch = pack_batch([examples[j] for j in next(batches)], max_len, pad_id)
+    lr_now = float(schedule(applied))
+    params, opt_state, metrics = step_fn(params, opt_state, batch)
+    metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+    applied += not metrics["skipped"]
+    record = {"step": i, **metrics, "lr": lr_now, "seconds": time.perf_counter() - t0}
+    history.append(record)
+    if callback is not None:
+      callback(i, record)
+    if log_every and (i % log_every == 0 or i == steps - 1):
+      log.info("sft step %d/%d loss %.4f acc %.3f tokens %d lr %.2e%s", i + 1, steps,
+               record["loss"], record["accuracy"], record["tokens"], lr_now,
+               " SKIPPED (non-finite)" if record["skipped"] else "")
+  return params, history

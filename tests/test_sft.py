@@ -1,0 +1,260 @@
+"""Supervised warm start (agentjax.train.sft) on SynthWorld demonstrations with a trained tokenizer.
+
+Demo layout and loss mask, batch packing, the loss against a NumPy cross-entropy from full
+logits, the optimizer schedule, the non-finite guard, and a short run that learns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from agentjax.agent.protocol import SEARCH_R1, TOOL_CALL
+from agentjax.data import SynthWorld
+from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
+from agentjax.models import masks
+from agentjax.models.qwen import Qwen, QwenConfig, init_params
+from agentjax.models.tokenizer import load_tokenizer
+from agentjax.train.sft import (make_optimizer, make_schedule, make_sft_step, pack_batch,
+                                run_sft, sft_loss, tokenize_demo)
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory):
+  world = SynthWorld.generate(seed=3, n_entities=200, n_train=150, n_dev=30, n_test=30)
+  out = str(tmp_path_factory.mktemp("synthworld"))
+  world.write(out, topk=3, index_dir=str(tmp_path_factory.mktemp("bm25")))
+  return out
+
+
+@pytest.fixture(scope="module")
+def tokenizer(world_dir, tmp_path_factory):
+  folder = str(tmp_path_factory.mktemp("tokenizer"))
+  return load_tokenizer(train_tokenizer(synthworld_texts(world_dir), folder, vocab_size=1024))
+
+
+@pytest.fixture(scope="module")
+def demos(world_dir):
+  with open(os.path.join(world_dir, "demos.jsonl")) as f:
+    return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def cfg(tokenizer):
+  return QwenConfig.preset("tiny", vocab_size=-(-len(tokenizer) // 64) * 64)
+
+
+def _encode(tokenizer, text):
+  return tokenizer.encode(text, add_special_tokens=False)
+
+
+# ------------------------------------------------------------------ tokenize_demo / pack_batch
+
+
+def test_tokenize_demo_lays_out_prompt_segments_and_eos(tokenizer, demos):
+  demo = next(d for d in demos if d["hops"] == 3)  # 3 searches: 7 segments
+  ids, mask = tokenize_demo(tokenizer, demo)
+  assert len(ids) == len(mask)
+  prompt = tokenizer.apply_chat_template(
+      [{"role": "user", "content": SEARCH_R1.prompt(demo["question"])}],
+      add_generation_prompt=True, tokenize=True, return_dict=False)
+  assert ids[:len(prompt)] == list(prompt) and not any(mask[:len(prompt)])
+  pos = len(prompt)
+  roles = []
+  for seg in demo["segments"]:
+    seg_ids = _encode(tokenizer, seg["text"])
+    assert ids[pos:pos + len(seg_ids)] == seg_ids  # encoded on its own, as the rollout feeds it
+    expected = seg["role"] == "assistant"
+    assert all(m == expected for m in mask[pos:pos + len(seg_ids)])
+    pos += len(seg_ids)
+    roles.append(seg["role"])
+  assert roles == ["assistant", "observation"] * 3 + ["assistant"]
+  im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+  assert pos == len(ids) - 1 and ids[-1] == im_end and mask[-1]
+  assert ids[-2] == tokenizer.convert_tokens_to_ids("</answer>")
+  # The observation tokens are exactly the encoded observation text, and masked 0.
+  obs = [i for i, m in zip(ids[len(prompt):-1], mask[len(prompt):-1]) if not m]
+  assert obs == sum((_encode(tokenizer, s["text"]) for s in demo["segments"]
+                     if s["role"] == "observation"), [])
+
+
+@pytest.mark.parametrize("which", ["trained", "hf_fixture"])
+def test_tokenize_demo_matches_what_the_rollout_engine_feeds(which, tokenizer, demos,
+                                                             tiny_tokenizer_dir):
+  """Prompt and observation ids are the engine's own (observations as prefix, body and suffix
+  encoded separately), with a tags-as-added-tokens tokenizer and with one without them."""
+  from agentjax.agent.rollout import RolloutConfig, RolloutEngine
+  tok = tokenizer if which == "trained" else load_tokenizer(tiny_tokenizer_dir)
+  engine = RolloutEngine(QwenConfig.preset("tiny", vocab_size=-(-len(tok) // 64) * 64), tok,
+                         None, RolloutConfig(max_obs_tokens=1 << 20))
+  pre, suf = SEARCH_R1.observation_prefix, SEARCH_R1.observation_suffix
+  for demo in demos[:10]:
+    expected = engine.prompt_ids(demo["question"])
+    for seg in demo["segments"]:
+      if seg["role"] == "assistant":
+        expected += engine.encode(seg["text"])
+      else:
+        obs = engine.observation_ids(pre, seg["text"][len(pre):-len(suf)], suf)
+        expected += obs
+    expected.append(tok.convert_tokens_to_ids("<|im_end|>"))
+    assert tokenize_demo(tok, demo)[0] == expected
+
+
+def test_tokenize_demo_without_chat_template_and_protocol_check(tokenizer, demos):
+  demo = demos[0]
+  ids, mask = tokenize_demo(tokenizer, demo, use_chat_template=False)
+  prompt = _encode(tokenizer, SEARCH_R1.prompt(demo["question"]))
+  assert ids[:len(prompt)] == prompt and not any(mask[:len(prompt)])
+  assert ids[-1] == tokenizer.eos_token_id and mask[-1]
+  with pytest.raises(ValueError, match="protocol 'search_r1', not 'tool_call'"):
+    tokenize_demo(tokenizer, demo, protocol=TOOL_CALL)
+
+
+def test_pack_batch_pads_right_and_truncates():
+  examples = [([5, 6, 7], [False, True, True]), ([8, 9, 10, 11, 12], [False] * 2 + [True] * 3)]
+  batch = pack_batch(examples, max_len=4, pad_id=0)
+  np.testing.assert_array_equal(batch["tokens"], [[5, 6, 7, 0], [8, 9, 10, 11]])
+  np.testing.assert_array_equal(batch["loss_mask"], [[0, 1, 1, 0], [0, 0, 1, 1]])
+  np.testing.assert_array_equal(batch["valid"], [[1, 1, 1, 0], [1, 1, 1, 1]])
+  assert batch["tokens"].dtype == np.int32 and batch["valid"].dtype == bool
+  with pytest.raises(ValueError, match="2 ids but 1 loss-mask"):
+    pack_batch([([1, 2], [True])], 4)
+
+
+# ------------------------------------------------------------------ loss
+
+
+def _numpy_reference(logits, tokens, weight):
+  """Masked next-token cross-entropy and argmax accuracy in float64, from full logits [B, L, V]."""
+  logits = np.asarray(logits, np.float64)[:, :-1]
+  m = logits.max(-1, keepdims=True)
+  logp = logits - m - np.log(np.exp(logits - m).sum(-1, keepdims=True))
+  targets = np.asarray(tokens)[:, 1:]
+  w = np.asarray(weight, np.float64)[:, 1:]
+  target_logp = np.take_along_axis(logp, targets[..., None], -1)[..., 0]
+  hits = logits.argmax(-1) == targets
+  return -(target_logp * w).sum() / w.sum(), (hits * w).sum() / w.sum(), w.sum()
+
+
+def test_sft_loss_matches_numpy_cross_entropy(cfg, tokenizer, demos):
+  model = Qwen(cfg)
+  # Perturbed random weights: logits far from uniform, so the loss tests the targets it reads.
+  params = init_params(cfg, jax.random.key(1))
+  noise = jax.random.split(jax.random.key(2), len(jax.tree.leaves(params)))
+  params = jax.tree.unflatten(jax.tree.structure(params), [
+      p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), noise)])
+  examples = [tokenize_demo(tokenizer, d) for d in demos[:3]]
+  batch = pack_batch(examples, max_len=400, pad_id=tokenizer.pad_token_id)
+  forward = jax.jit(lambda t, v: model.apply({"params": params}, t, masks.positions_from_padding(v),
+                                             masks.causal_padding_mask(v))[0])
+  loss_fn = jax.jit(lambda t, m, v: sft_loss(model, params, t, m, v, chunk=96))
+  valid = jnp.asarray(batch["valid"])
+  # Random weights predict nothing right; make each row's last token (the end of turn, a loss
+  # token) the model's own argmax at the position before, so the accuracy has hits to count.
+  # Causality: that prediction does not depend on the token it predicts.
+  logits = np.asarray(forward(jnp.asarray(batch["tokens"]), valid))
+  last = batch["valid"].sum(1) - 1
+  for b, j in enumerate(last):
+    batch["tokens"][b, j] = logits[b, j - 1].argmax()
+  tokens, loss_mask = jnp.asarray(batch["tokens"]), jnp.asarray(batch["loss_mask"])
+  logits = forward(tokens, valid)
+
+  # Assistant tokens only (observations are inputs, never targets).
+  loss, metrics = loss_fn(tokens, loss_mask, valid)
+  ref_loss, ref_acc, ref_n = _numpy_reference(logits, tokens, batch["loss_mask"] & batch["valid"])
+  assert abs(float(loss) - ref_loss) <= 1e-5 * max(1.0, ref_loss)
+  assert float(metrics["loss"]) == float(loss)
+  assert abs(float(metrics["accuracy"]) - ref_acc) < 1e-6
+  assert float(metrics["tokens"]) == ref_n == sum(sum(m[1:400]) for _, m in examples)
+  assert ref_acc > 0  # the accuracy check compares something
+
+  # Every real token as a target: another value, still the reference.
+  all_loss, _ = loss_fn(tokens, valid, valid)
+  ref_all, _, _ = _numpy_reference(logits, tokens, batch["valid"])
+  assert abs(float(all_loss) - ref_all) <= 1e-5 * max(1.0, ref_all)
+  assert abs(float(all_loss) - float(loss)) > 1e-2
+
+  # Padding content is ignored: as inputs (masked out of attention) and as targets.
+  garbage = jnp.where(valid, tokens, 7)
+  np.testing.assert_allclose(float(loss_fn(garbage, loss_mask | ~valid, valid)[0]), float(loss),
+                             rtol=1e-6)
+
+  # Nothing to learn: loss 0, not NaN.
+  empty, metrics = loss_fn(tokens, jnp.zeros_like(loss_mask), valid)
+  assert float(empty) == 0.0 and float(metrics["tokens"]) == 0.0
+
+
+# ------------------------------------------------------------------ optimizer, step, guard
+
+
+def test_schedule_warms_up_then_decays():
+  sched = make_schedule(1e-3, warmup_steps=10, total_steps=110, final_lr_ratio=0.1)
+  assert float(sched(0)) == 0.0
+  assert abs(float(sched(5)) - 5e-4) < 1e-9
+  assert abs(float(sched(10)) - 1e-3) < 1e-9
+  assert abs(float(sched(60)) - 5.5e-4) < 1e-8  # half way down the cosine
+  assert abs(float(sched(110)) - 1e-4) < 1e-9 and abs(float(sched(500)) - 1e-4) < 1e-9
+
+
+def test_non_finite_step_is_skipped_and_leaves_state_unchanged(cfg):
+  cfg = cfg.replace(num_layers=1)  # compiles faster; the guard does not depend on depth
+  model = Qwen(cfg)
+  rng = np.random.RandomState(0)
+  tokens = rng.randint(3, cfg.vocab_size, (2, 32)).astype(np.int32)
+  batch = {"tokens": tokens, "loss_mask": np.ones((2, 32), bool), "valid": np.ones((2, 32), bool)}
+  # One compiled step for both cases: adam's first update is lr * sign(grad), so this lr sends
+  # the weights to ~1e38, still finite, and the next forward overflows.
+  optimizer = make_optimizer(1e38, 0, 10, clip_norm=None)
+  step = make_sft_step(model, optimizer)
+
+  def copy(tree):
+    return jax.tree.map(np.array, tree)
+
+  def assert_same(tree, expected):
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), tree, expected)
+
+  # A NaN in one weight: NaN loss and gradients.
+  params = init_params(cfg, jax.random.key(0))
+  params["layers_0"]["mlp"]["up_proj"]["kernel"] = \
+      params["layers_0"]["mlp"]["up_proj"]["kernel"].at[0, 0].set(jnp.nan)
+  opt_state = optimizer.init(params)
+  before_p, before_s = copy(params), copy(opt_state)
+  params, opt_state, metrics = step(params, opt_state, batch)
+  assert int(metrics["skipped"]) == 1 and not np.isfinite(float(metrics["loss"]))
+  assert_same(params, before_p)
+  assert_same(opt_state, before_s)
+
+  # A huge learning rate: the first step applies (finite), the second overflows and is skipped.
+  params = init_params(cfg, jax.random.key(0))
+  opt_state = optimizer.init(params)
+  params, opt_state, metrics = step(params, opt_state, batch)
+  assert int(metrics["skipped"]) == 0 and np.isfinite(float(metrics["loss"]))
+  assert float(jnp.abs(params["embed_tokens"]).max()) > 1e37
+  before_p, before_s = copy(params), copy(opt_state)
+  params, opt_state, metrics = step(params, opt_state, batch)
+  assert int(metrics["skipped"]) == 1 and not np.isfinite(float(metrics["loss"]))
+  assert_same(params, before_p)
+  assert_same(opt_state, before_s)  # the optimizer's step count included
+
+
+# ------------------------------------------------------------------ training
+
+
+def test_run_sft_reduces_the_loss(cfg, tokenizer, demos):
+  params = init_params(cfg, jax.random.key(0))
+  seen = []
+  params, history = run_sft(cfg, params, tokenizer, demos[:32], steps=20, batch_size=8,
+                            max_len=384, lr=1e-2, seed=0, warmup_steps=3,
+                            callback=lambda i, m: seen.append(i))
+  losses = [h["loss"] for h in history]
+  assert len(history) == 20 and seen == list(range(20))
+  assert not any(h["skipped"] for h in history)
+  assert np.mean(losses[-5:]) < 0.7 * losses[0], losses
+  assert history[-1]["accuracy"] > history[0]["accuracy"]
+  assert history[0]["lr"] == 0.0 and max(h["lr"] for h in history) == pytest.approx(1e-2)
+  assert all(np.isfinite(x) for x in jax.tree.leaves(jax.tree.map(lambda p: p.sum(), params)))
