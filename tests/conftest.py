@@ -36,3 +36,25 @@ def hf_checkpoint(tmp_path_factory):
     return cache[key]
 
   return build
+
+
+@pytest.fixture(scope="session")
+def world_dir(tmp_path_factory):
+  """A small SynthWorld written to disk (corpus, splits, demonstrations)."""
+  from agentjax.data import SynthWorld
+
+  world = SynthWorld.generate(seed=3, n_entities=200, n_train=150, n_dev=30, n_test=30)
+  out = str(tmp_path_factory.mktemp("synthworld"))
+  world.write(out, topk=3, index_dir=str(tmp_path_factory.mktemp("bm25")))
+  return out
+
+
+@pytest.fixture(scope="session")
+def tokenizer(world_dir, tmp_path_factory):
+  """A 1024-token byte-level BPE trained on that world, tags as single tokens."""
+  from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
+  from agentjax.models.tokenizer import load_tokenizer
+
+  folder = str(tmp_path_factory.mktemp("tokenizer"))
+  assert train_tokenizer(synthworld_texts(world_dir), folder, vocab_size=1024) == folder
+  return load_tokenizer(folder)

@@ -12,28 +12,12 @@ import os
 import pytest
 
 from agentjax.agent.protocol import SEARCH_R1
-from agentjax.data import SynthWorld
 from agentjax.data.tokenizer import (CHAT_TEMPLATE, PROTOCOL_TAGS, SPECIAL_TOKENS,
                                      synthworld_texts, train_tokenizer)
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.sampling import decode_bytes, token_byte_table
 
 VOCAB = 1024
-
-
-@pytest.fixture(scope="module")
-def world_dir(tmp_path_factory):
-  world = SynthWorld.generate(seed=11, n_entities=200, n_train=150, n_dev=30, n_test=30)
-  out = str(tmp_path_factory.mktemp("synthworld"))
-  world.write(out, topk=3, index_dir=str(tmp_path_factory.mktemp("bm25")))
-  return out
-
-
-@pytest.fixture(scope="module")
-def tokenizer(world_dir, tmp_path_factory):
-  folder = str(tmp_path_factory.mktemp("tokenizer"))
-  assert train_tokenizer(synthworld_texts(world_dir), folder, vocab_size=VOCAB) == folder
-  return load_tokenizer(folder)
 
 
 def _texts(world_dir):

@@ -15,27 +15,11 @@ import numpy as np
 import pytest
 
 from agentjax.agent.protocol import SEARCH_R1, TOOL_CALL
-from agentjax.data import SynthWorld
-from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
 from agentjax.models import masks
 from agentjax.models.qwen import Qwen, QwenConfig, init_params
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.train.sft import (make_optimizer, make_schedule, make_sft_step, pack_batch,
                                 run_sft, sft_loss, tokenize_demo)
-
-
-@pytest.fixture(scope="module")
-def world_dir(tmp_path_factory):
-  world = SynthWorld.generate(seed=3, n_entities=200, n_train=150, n_dev=30, n_test=30)
-  out = str(tmp_path_factory.mktemp("synthworld"))
-  world.write(out, topk=3, index_dir=str(tmp_path_factory.mktemp("bm25")))
-  return out
-
-
-@pytest.fixture(scope="module")
-def tokenizer(world_dir, tmp_path_factory):
-  folder = str(tmp_path_factory.mktemp("tokenizer"))
-  return load_tokenizer(train_tokenizer(synthworld_texts(world_dir), folder, vocab_size=1024))
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Sequence
 
 import chex
 import jax
@@ -317,4 +317,3 @@ def transcripts_of(batch: TrajectoryBatch, byte_table: Sequence[bytes]) -> list[
 
 
 __all__ = ["RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook", "transcripts_of"]
-_ = Mapping  # re-exported type for callers annotating params mappings

@@ -10,6 +10,7 @@ from agentjax.sampling.text import decode_bytes, token_byte_table
 
 __all__ = [
     "SamplingParams", "sample_token", "STOP_BUDGET", "STOP_EOS", "STOP_MAX_NEW", "STOP_REASONS",
-    "STOP_STRING", "DecodeState", "Generation", "bucket", "extend", "generate", "init_state", "state_logical_axes",
+    "STOP_STRING", "DecodeState", "Generation", "bucket", "extend", "generate", "init_state",
+    "state_logical_axes",
     "StopTable", "push_and_match", "decode_bytes", "token_byte_table",
 ]
