@@ -55,6 +55,26 @@ def format_documents(docs: Sequence[Document]) -> str:
 _BAD_TEXT = "\ufffd"  # what invalid UTF-8 decodes to
 
 
+def _json_query(body: str) -> tuple[str, str | None]:
+  """(query, None) from a search tool call in JSON, or ("", why it is unusable)."""
+  try:
+    call = json.loads(body)
+  except (ValueError, RecursionError):  # ValueError also covers over-long integer literals
+    return "", "tool call is not valid JSON"
+  if not isinstance(call, dict) or call.get("name") != "search":
+    return "", "tool call must name the 'search' tool"
+  args = call.get("arguments")
+  if isinstance(args, str):  # some models emit arguments as a JSON string
+    try:
+      args = json.loads(args)
+    except (ValueError, RecursionError):
+      return "", "tool call arguments are not valid JSON"
+  query = args.get("query") if isinstance(args, dict) else None
+  if not isinstance(query, str):
+    return "", "tool call needs a string arguments.query"
+  return query, None
+
+
 def _check_query(query: str, max_chars: int) -> str | None:
   """Why a query cannot be sent, or None."""
   if not query.strip():
@@ -78,6 +98,8 @@ class Protocol:
   observation_prefix: str
   observation_suffix: str
   invalid_message: str
+  call_tag: str = "search"       # the action tag that carries a search: <search> or <tool_call>
+  query_in_json: bool = False    # tool-call style: the tag holds {"name": "search", "arguments": ...}
   max_query_chars: int = 1000
 
   def prompt(self, question: str) -> str:
@@ -85,15 +107,30 @@ class Protocol:
 
   def parse(self, text: str) -> Action:
     """The action of one turn's generated text (which ends at the first stop string, if any)."""
-    return self._parse_search_r1(text) if self.name == "search_r1" else self._parse_tool_call(text)
+    call, open_tag, close_tag = self.call_tag, f"<{self.call_tag}>", f"</{self.call_tag}>"
+    first = self._first_close(text, (call, "answer"))
+    if first is None:
+      return Action(INVALID, f"no complete {open_tag} or <answer> action")
+    if first == "answer":
+      return self._answer_or_none(text) or Action(INVALID, "unmatched </answer>")
+    head = text[:text.find(close_tag)]
+    start = head.rfind(open_tag)
+    if start < 0:
+      return Action(INVALID, f"{close_tag} without {open_tag}")
+    if head[:start].count(open_tag) > head[:start].count(close_tag):
+      return Action(INVALID, f"nested {open_tag} tags")
+    body = head[start + len(open_tag):]
+    query, why = _json_query(body) if self.query_in_json else (body, None)
+    why = why or _check_query(query, self.max_query_chars)
+    return Action(INVALID, why) if why else Action(SEARCH, query.strip())
 
   def _answer_or_none(self, text: str) -> Action | None:
     m = re.search(r"<answer>(.*?)</answer>", text, re.S)
     if m is None:
       return None
-    before, call = text[:m.start()], "search" if self.name == "search_r1" else "tool_call"
+    before = text[:m.start()]
     if re.search(r"</?(answer|search|tool_call)>", m.group(1)) or \
-        before.count(f"<{call}>") > before.count(f"</{call}>"):
+        before.count(f"<{self.call_tag}>") > before.count(f"</{self.call_tag}>"):
       return Action(INVALID, "nested tags in answer")
     return Action(ANSWER, m.group(1).strip())
 
@@ -101,51 +138,6 @@ class Protocol:
     """Which of the closing tags comes first in the text."""
     found = [(text.find(f"</{t}>"), t) for t in tags if f"</{t}>" in text]
     return min(found)[1] if found else None
-
-  def _parse_search_r1(self, text: str) -> Action:
-    first = self._first_close(text, ("search", "answer"))
-    if first is None:
-      return Action(INVALID, "no complete <search> or <answer> action")
-    if first == "answer":
-      return self._answer_or_none(text) or Action(INVALID, "unmatched </answer>")
-    head = text[:text.find("</search>")]
-    start = head.rfind("<search>")
-    if start < 0:
-      return Action(INVALID, "</search> without <search>")
-    if head[:start].count("<search>") > head[:start].count("</search>"):
-      return Action(INVALID, "nested <search> tags")
-    query = head[start + len("<search>"):]
-    why = _check_query(query, self.max_query_chars)
-    return Action(INVALID, why) if why else Action(SEARCH, query.strip())
-
-  def _parse_tool_call(self, text: str) -> Action:
-    first = self._first_close(text, ("tool_call", "answer"))
-    if first is None:
-      return Action(INVALID, "no complete <tool_call> or <answer> action")
-    if first == "answer":
-      return self._answer_or_none(text) or Action(INVALID, "unmatched </answer>")
-    head = text[:text.find("</tool_call>")]
-    start = head.rfind("<tool_call>")
-    if start < 0:
-      return Action(INVALID, "</tool_call> without <tool_call>")
-    body = head[start + len("<tool_call>"):]
-    try:
-      call = json.loads(body)
-    except (ValueError, RecursionError):  # ValueError also covers over-long integer literals
-      return Action(INVALID, "tool call is not valid JSON")
-    if not isinstance(call, dict) or call.get("name") != "search":
-      return Action(INVALID, "tool call must name the 'search' tool")
-    args = call.get("arguments")
-    if isinstance(args, str):  # some models emit arguments as a JSON string
-      try:
-        args = json.loads(args)
-      except (ValueError, RecursionError):
-        return Action(INVALID, "tool call arguments are not valid JSON")
-    query = args.get("query") if isinstance(args, dict) else None
-    if not isinstance(query, str):
-      return Action(INVALID, "tool call needs a string arguments.query")
-    why = _check_query(query, self.max_query_chars)
-    return Action(INVALID, why) if why else Action(SEARCH, query.strip())
 
   def observation(self, docs: Sequence[Document]) -> tuple[str, str, str]:
     """(prefix, body, suffix) of a search result; the body is what truncation may cut."""
@@ -174,6 +166,8 @@ TOOL_CALL = Protocol(
     name="tool_call",
     instruction=TOOL_CALL_INSTRUCTION,
     stop_strings=("</tool_call>", "</answer>"),
+    call_tag="tool_call",
+    query_in_json=True,
     observation_prefix="<|im_end|>\n<|im_start|>user\n<tool_response>\n",
     observation_suffix="\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
     invalid_message=(
