@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, get_protocol
+from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.retrieval import SearchBackend, SearchResponse
 from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket,
@@ -35,6 +35,36 @@ from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket,
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
 TurnHook = Callable[[int, Sequence[int], Sequence[str]], Sequence[str | None]]
+
+
+def encode_text(tokenizer: Any, text: str) -> list[int]:
+  """Token ids of plain text (no BOS/EOS added)."""
+  return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def prompt_ids(tokenizer: Any, protocol: Protocol, question: str,
+               use_chat_template: bool = True) -> list[int]:
+  """The ids a trajectory starts from: the protocol's instruction, in a chat turn if asked.
+  (Also what SFT demonstrations start from, so both see the same tokens.)"""
+  text = protocol.prompt(question)
+  if use_chat_template:
+    return list(tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
+        return_dict=False))
+  return encode_text(tokenizer, text)
+
+
+def observation_ids(tokenizer: Any, prefix: str, body: str, suffix: str,
+                    max_tokens: int | None = None) -> list[int]:
+  """prefix + body + suffix encoded separately (the body cut so the whole fits max_tokens).
+
+  Separate encoding is the rollout's token boundary: SFT uses the same function so that its
+  observations are the very tokens RL will feed."""
+  pre, suf = encode_text(tokenizer, prefix), encode_text(tokenizer, suffix)
+  ids = encode_text(tokenizer, body)
+  if max_tokens is not None:
+    ids = ids[:max(0, max_tokens - len(pre) - len(suf))]
+  return pre + ids + suf
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,32 +135,20 @@ class RolloutEngine:
     self.eos_ids = jnp.asarray(sorted(eos), jnp.int32)
     self.stop_table = StopTable.build(self.byte_table, self.protocol.stop_strings)
     self.cache_len = bucket(config.max_total_tokens)
-    self._prefix_suffix = {}
 
   # ------------------------------------------------------------------ text <-> tokens (host)
 
   def encode(self, text: str) -> list[int]:
-    return list(self.tokenizer.encode(text, add_special_tokens=False))
+    return encode_text(self.tokenizer, text)
 
   def decode(self, ids: Sequence[int]) -> str:
     return decode_bytes(self.byte_table, ids)
 
   def prompt_ids(self, question: str) -> list[int]:
-    text = self.protocol.prompt(question)
-    if self.config.use_chat_template:
-      return list(self.tokenizer.apply_chat_template(
-          [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
-          return_dict=False))
-    return self.encode(text)
+    return prompt_ids(self.tokenizer, self.protocol, question, self.config.use_chat_template)
 
   def observation_ids(self, prefix: str, body: str, suffix: str) -> list[int]:
-    """prefix + body + suffix, with the body cut so the whole fits max_obs_tokens."""
-    key = (prefix, suffix)
-    if key not in self._prefix_suffix:
-      self._prefix_suffix[key] = (self.encode(prefix), self.encode(suffix))
-    pre, suf = self._prefix_suffix[key]
-    room = max(0, self.config.max_obs_tokens - len(pre) - len(suf))
-    return pre + self.encode(body)[:room] + suf
+    return observation_ids(self.tokenizer, prefix, body, suffix, self.config.max_obs_tokens)
 
   def parse(self, text: str) -> Action:
     """The protocol's parse, with a last line of defence: model text never raises."""
@@ -306,7 +324,6 @@ class RolloutEngine:
                    format_errors=float(format_errors.sum()),
                    search_failures=float(search_failures.sum()),
                    truncated=float(batch.truncated.mean()))
-    self.last_transcripts = transcripts
     return batch, metrics
 
 

@@ -36,6 +36,7 @@ import numpy as np
 import optax
 
 from agentjax.agent.protocol import SEARCH_R1, Protocol
+from agentjax.agent.rollout import encode_text, observation_ids, prompt_ids
 from agentjax.models import masks
 from agentjax.models.logprobs import chunked_token_logprobs
 from agentjax.models.qwen import Qwen, QwenConfig
@@ -58,19 +59,13 @@ def _end_of_turn_id(tokenizer: Any, use_chat_template: bool) -> int:
   return int(tokenizer.eos_token_id)
 
 
-def _encode(tokenizer: Any, text: str) -> list[int]:
-  return list(tokenizer.encode(text, add_special_tokens=False))
-
-
 def _observation_ids(tokenizer: Any, text: str, protocol: Protocol) -> list[int]:
-  """An observation's ids as RolloutEngine.observation_ids builds them: the protocol's prefix,
-  body and suffix encoded separately (for a tokenizer whose tags are not added tokens, this is
-  not the encoding of the joined text)."""
+  """An observation's ids exactly as the rollout engine builds them (agent.rollout.observation_ids:
+  prefix, body and suffix encoded separately); other text (the invalid-action message) whole."""
   pre, suf = protocol.observation_prefix, protocol.observation_suffix
   if len(text) >= len(pre) + len(suf) and text.startswith(pre) and text.endswith(suf):
-    return _encode(tokenizer, pre) + _encode(tokenizer, text[len(pre):len(text) - len(suf)]) + \
-        _encode(tokenizer, suf)
-  return _encode(tokenizer, text)  # e.g. the invalid-action message, fed as one piece
+    return observation_ids(tokenizer, pre, text[len(pre):len(text) - len(suf)], suf)
+  return encode_text(tokenizer, text)
 
 
 def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = SEARCH_R1,
@@ -90,17 +85,11 @@ def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = 
   if demo.get("protocol", protocol.name) != protocol.name:
     raise ValueError(f"demo {demo.get('id')!r} is in protocol {demo['protocol']!r}, "
                      f"not {protocol.name!r}")
-  text = protocol.prompt(demo["question"])
-  if use_chat_template:  # the same call as RolloutEngine.prompt_ids
-    ids = list(tokenizer.apply_chat_template(
-        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True,
-        return_dict=False))
-  else:
-    ids = _encode(tokenizer, text)
+  ids = prompt_ids(tokenizer, protocol, demo["question"], use_chat_template)
   mask = [False] * len(ids)
   for seg in demo["segments"]:
     if seg["role"] == "assistant":
-      seg_ids = _encode(tokenizer, seg["text"])
+      seg_ids = encode_text(tokenizer, seg["text"])
     elif seg["role"] == "observation":
       seg_ids = _observation_ids(tokenizer, seg["text"], protocol)
     else:
