@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import re
@@ -40,6 +39,8 @@ from typing import Any, Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
+
+from agentjax.jsonl import iter_json_objects
 
 _log = logging.getLogger(__name__)
 
@@ -105,46 +106,31 @@ def read_qa_jsonl(path: str, extra_fields: tuple[str, ...] = ()) -> Iterator[tup
     QAFormatError: unreadable file, invalid JSON, a missing/empty/mistyped field, or an id seen
       on an earlier line; the message starts with "{path}:{line}:" and names the field.
   """
-  try:
-    f = open(path, "rb")
-  except OSError as e:
-    raise QAFormatError(f"{path}: cannot open ({e.strerror or e})") from None
   seen: dict[str, int] = {}
-  with f:
-    for lineno, raw in enumerate(f, start=1):
-      if not raw.strip():
-        continue
-      try:
-        row = json.loads(raw)
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise QAFormatError(f"{path}:{lineno}: not valid JSON ({e})") from None
-      if not isinstance(row, dict):
-        raise QAFormatError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-      for field in ("id", "question", "golden_answers", *extra_fields):
-        if field not in row:
-          raise QAFormatError(f"{path}:{lineno}: missing field {field!r}")
-      qid = row["id"]
-      if isinstance(qid, int) and not isinstance(qid, bool):
-        qid = str(qid)
-      qid = _check_text(qid, path, lineno, "id")
-      if qid in seen:
-        raise QAFormatError(f"{path}:{lineno}: field 'id' repeats {qid!r} from line {seen[qid]}")
-      seen[qid] = lineno
-      record = {"id": qid, "question": _check_text(row["question"], path, lineno, "question"),
-                "golden_answers": _check_text_list(row["golden_answers"], path, lineno,
-                                                   "golden_answers")}
-      for field in extra_fields:
-        if field == "hops":
-          hops = row["hops"]
-          if not isinstance(hops, int) or isinstance(hops, bool) or hops < 1:
-            raise QAFormatError(f"{path}:{lineno}: field 'hops' must be an integer >= 1, "
-                                f"got {hops!r}")
-          record["hops"] = hops
-        elif field in ("chain", "relations"):
-          record[field] = _check_text_list(row[field], path, lineno, field)
-        else:
-          raise ValueError(f"unknown extra field {field!r}; known: {SYNTHWORLD_FIELDS}")
-      yield lineno, record
+  required = ("id", "question", "golden_answers", *extra_fields)
+  for lineno, row in iter_json_objects(path, QAFormatError, required):
+    qid = row["id"]
+    if isinstance(qid, int) and not isinstance(qid, bool):
+      qid = str(qid)
+    qid = _check_text(qid, path, lineno, "id")
+    if qid in seen:
+      raise QAFormatError(f"{path}:{lineno}: field 'id' repeats {qid!r} from line {seen[qid]}")
+    seen[qid] = lineno
+    record = {"id": qid, "question": _check_text(row["question"], path, lineno, "question"),
+              "golden_answers": _check_text_list(row["golden_answers"], path, lineno,
+                                                 "golden_answers")}
+    for field in extra_fields:
+      if field == "hops":
+        hops = row["hops"]
+        if not isinstance(hops, int) or isinstance(hops, bool) or hops < 1:
+          raise QAFormatError(f"{path}:{lineno}: field 'hops' must be an integer >= 1, "
+                              f"got {hops!r}")
+        record["hops"] = hops
+      elif field in ("chain", "relations"):
+        record[field] = _check_text_list(row[field], path, lineno, field)
+      else:
+        raise ValueError(f"unknown extra field {field!r}; known: {SYNTHWORLD_FIELDS}")
+    yield lineno, record
 
 
 def source_files(manual_dir: str, name: str) -> dict[str, str]:

@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
-import json
 import threading
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
+
+from agentjax.jsonl import iter_json_objects
 
 
 class CorpusError(ValueError):
@@ -130,31 +131,15 @@ def read_corpus(path: str) -> tuple[list[dict[str, Any]], str]:
   """
   digest = hashlib.sha256()
   rows = []
-  try:
-    f = open(path, "rb")
-  except OSError as e:
-    raise CorpusError(f"{path}: cannot open corpus ({e.strerror or e})") from None
-  with f:
-    for lineno, raw in enumerate(f, start=1):
-      digest.update(raw)
-      if not raw.strip():
-        continue
-      try:
-        row = json.loads(raw)
-      except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CorpusError(f"{path}:{lineno}: not valid JSON ({e})") from None
-      if not isinstance(row, dict):
-        raise CorpusError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
-      for field in ("id", "contents"):
-        if field not in row:
-          raise CorpusError(f"{path}:{lineno}: missing field {field!r}")
-      if not isinstance(row["contents"], str):
-        raise CorpusError(f"{path}:{lineno}: field 'contents' must be a string, "
-                          f"got {type(row['contents']).__name__}")
-      if not isinstance(row["id"], (str, int)) or isinstance(row["id"], bool):
-        raise CorpusError(f"{path}:{lineno}: field 'id' must be a string or an integer")
-      row["id"] = str(row["id"])
-      rows.append(row)
+  for lineno, row in iter_json_objects(path, CorpusError, ("id", "contents"), "corpus",
+                                       on_line=digest.update):
+    if not isinstance(row["contents"], str):
+      raise CorpusError(f"{path}:{lineno}: field 'contents' must be a string, "
+                        f"got {type(row['contents']).__name__}")
+    if not isinstance(row["id"], (str, int)) or isinstance(row["id"], bool):
+      raise CorpusError(f"{path}:{lineno}: field 'id' must be a string or an integer")
+    row["id"] = str(row["id"])
+    rows.append(row)
   if not rows:
     raise CorpusError(f"{path}: the corpus has no documents")
   return rows, digest.hexdigest()
