@@ -58,6 +58,7 @@ INVALID_TOOL_CALL = {
     "query not a string": '<tool_call>{"name": "search", "arguments": {"query": 3}}</tool_call>',
     "empty query": '<tool_call>{"name": "search", "arguments": {"query": ""}}</tool_call>',
     "unclosed": '<tool_call>{"name": "search"',
+    "nested": '<tool_call><tool_call>{"name": "search", "arguments": {"query": "q"}}</tool_call>',
     "deep json": "<tool_call>" + "[" * 100_000 + "</tool_call>",
     "huge integer": "<tool_call>" + "1" * 5000 + "</tool_call>",
     "long query": '<tool_call>{"name": "search", "arguments": {"query": "' + "y" * 10_000 + '"}}</tool_call>',
