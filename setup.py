@@ -29,6 +29,8 @@ setup(
         "importlib_resources>=6",
         "absl-py>=2.1,<3",
         "bm25s>=0.2.5,<0.4",
+        "tensorboardX>=2.6,<3",
+        "tqdm>=4.60",
     ],
     extras_require={
         # torch: exactly the CPU build that lies on local disk (other specs pull CUDA wheels).

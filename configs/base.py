@@ -1,31 +1,199 @@
-r"""Base config: the model, its numerics and the device mesh. Algorithm configs build on it.
+r"""Base config of every run: model, data, retrieval, rollouts, RL, optimizer, schedule, mesh.
 
-Presets (the part after the colon) name a model shape: tiny, tiny-qwen3, qwen2.5-{0.5b,1.5b,3b,7b},
-qwen3-{0.6b,1.7b,4b,8b}.
+The algorithm configs (igpo.py, grpo.py, drgrpo.py, rloo.py, reinforcepp.py, gspo.py, sft.py) start
+from `get_config(arg)` and change what their method needs. The part after the colon picks a preset:
 
-  python launch/demo.py --config=configs/base.py:tiny
-  python launch/demo.py --config=configs/base.py:qwen2.5-0.5b --config.model.dtype=bfloat16
+  demo         the tiny model on SynthWorld with local BM25, CPU, minutes (what `make demo` runs)
+  qwen2.5-3b   the IGPO paper's settings: 32 prompts x 16 rollouts, lr 1e-6, KL 0.001
+  qwen2.5-7b   (low_var_kl), clip 0.2, max 10 turns, temperature 1.0, gamma 1; NQ + HotpotQA
+  qwen3-8b     train, the seven FlashRAG benchmarks for eval, a Search-R1 HTTP retriever
+
+  python launch/train.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
+  python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=gs://bucket/igpo7b \
+      --config.model.hf_path=/models/Qwen2.5-7B-Instruct --config.retrieval.url=http://10.0.0.2:8000/retrieve
+
+Any field can be overridden with --config.a.b=value; `agentjax.train.config.validate` checks the
+whole config (naming the field) before anything compiles.
 """
 
 import ml_collections
 
+RUN_PRESETS = ("demo", "qwen2.5-3b", "qwen2.5-7b", "qwen3-8b")
+FLASHRAG = "nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle"
+DEMO_ROOT = "runs/demo"  # where `make demo` writes SynthWorld, the tokenizer and the workdirs
 
-def get_config(arg: str = "tiny") -> ml_collections.ConfigDict:
-  config = ml_collections.ConfigDict()
-  config.seed = 0
 
-  config.model = ml_collections.ConfigDict()
-  config.model.preset = arg
-  # A Hugging Face checkpoint folder; when set, shapes come from its config.json instead.
-  config.model.hf_path = ""
-  config.model.param_dtype = "float32"
-  config.model.dtype = "float32"
-  config.model.remat_policy = "none"
+def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
+  if arg not in RUN_PRESETS:
+    raise ValueError(f"unknown preset {arg!r}; known: {list(RUN_PRESETS)}")
+  c = ml_collections.ConfigDict()
+  c.preset = arg
+  c.seed = 0
+  c.trainer = "rl"        # rl | sft
+  c.algorithm = "grpo"    # advantage estimator, agentjax.rl.advantages.ADVANTAGE_ESTIMATORS
 
-  # Device mesh: -1 takes the remaining devices. See agentjax/parallel/rules.py for what each
-  # axis shards.
-  config.mesh = ml_collections.ConfigDict()
-  config.mesh.data = -1
-  config.mesh.fsdp = 1
-  config.mesh.tensor = 1
-  return config
+  # ---- model: a Hugging Face folder (weights + tokenizer), or a shape preset trained from scratch.
+  c.model = ml_collections.ConfigDict()
+  c.model.preset = ""           # agentjax.models.qwen PRESETS; used when hf_path is empty
+  c.model.hf_path = ""          # HF folder: config.json, safetensors, tokenizer
+  c.model.tokenizer_path = ""   # default: hf_path
+  c.model.param_dtype = "float32"
+  c.model.dtype = "float32"
+  c.model.remat_policy = "none"  # none | full | dots | dots_no_batch
+  # Shape changes to a preset trained from scratch (0 keeps the preset's; ignored with hf_path).
+  c.model.shape = ml_collections.ConfigDict(dict(
+      hidden_size=0, intermediate_size=0, num_layers=0, num_heads=0, num_kv_heads=0, head_dim=0))
+
+  # ---- data: FlashRAG JSONL under manual_dir, built by tfds into data_dir (array_record).
+  c.data = ml_collections.ConfigDict()
+  c.data.train = "synthworld"   # comma-separated benchmarks mixed for training
+  c.data.eval = "synthworld"    # comma-separated benchmarks; the first one is evaluated in training
+  c.data.manual_dir = f"{DEMO_ROOT}/synthworld"
+  c.data.data_dir = f"{DEMO_ROOT}/tfds"
+  c.data.eval_split = "dev"
+  c.data.eval_size = 0          # questions evaluated per benchmark (0: the whole split)
+
+  # ---- retrieval: bm25 (local corpus) or http (a Search-R1 retriever server).
+  c.retrieval = ml_collections.ConfigDict()
+  c.retrieval.backend = "bm25"
+  c.retrieval.corpus_path = f"{DEMO_ROOT}/synthworld/corpus.jsonl"
+  c.retrieval.index_dir = ""    # BM25 index cache (default: next to the corpus' hash)
+  c.retrieval.url = ""
+  c.retrieval.timeout_s = 30.0
+  c.retrieval.topk = 3
+
+  # ---- rollouts
+  c.rollout = ml_collections.ConfigDict()
+  c.rollout.protocol = "search_r1"   # search_r1 | tool_call
+  c.rollout.group_size = 5
+  c.rollout.max_turns = 4
+  c.rollout.max_new_tokens = 256     # per turn
+  c.rollout.max_obs_tokens = 512     # per observation
+  c.rollout.max_total_tokens = 4096  # per trajectory, prompt included (KV cache budget)
+  c.rollout.temperature = 1.0
+  c.rollout.top_k = 0
+  c.rollout.top_p = 1.0
+  c.rollout.use_chat_template = True
+
+  # ---- RL
+  c.rl = ml_collections.ConfigDict()
+  c.rl.prompts_per_step = 8          # questions per step; B = prompts_per_step * group_size
+  c.rl.minibatch_size = 16           # trajectories per PPO update
+  c.rl.ppo_epochs = 1
+  c.rl.reward_metric = "f1"          # f1 | em
+  c.rl.format_penalty = 0.0          # reward of a trajectory with a format error (IGPO: -2)
+  c.rl.penalize_format = False
+  c.rl.gamma = 1.0                   # IGPO turn discount
+  c.rl.igpo_norm = "joint"           # joint | separate
+  c.rl.ig_mode = "log_prob"          # log_prob | prob
+  c.rl.loss = "ppo"                  # ppo | gspo (agentjax.rl.losses.POLICY_LOSSES)
+  c.rl.clip_low = 0.2
+  c.rl.clip_high = 0.2
+  c.rl.kl_coef = 0.001
+  c.rl.kl_estimator = "low_var_kl"
+  c.rl.entropy_coef = 0.0
+  c.rl.aggregation = "token-mean"
+  c.rl.chunk = 256                   # vocab-chunked log-prob computation (tokens per chunk)
+
+  # ---- optimizer: AdamW, global-norm clipping, warmup + cosine
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.lr = 1e-6
+  c.optimizer.warmup_steps = 10
+  c.optimizer.final_lr_ratio = 0.1
+  c.optimizer.weight_decay = 0.01
+  c.optimizer.clip_norm = 1.0
+  c.optimizer.b2 = 0.999
+
+  # ---- schedule, logging, checkpoints
+  c.train = ml_collections.ConfigDict()
+  c.train.steps = 200
+  c.train.log_every = 1
+  c.train.eval_every = 50            # 0: only at the end
+  c.train.eval_at_start = False
+  c.train.eval_batch = 64            # questions per greedy eval rollout
+  c.train.checkpoint_every = 50
+  c.train.keep_checkpoints = 3
+  c.train.export_hf = True           # {workdir}/hf_export at the end
+
+  # ---- SFT warm start (trainer = "sft"; see configs/sft.py)
+  c.sft = ml_collections.ConfigDict()
+  c.sft.demos = f"{DEMO_ROOT}/synthworld/demos.jsonl"
+  c.sft.steps = 500
+  c.sft.batch_size = 16
+  c.sft.max_len = 1024
+  c.sft.lr = 1e-5
+
+  # ---- device mesh: -1 takes the remaining devices (agentjax/parallel/rules.py maps axes)
+  c.mesh = ml_collections.ConfigDict()
+  c.mesh.data = -1
+  c.mesh.fsdp = 1
+  c.mesh.tensor = 1
+
+  if arg == "demo":
+    _demo(c)
+  else:
+    _paper(c, arg)
+  return c
+
+
+def _demo(c):
+  """Tiny model from scratch on SynthWorld; `make demo` first runs sft.py:demo into runs/demo/sft."""
+  c.model.hf_path = f"{DEMO_ROOT}/sft/hf_export"
+  c.model.preset = "tiny"
+  c.model.tokenizer_path = f"{DEMO_ROOT}/synthworld/tokenizer"
+  c.rollout.group_size = 8
+  c.rollout.max_turns = 4
+  c.rollout.max_new_tokens = 64
+  c.rollout.max_obs_tokens = 192
+  c.rollout.max_total_tokens = 1024
+  c.rl.prompts_per_step = 8
+  c.rl.minibatch_size = 32
+  c.rl.kl_coef = 0.0
+  c.optimizer.lr = 3e-4
+  c.optimizer.warmup_steps = 3
+  c.optimizer.weight_decay = 0.0
+  c.optimizer.b2 = 0.99
+  c.train.steps = 40
+  c.train.eval_every = 0
+  c.train.checkpoint_every = 10
+  c.data.eval_size = 200
+  c.sft.steps = 300
+  c.sft.batch_size = 16
+  c.sft.max_len = 768
+  c.sft.lr = 3e-3
+
+
+def _paper(c, arg):
+  """IGPO paper settings (Qwen2.5-3B/7B-Instruct; Qwen3-8B with the same recipe)."""
+  hf = {"qwen2.5-3b": "Qwen2.5-3B-Instruct", "qwen2.5-7b": "Qwen2.5-7B-Instruct",
+        "qwen3-8b": "Qwen3-8B"}[arg]
+  c.model.hf_path = f"models/{hf}"
+  c.model.dtype = "bfloat16"
+  c.model.remat_policy = "full"
+  c.data.train = "nq,hotpotqa"
+  c.data.eval = FLASHRAG
+  c.data.manual_dir = "data/flashrag"
+  c.data.data_dir = "data/tfds"
+  c.data.eval_split = "test"
+  c.data.eval_size = 512
+  c.retrieval.backend = "http"
+  c.retrieval.corpus_path = ""
+  c.retrieval.url = "http://127.0.0.1:8000/retrieve"
+  c.rollout.group_size = 16
+  c.rollout.max_turns = 10
+  c.rollout.max_new_tokens = 512
+  c.rollout.max_obs_tokens = 512
+  c.rollout.max_total_tokens = 8192
+  c.rollout.temperature = 1.0
+  c.rl.prompts_per_step = 32
+  c.rl.minibatch_size = 128
+  c.rl.kl_coef = 0.001
+  c.rl.kl_estimator = "low_var_kl"
+  c.rl.clip_low = c.rl.clip_high = 0.2
+  c.rl.gamma = 1.0
+  c.optimizer.lr = 1e-6
+  c.train.steps = 300
+  c.train.eval_every = 50
+  c.train.eval_batch = 256
+  c.mesh.data = 1
+  c.mesh.fsdp = -1

@@ -1,65 +1,141 @@
-r"""The main job on the embedded default (`make demo`).
+r"""The main job on the embedded default (`make demo`): SynthWorld -> SFT -> IGPO -> dev eval.
 
-    python launch/demo.py --config=configs/base.py:tiny
+    python launch/demo.py                       # what `make demo` runs
+    python launch/demo.py --root=/tmp/demo --rl_config=configs/grpo.py:demo
 
-For now (the trainer is a later issue) it builds the model from the config, places it on a mesh
-over every local device, runs a jitted forward pass and a greedy next-token step, checks the
-output is finite, and says so. It becomes SynthWorld -> SFT -> IGPO -> eval when the trainer lands.
+1. Generates a SynthWorld (invented entities, so the answers must be searched for) and writes its
+   corpus, splits and demonstrations under {root}/synthworld; trains a byte-level BPE on it.
+2. SFT warm start of the tiny model from scratch on the demonstrations (configs/sft.py:demo).
+3. RL from the SFT export with the local BM25 retriever (configs/igpo.py:demo), evaluating the
+   dev split greedily before (= after SFT) and after RL.
+4. Prints dev F1 after SFT and after RL with the paired standard error of the gain, where the
+   TensorBoard logs, checkpoints and exports are, and (last line) one JSON object.
+
+The world and tokenizer are reused when {root}/synthworld already holds the same settings; the SFT
+and RL workdirs start fresh unless --resume (then the runs continue from their checkpoints).
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import math
+import os
+import shutil
+import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-from absl import app
-from ml_collections import config_flags
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
-from agentjax.models import masks
-from agentjax.models.qwen import Qwen, QwenConfig, init_params
-from agentjax.models.qwen.checkpoint import load_hf
-from agentjax.parallel import make_mesh, use_mesh
+from absl import app, flags  # noqa: E402
+from ml_collections import config_flags  # noqa: E402
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/base.py:tiny", "Config file and preset.")
+_ROOT = flags.DEFINE_string("root", "runs/demo", "Folder for the world, tokenizer and workdirs.")
+_SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:demo", "SFT config.")
+_RL = config_flags.DEFINE_config_file("rl_config", "configs/igpo.py:demo", "RL config.")
+_RESUME = flags.DEFINE_bool("resume", False, "Continue the SFT/RL workdirs instead of starting "
+                            "them fresh.")
+_WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
+              hop_weights=(1.0, 1.0, 0.0))
+_VOCAB = 1024
+
+
+def _say(msg: str) -> None:
+  print(msg, flush=True)
+
+
+def build_world(folder: str) -> None:
+  """SynthWorld files + tokenizer in `folder`, unless they are there with the same settings."""
+  from agentjax.data import SynthWorld
+  from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
+  stamp = os.path.join(folder, "demo_settings.json")
+  settings = dict(_WORLD, vocab_size=_VOCAB, hop_weights=list(_WORLD["hop_weights"]))
+  if os.path.exists(stamp):
+    with open(stamp) as f:
+      if json.load(f) == settings:
+        _say(f"[1/4] SynthWorld and tokenizer: reusing {folder}")
+        return
+  t0 = time.time()
+  world = SynthWorld.generate(**_WORLD)
+  world.write(folder, topk=3, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"))
+  train_tokenizer(synthworld_texts(folder), os.path.join(folder, "tokenizer"), _VOCAB)
+  with open(stamp, "w") as f:
+    json.dump(settings, f)
+  sizes = {s: len(q) for s, q in world.questions.items()}
+  _say(f"[1/4] SynthWorld: {len(world.entities)} entities, questions {sizes}, BPE tokenizer "
+       f"({_VOCAB}) in {folder} ({time.time() - t0:.0f} s)")
+
+
+def paired_gain(before: list[dict], after: list[dict]) -> tuple[float, float]:
+  """Mean per-question F1 gain and its standard error (paired: same questions)."""
+  a = {r["id"]: r["f1"] for r in after}
+  d = [a[r["id"]] - r["f1"] for r in before]
+  n = len(d)
+  mean = sum(d) / n
+  var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
+  return mean, math.sqrt(var / n)
 
 
 def main(_):
+  logging.getLogger().setLevel(logging.WARNING)
   start = time.time()
-  config = _CONFIG.value
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  numerics = dict(param_dtype=config.model.param_dtype, dtype=config.model.dtype,
-                  remat_policy=config.model.remat_policy)
-  if config.model.hf_path:
-    cfg, params = load_hf(config.model.hf_path, mesh=mesh, **numerics)
-  else:
-    cfg = QwenConfig.preset(config.model.preset, **numerics)
-    params = init_params(cfg, jax.random.key(config.seed), mesh=mesh)
-  n_params = sum(x.size for x in jax.tree.leaves(params))
-  print(f"model: {config.model.hf_path or config.model.preset} ({cfg.model_type}, "
-        f"{n_params:,} parameters, {cfg.dtype}) on mesh {dict(mesh.shape)}")
+  root = _ROOT.value
+  sft_config, rl_config = _SFT.value, _RL.value
+  world_dir = os.path.join(root, "synthworld")
+  sft_dir, rl_dir = os.path.join(root, "sft"), os.path.join(root, "igpo")
+  for config in (sft_config, rl_config):  # everything under --root
+    config.data.manual_dir = world_dir
+    config.data.data_dir = os.path.join(root, "tfds")
+    config.retrieval.corpus_path = os.path.join(world_dir, "corpus.jsonl")
+    config.retrieval.index_dir = os.path.join(root, "bm25_index")
+    config.model.tokenizer_path = os.path.join(world_dir, "tokenizer")
+    config.sft.demos = os.path.join(world_dir, "demos.jsonl")
+  rl_config.model.hf_path = os.path.join(sft_dir, "hf_export")
+  rl_config.model.tokenizer_path = ""
+  rl_config.train.eval_at_start = True  # the dev F1 after SFT, on the same questions
 
-  batch, length = 4, 16
-  ids = jax.random.randint(jax.random.key(1), (batch, length), 0, cfg.vocab_size)
-  valid = jnp.ones((batch, length), bool).at[1, :5].set(False)  # one left-padded row
+  from agentjax.train import config as config_lib
+  from agentjax.train.trainer import train
+  config_lib.validate(sft_config)
+  config_lib.validate(rl_config)
+  if not _RESUME.value:
+    for d in (sft_dir, rl_dir):
+      shutil.rmtree(d, ignore_errors=True)
 
-  @jax.jit
-  def next_token(params, ids, valid):
-    logits, _ = Qwen(cfg).apply({"params": params}, ids, masks.positions_from_padding(valid),
-                                masks.causal_padding_mask(valid))
-    return logits, jnp.argmax(logits[:, -1], axis=-1)
+  build_world(world_dir)
+  t0 = time.time()
+  _say(f"[2/4] SFT warm start: {sft_config.model.preset} model from scratch, "
+       f"{sft_config.sft.steps} steps x {sft_config.sft.batch_size} demonstrations")
+  sft = train(sft_config, sft_dir)
+  _say(f"      done in {time.time() - t0:.0f} s" + (
+      f": loss {sft['final_loss']:.3f}, token accuracy {sft['final_accuracy']:.3f}"
+      if "final_loss" in sft else " (reused)"))
 
-  with use_mesh(mesh):
-    logits, greedy = next_token(params, ids, valid)
-  logits = np.asarray(logits)
-  assert logits.shape == (batch, length, cfg.vocab_size) and np.isfinite(logits).all()
-  print(f"forward pass: logits {logits.shape}, finite; greedy next tokens {np.asarray(greedy).tolist()}")
-  print("The RL trainer is not built yet: this demo becomes SynthWorld -> SFT -> IGPO -> eval "
-        "when it lands.")
-  print(json.dumps({"demo": "forward", "preset": config.model.preset, "params": n_params,
-                    "logits_shape": list(logits.shape), "seconds": round(time.time() - start, 1)}))
+  t0 = time.time()
+  _say(f"[3/4] {rl_config.algorithm.upper()}: {rl_config.train.steps} steps x "
+       f"{rl_config.rl.prompts_per_step} questions x {rl_config.rollout.group_size} rollouts, "
+       f"local BM25; dev eval before and after")
+  rl = train(rl_config, rl_dir)
+  _say(f"      done in {time.time() - t0:.0f} s")
+
+  with open(os.path.join(rl_dir, "eval", "0.json")) as f:
+    before = json.load(f)
+  with open(os.path.join(rl_dir, "eval", f"{rl_config.train.steps}.json")) as f:
+    after = json.load(f)
+  gain, stderr = paired_gain(before["per_question"], after["per_question"])
+  minutes = (time.time() - start) / 60
+  _say(f"[4/4] dev F1 ({before['n']} questions, greedy): after SFT {before['f1']:.4f}, "
+       f"after {rl_config.algorithm.upper()} {after['f1']:.4f}; gain {gain:+.4f} "
+       f"(paired stderr {stderr:.4f}, {gain / stderr if stderr else float('inf'):.1f} stderr)")
+  _say(f"      EM {before['em']:.4f} -> {after['em']:.4f}; format ok {before['format_ok']:.3f} -> "
+       f"{after['format_ok']:.3f}")
+  _say(f"TensorBoard: tensorboard --logdir {root}  (logs in {rl_dir}/tensorboard, "
+       f"{sft_dir}/tensorboard)")
+  _say(f"Checkpoints: {rl_dir}/checkpoints   Hugging Face exports: {sft['hf_export']}, "
+       f"{rl['hf_export']}")
+  _say(json.dumps({"demo": rl_config.algorithm, "sft_dev_f1": round(before["f1"], 4),
+                   "rl_dev_f1": round(after["f1"], 4), "dev_n": before["n"],
+                   "gain_stderr": round(stderr, 4), "minutes": round(minutes, 2)}))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import numpy as np
 
 from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol
 from agentjax.models.qwen import Qwen, QwenConfig
+from agentjax.parallel.host import to_host
 from agentjax.retrieval import SearchBackend, SearchResponse
 from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket,
                                decode_bytes, extend, generate, init_state, token_byte_table)
@@ -256,7 +257,7 @@ class RolloutEngine:
       active[active_rows] = True
       state, gen = generate(self.model, policy, state, jnp.asarray(active), jnp.asarray(turn_arr),
                             stop, cfg.sampling, cfg.max_new_tokens)
-      new_tokens, num_new, reason = jax.device_get((gen.new_tokens, gen.num_new, gen.stop_reason))
+      new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
       timings["generate_s"] += time.perf_counter() - t0
       sampled_tokens += int(num_new.sum())
       length += num_new
@@ -329,7 +330,7 @@ class RolloutEngine:
 
 def transcripts_of(batch: TrajectoryBatch, byte_table: Sequence[bytes]) -> list[str]:
   """Full text of each trajectory, decoded from its exact token ids."""
-  tokens, valid = jax.device_get((batch.tokens, batch.valid))
+  tokens, valid = to_host((batch.tokens, batch.valid))
   return [decode_bytes(byte_table, tokens[b][valid[b]]) for b in range(tokens.shape[0])]
 
 

@@ -26,6 +26,7 @@ import optax
 from agentjax.agent.rollout import TrajectoryBatch
 from agentjax.models.logprobs import sequence_logprobs
 from agentjax.models.qwen import Qwen
+from agentjax.parallel.host import to_host
 from agentjax.rl.advantages import get_advantage_estimator
 from agentjax.rl.info_gain import Probes, score_packed
 from agentjax.rl.losses import get_policy_loss
@@ -64,6 +65,23 @@ def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: Traject
 @functools.partial(jax.jit, static_argnums=(0, 4))
 def _plain_logprobs(model, params, tokens, valid, chunk):
   return sequence_logprobs(model, params, tokens, valid, chunk=chunk)[0]
+
+
+def trim(batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
+  """The batch cut to its longest trajectory, rounded up to `multiple` slots.
+
+  Rollouts fill a KV cache sized for the worst case (a power of two); scoring and updates only
+  need the slots some row uses, and rounding keeps the number of compiled shapes small
+  (cache_len / multiple at most)."""
+  cache_len = batch.tokens.shape[1]
+  used = int(np.max(batch.turn_ends)) if batch.turn_ends.size else cache_len
+  width = min(cache_len, max(multiple, -(-used // multiple) * multiple))
+  if width == cache_len:
+    return batch
+  cut = lambda x: x[:, :width]  # noqa: E731
+  return batch.replace(tokens=cut(batch.tokens), positions=cut(batch.positions),
+                       valid=cut(batch.valid), loss_mask=cut(batch.loss_mask),
+                       logprobs=cut(batch.logprobs), turn_id=cut(batch.turn_id))
 
 
 def compute_advantages(name: str, batch: TrajectoryBatch, outcome: np.ndarray, ig: jax.Array,
@@ -125,5 +143,5 @@ def summarize(metrics: list[Mapping[str, jax.Array]]) -> dict[str, float]:
   """Mean of each metric over minibatches, on the host."""
   if not metrics:
     return {}
-  host = jax.device_get(metrics)
+  host = to_host(metrics)
   return {k: float(np.mean([m[k] for m in host])) for k in host[0]}

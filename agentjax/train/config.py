@@ -1,0 +1,184 @@
+"""Checks a run config (configs/base.py and friends) before anything is loaded or compiled.
+
+    validate(config)   # raises ConfigError("config.rollout.group_size=1: ...") on the first problem
+
+Every message starts with the dotted field it is about. Checks that need the data or the model
+(a prompt longer than the budget, a tokenizer larger than the vocabulary) happen where those are
+loaded, also before compiling.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from agentjax.agent.protocol import PROTOCOLS
+from agentjax.models.qwen.config import PRESETS
+from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS
+from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+
+TRAINERS = ("rl", "sft")
+# Estimators that compare the rollouts of one question: a group of one gives no signal.
+GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
+# Registered estimators the trainer cannot feed yet (they need a judge model: a later issue).
+NEEDS_JUDGE = ("cw_grpo",)
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+  """A config value that cannot work; the message starts with the field's dotted name."""
+
+
+def _fail(field: str, value: Any, why: str) -> None:
+  raise ConfigError(f"config.{field}={value!r}: {why}")
+
+
+def _get(config: Any, field: str) -> Any:
+  node = config
+  for part in field.split("."):
+    if part not in node:
+      raise ConfigError(f"config.{field} is missing (start from configs/base.py)")
+    node = node[part]
+  return node
+
+
+def _positive(config: Any, *fields: str) -> None:
+  for f in fields:
+    v = _get(config, f)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+      _fail(f, v, "must be a positive number")
+
+
+def _non_negative(config: Any, *fields: str) -> None:
+  for f in fields:
+    v = _get(config, f)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+      _fail(f, v, "must be >= 0")
+
+
+def benchmark_list(value: str, field: str) -> list[str]:
+  """'nq,hotpotqa' -> ['nq', 'hotpotqa'], each checked against the known benchmarks."""
+  from agentjax.data.searchqa import BENCHMARKS  # tfds import only when data is configured
+  names = [n.strip() for n in str(value).split(",") if n.strip()]
+  if not names:
+    _fail(field, value, "names no benchmark")
+  for n in names:
+    if n not in BENCHMARKS:
+      _fail(field, value, f"unknown benchmark {n!r}; known: {list(BENCHMARKS)}")
+  return names
+
+
+def validate(config: Any) -> None:
+  """Raises ConfigError naming the first field that cannot work."""
+  trainer = _get(config, "trainer")
+  if trainer not in TRAINERS:
+    _fail("trainer", trainer, f"unknown trainer; known: {list(TRAINERS)}")
+  _validate_model(config)
+  for dim in ("data", "fsdp", "tensor"):
+    v = _get(config, f"mesh.{dim}")
+    if not isinstance(v, int) or (v < 1 and v != -1):
+      _fail(f"mesh.{dim}", v, "must be a positive int or -1 (the remaining devices)")
+  _positive(config, "optimizer.lr", "train.steps")
+  _non_negative(config, "optimizer.warmup_steps", "optimizer.weight_decay", "train.log_every",
+                "train.eval_every", "train.checkpoint_every")
+  if trainer == "sft":
+    _positive(config, "sft.steps", "sft.batch_size", "sft.max_len", "sft.lr")
+    if not _get(config, "sft.demos"):
+      _fail("sft.demos", "", "needs the demonstrations JSONL (SynthWorld writes demos.jsonl)")
+    return
+  _validate_rl(config)
+
+
+def _validate_model(config: Any) -> None:
+  hf, preset = _get(config, "model.hf_path"), _get(config, "model.preset")
+  if not hf and preset not in PRESETS:
+    _fail("model.preset", preset, f"unknown model preset (and model.hf_path is empty); known: "
+          f"{sorted(PRESETS)}")
+  if not hf and not _get(config, "model.tokenizer_path"):
+    _fail("model.tokenizer_path", "", "a model trained from a preset needs a tokenizer folder")
+  for f in ("model.param_dtype", "model.dtype"):
+    if _get(config, f) not in DTYPES:
+      _fail(f, _get(config, f), f"must be one of {list(DTYPES)}")
+  if _get(config, "model.remat_policy") not in REMAT_POLICIES:
+    _fail("model.remat_policy", _get(config, "model.remat_policy"),
+          f"must be one of {list(REMAT_POLICIES)}")
+
+
+def _validate_rl(config: Any) -> None:
+  algorithm = _get(config, "algorithm")
+  if algorithm not in ADVANTAGE_ESTIMATORS:
+    _fail("algorithm", algorithm, f"unknown algorithm; known: {sorted(ADVANTAGE_ESTIMATORS)}")
+  if algorithm in NEEDS_JUDGE:
+    _fail("algorithm", algorithm, "needs per-round judge scores; the judge model is not built yet")
+  loss = _get(config, "rl.loss")
+  if loss not in POLICY_LOSSES:
+    _fail("rl.loss", loss, f"unknown policy loss; known: {sorted(POLICY_LOSSES)}")
+  if _get(config, "rl.aggregation") not in AGGREGATIONS:
+    _fail("rl.aggregation", _get(config, "rl.aggregation"), f"must be one of {list(AGGREGATIONS)}")
+  if _get(config, "rl.kl_estimator") not in KL_ESTIMATORS:
+    _fail("rl.kl_estimator", _get(config, "rl.kl_estimator"),
+          f"must be one of {list(KL_ESTIMATORS)}")
+  if _get(config, "rl.reward_metric") not in ("f1", "em"):
+    _fail("rl.reward_metric", _get(config, "rl.reward_metric"), "must be 'f1' or 'em'")
+  if _get(config, "rl.igpo_norm") not in ("joint", "separate"):
+    _fail("rl.igpo_norm", _get(config, "rl.igpo_norm"), "must be 'joint' or 'separate'")
+  if _get(config, "rl.ig_mode") not in ("log_prob", "prob"):
+    _fail("rl.ig_mode", _get(config, "rl.ig_mode"), "must be 'log_prob' or 'prob'")
+  if _get(config, "rollout.protocol") not in PROTOCOLS:
+    _fail("rollout.protocol", _get(config, "rollout.protocol"),
+          f"unknown protocol; known: {sorted(PROTOCOLS)}")
+  _positive(config, "rollout.group_size", "rollout.max_turns", "rollout.max_new_tokens",
+            "rollout.max_obs_tokens", "rollout.max_total_tokens", "rollout.temperature",
+            "rl.prompts_per_step", "rl.minibatch_size", "rl.ppo_epochs", "retrieval.topk",
+            "train.eval_batch", "rl.chunk")
+  _non_negative(config, "rl.kl_coef", "rl.entropy_coef", "rl.clip_low", "rl.clip_high",
+                "rollout.top_k", "data.eval_size")
+  if not 0.0 <= _get(config, "rl.gamma") <= 1.0:
+    _fail("rl.gamma", _get(config, "rl.gamma"), "must be in [0, 1]")
+  if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
+    _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
+  group = _get(config, "rollout.group_size")
+  if algorithm in GROUP_ALGORITHMS and group < 2:
+    _fail("rollout.group_size", group, f"algorithm {algorithm!r} normalizes within the group of "
+          "each question and needs group_size >= 2")
+  batch = _get(config, "rl.prompts_per_step") * group
+  mb = _get(config, "rl.minibatch_size")
+  if mb > batch or batch % mb:
+    _fail("rl.minibatch_size", mb, f"must divide the batch of prompts_per_step * group_size = "
+          f"{batch} trajectories")
+  new, obs, total = (_get(config, f"rollout.{k}") for k in
+                     ("max_new_tokens", "max_obs_tokens", "max_total_tokens"))
+  if new + obs >= total:
+    _fail("rollout.max_total_tokens", total, f"leaves no room for a prompt: one turn alone "
+          f"takes max_new_tokens + max_obs_tokens = {new + obs} tokens")
+  backend = _get(config, "retrieval.backend")
+  if backend == "bm25":
+    path = _get(config, "retrieval.corpus_path")
+    if not path:
+      _fail("retrieval.corpus_path", path, "the bm25 backend needs a corpus JSONL")
+  elif backend == "http":
+    url = str(_get(config, "retrieval.url"))
+    if not url.startswith(("http://", "https://")):
+      _fail("retrieval.url", url, "the http backend needs an http(s):// URL")
+  else:
+    _fail("retrieval.backend", backend, "must be 'bm25' or 'http'")
+  benchmark_list(_get(config, "data.train"), "data.train")
+  benchmark_list(_get(config, "data.eval"), "data.eval")
+
+
+def check_paths(config: Any) -> None:
+  """The files a run reads exist (checked after validate, before loading anything)."""
+  if config.model.hf_path and not os.path.isdir(os.path.expanduser(config.model.hf_path)):
+    _fail("model.hf_path", config.model.hf_path, "is not a folder (a Hugging Face checkpoint "
+          "folder with config.json and *.safetensors)")
+  tok = config.model.tokenizer_path
+  if tok and not os.path.isdir(os.path.expanduser(tok)):
+    _fail("model.tokenizer_path", tok, "is not a folder")
+  if config.trainer == "sft":
+    if not os.path.isfile(os.path.expanduser(config.sft.demos)):
+      _fail("sft.demos", config.sft.demos, "no such file")
+    return
+  if config.retrieval.backend == "bm25" and not os.path.isfile(
+      os.path.expanduser(config.retrieval.corpus_path)):
+    _fail("retrieval.corpus_path", config.retrieval.corpus_path, "no such file")

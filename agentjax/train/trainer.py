@@ -1,0 +1,585 @@
+r"""The train loops behind launch/train.py: RL (IGPO / GRPO family) and the SFT warm start.
+
+    python launch/train.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
+
+An RL run, top to bottom (`train_rl`):
+
+  validate config ─► mesh, tokenizer, model (HF folder or preset), frozen reference = initial params
+  ─► train questions (tfds), dev questions, search backend, rollout engines (sampling and greedy eval)
+  ─► train state {params, opt_state, rng} + data position: restored from {workdir}/checkpoints
+     if there is one, else fresh
+  ─► per step: 1. rollouts (group_size per question)   2. rewards (host: EM/F1, format)
+               3. one teacher-forced scoring pass: old and reference log-probs, IGPO's probes
+               4. advantages (registry, by config.algorithm)   5. PPO-clip minibatch updates
+               6. metrics (console progress bar, TensorBoard, metrics.jsonl)
+     every train.eval_every steps: greedy eval on the dev split (eval/{step}.json)
+     every train.checkpoint_every steps, at exit and on SIGTERM: checkpoint
+  ─► Hugging Face export at {workdir}/hf_export
+
+Re-running the same command resumes from the latest checkpoint; the data position, RNG state and
+minibatch shuffles (seeded by the step number) make a resumed run repeat the uninterrupted one.
+
+Workdir layout: checkpoints/<step>/, config.json, metrics.jsonl (one JSON line per step),
+eval/<step>.json (per-question results), tensorboard/ (event files), hf_export/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from agentjax.agent import RolloutConfig, RolloutEngine
+from agentjax.models.qwen import QwenConfig, init_params, param_shardings
+from agentjax.models.qwen.checkpoint import load_hf, save_hf
+from agentjax.models.tokenizer import load_tokenizer
+from agentjax.parallel import make_mesh, use_mesh
+from agentjax.parallel.host import primary_first, to_host
+from agentjax.retrieval import SearchBackend, make_backend
+from agentjax.rl import build_probes, outcome_rewards
+from agentjax.rl.advantages import ig_statistics
+from agentjax.rl.info_gain import ANSWER_TEMPLATES
+from agentjax.rl.rewards import exact_match, f1_score
+from agentjax.sampling import SamplingParams
+from agentjax.train import config as config_lib
+from agentjax.train.checkpoint import Checkpointer
+from agentjax.train.optim import make_optimizer, make_schedule
+from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy_update,
+                               minibatches, score_batch, summarize, trim)
+
+log = logging.getLogger(__name__)
+
+# Config fields whose change makes a workdir's checkpoints unusable (compared at restore).
+COMPAT_KEYS = ("trainer", "model.preset", "model.hf_path", "model.param_dtype",
+               "optimizer.weight_decay", "optimizer.clip_norm")
+EXPORT_DIR = "hf_export"
+
+
+# ============================================================================ building blocks
+
+
+def load_model(config: Any, mesh: jax.sharding.Mesh) -> tuple[QwenConfig, Any, Any]:
+  """(QwenConfig, params placed on `mesh` by the rules table, tokenizer) from config.model."""
+  m = config.model
+  numerics = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy)
+  tokenizer = load_tokenizer(os.path.expanduser(m.tokenizer_path or m.hf_path))
+  if m.hf_path:
+    cfg, params = load_hf(os.path.expanduser(m.hf_path), mesh=mesh, **numerics)
+  else:
+    # From scratch: the preset's shape, its vocabulary sized to the tokenizer (a multiple of 64).
+    vocab = -(-len(tokenizer) // 64) * 64
+    shape = {"vocab_size": vocab, **{k: v for k, v in m.shape.items() if v}}
+    cfg = QwenConfig.preset(m.preset, **shape, **numerics)
+    params = init_params(cfg, jax.random.key(config.seed), mesh=mesh)
+  if len(tokenizer) > cfg.vocab_size:
+    raise config_lib.ConfigError(
+        f"config.model.tokenizer_path={m.tokenizer_path or m.hf_path!r}: the tokenizer has "
+        f"{len(tokenizer)} tokens but the model's vocabulary is {cfg.vocab_size}")
+  return cfg, params, tokenizer
+
+
+def make_search_backend(config: Any) -> SearchBackend:
+  r = config.retrieval
+  if r.backend == "bm25":
+    with primary_first("bm25-index"):  # one process builds the on-disk index, the others load it
+      return make_backend("bm25", corpus_path=os.path.expanduser(r.corpus_path),
+                          index_dir=os.path.expanduser(r.index_dir) if r.index_dir else None)
+  return make_backend("http", url=r.url, timeout_s=r.timeout_s)
+
+
+def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
+  """The rollout settings of training (sampled, group_size per question) or of eval (greedy, one
+  trajectory per question)."""
+  r = config.rollout
+  sampling = SamplingParams(greedy=True) if greedy else SamplingParams(
+      temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+  return RolloutConfig(protocol=r.protocol, group_size=1 if greedy else r.group_size,
+                       max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                       max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
+                       topk=config.retrieval.topk, sampling=sampling,
+                       use_chat_template=r.use_chat_template)
+
+
+def load_questions(config: Any, names: Sequence[str], split: str) -> list[dict[str, Any]]:
+  """Question records of `split` of each benchmark (tfds search_qa, built from data.manual_dir
+  on first use), concatenated in benchmark order; each gains "benchmark"."""
+  import tensorflow_datasets as tfds  # only when data is needed
+  from agentjax.data.searchqa import load_split
+  tfds.disable_progress_bar()
+  out = []
+  for name in names:
+    with primary_first(f"tfds:{name}:{split}"):  # one process builds, the others read
+      records = load_split(name, split, data_dir=os.path.expanduser(config.data.data_dir),
+                           manual_dir=os.path.expanduser(config.data.manual_dir))
+    out += [dict(rec, benchmark=name) for rec in records]
+  return out
+
+
+@dataclasses.dataclass
+class QuestionStream:
+  """Endless, deterministic question order: epoch e is a permutation seeded by (seed, e).
+
+  `take(position, n)` is a pure function of the position, so the data state of a checkpoint is
+  one integer (questions consumed so far)."""
+  records: list[dict[str, Any]]
+  seed: int
+
+  def _order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
+
+  def take(self, position: int, n: int) -> list[dict[str, Any]]:
+    size = len(self.records)
+    out, epoch, order = [], -1, None
+    for p in range(position, position + n):
+      if p // size != epoch:
+        epoch = p // size
+        order = self._order(epoch)
+      out.append(self.records[int(order[p % size])])
+    return out
+
+
+def evaluate(engine: RolloutEngine, params: Any, records: Sequence[Mapping[str, Any]],
+             batch_size: int) -> dict[str, Any]:
+  """Greedy rollouts of every record; EM/F1 against its gold answers.
+
+  Batches are padded to batch_size (repeating the last question) so one compiled program serves
+  every batch. Returns {"n", "f1", "em", "format_ok", "turns", "per_question": [{"id",
+  "benchmark", "answer", "f1", "em", "turns", "format_ok"}]}.
+  """
+  rows = []
+  for start in range(0, len(records), batch_size):
+    chunk = list(records[start:start + batch_size])
+    real = len(chunk)
+    chunk += [chunk[-1]] * (batch_size - real)
+    batch, _ = engine.run(params, [r["question"] for r in chunk], jax.random.key(0))
+    for i, rec in enumerate(chunk[:real]):
+      answer = batch.answers[i] if batch.answered[i] else None
+      rows.append({"id": rec["id"], "benchmark": rec.get("benchmark", ""),
+                   "answer": answer, "golds": list(rec["golden_answers"]),
+                   "f1": f1_score(answer, rec["golden_answers"]),
+                   "em": exact_match(answer, rec["golden_answers"]),
+                   "turns": int(batch.num_turns[i]), "format_ok": bool(batch.format_valid[i])})
+  mean = lambda k: float(np.mean([r[k] for r in rows])) if rows else 0.0  # noqa: E731
+  return {"n": len(rows), "f1": mean("f1"), "em": mean("em"), "format_ok": mean("format_ok"),
+          "turns": mean("turns"), "per_question": rows}
+
+
+def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, cfg: QwenConfig,
+                        mesh: jax.sharding.Mesh) -> Any:
+  """Optimizer-state shardings: moments like their parameters (FSDP), counters replicated."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+  abstract = jax.eval_shape(optimizer.init, params)
+  return optax.tree_map_params(optimizer, lambda _, s: s, abstract, param_shardings(cfg, mesh),
+                               transform_non_params=lambda _: replicated)
+
+
+def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.sharding.Mesh
+                     ) -> tuple[optax.GradientTransformation, dict[str, Any]]:
+  """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
+  (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated)."""
+  o = config.optimizer
+  optimizer = make_optimizer(o.lr, o.warmup_steps, config.train.steps, o.weight_decay,
+                             o.clip_norm or None, o.final_lr_ratio, o.b2)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_state_shardings(
+      optimizer, params, cfg, mesh))(params)
+  # Created under jit: device_put cannot target devices of other processes.
+  rng = jax.jit(lambda: jax.random.key(config.seed),
+                out_shardings=NamedSharding(mesh, PartitionSpec()))()
+  return optimizer, {"params": params, "opt_state": opt_state, "rng": rng}
+
+
+def abstract_state(state: Any) -> Any:
+  """ShapeDtypeStructs carrying each leaf's sharding: the restore target of a checkpoint."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                      state)
+
+
+def make_checkpointer(config: Any, workdir: str) -> Checkpointer:
+  return Checkpointer(workdir, save_every=config.train.checkpoint_every,
+                      keep=config.train.keep_checkpoints, config=config.to_dict(),
+                      compat_keys=COMPAT_KEYS)
+
+
+# ============================================================================ metrics
+
+
+class MetricsWriter:
+  """metrics.jsonl + TensorBoard event files (process 0), and a console progress bar."""
+
+  def __init__(self, workdir: str, total_steps: int, start_step: int, prefix: str):
+    self.primary = jax.process_index() == 0
+    self.path = os.path.join(workdir, "metrics.jsonl")
+    self.tb = self.bar = None
+    if not self.primary:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self._truncate_after(start_step)
+    from tensorboardX import SummaryWriter
+    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    from tqdm import tqdm
+    self.bar = tqdm(total=total_steps, initial=start_step, desc=prefix, file=sys.stderr,
+                    dynamic_ncols=True, mininterval=1.0, disable=None)
+
+  def _truncate_after(self, step: int) -> None:
+    """A resumed run rewrites history past its checkpoint (those steps are done again)."""
+    if not os.path.exists(self.path):
+      return
+    with open(self.path) as f:
+      keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    with open(self.path + ".tmp", "w") as f:
+      f.writelines(keep)
+    os.replace(self.path + ".tmp", self.path)
+
+  def write(self, step: int, metrics: Mapping[str, float], postfix: Sequence[str] = ()) -> None:
+    if not self.primary:
+      return
+    with open(self.path, "a") as f:
+      f.write(json.dumps({**metrics, "step": step}) + "\n")
+    for k, v in metrics.items():
+      if k != "step" and isinstance(v, (int, float)) and math.isfinite(v):
+        self.tb.add_scalar(k, v, step)
+    self.tb.flush()
+    if self.bar is not None:
+      self.bar.set_postfix_str(" ".join(f"{k.split('/')[-1]} {metrics[k]:.3g}"
+                                        for k in postfix if k in metrics), refresh=False)
+      self.bar.update(step - self.bar.n)
+
+  def close(self) -> None:
+    if self.bar is not None:
+      self.bar.close()
+    if self.tb is not None:
+      self.tb.close()
+
+
+class _Preemption:
+  """SIGTERM (what TPU/GPU schedulers send before preempting) asks the loop to checkpoint and
+  stop at the end of the current step."""
+
+  def __init__(self):
+    self.requested = False
+    self._previous = None
+
+  def __enter__(self):
+    try:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
+    except ValueError:  # not the main thread (e.g. a notebook worker): no handler
+      self._previous = None
+    return self
+
+  def _handle(self, *_):
+    log.warning("SIGTERM: checkpointing at the end of this step, then stopping")
+    self.requested = True
+
+  def __exit__(self, *_):
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
+
+
+def _write_json(path: str, obj: Any) -> None:
+  if jax.process_index() != 0:
+    return
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  with open(path + ".tmp", "w") as f:
+    json.dump(obj, f, indent=1)
+  os.replace(path + ".tmp", path)
+
+
+# ============================================================================ RL
+
+
+def train(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
+  """Runs config.trainer ("rl" or "sft") in `workdir`; see train_rl / train_sft."""
+  config_lib.validate(config)
+  config_lib.check_paths(config)
+  if config.trainer == "sft":
+    return train_sft(config, workdir)
+  return train_rl(config, workdir, stop_after=stop_after)
+
+
+def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
+  """The RL loop (module docstring). stop_after: stop (with a checkpoint) once that many steps
+  are done, as a preemption would; re-running resumes. Returns a summary dict."""
+  workdir = os.path.expanduser(workdir)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  cfg, params, tokenizer = load_model(config, mesh)
+  model_name = config.model.hf_path or config.model.preset
+  log.info("model %s (%s, %s parameters) on mesh %s", model_name, cfg.model_type,
+           f"{sum(x.size for x in jax.tree.leaves(params)):,}", dict(mesh.shape))
+  rl = config.rl
+  use_ref = rl.kl_coef > 0
+  # The reference policy: the initial params, frozen (a copy: updates donate `params`).
+  ref_params = jax.tree.map(jnp.copy, params) if use_ref else None
+
+  train_names = config_lib.benchmark_list(config.data.train, "data.train")
+  eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
+  stream = QuestionStream(load_questions(config, train_names, "train"), config.seed)
+  dev = load_questions(config, [eval_name], config.data.eval_split)
+  if config.data.eval_size:
+    dev = dev[:config.data.eval_size]
+  backend = make_search_backend(config)
+  engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config), mesh=mesh)
+  eval_engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config, greedy=True),
+                              mesh=mesh)
+  longest = max(len(engine.prompt_ids(r["question"])) for r in stream.records[:2000] + dev)
+  if longest + config.rollout.max_new_tokens >= config.rollout.max_total_tokens:
+    raise config_lib.ConfigError(
+        f"config.rollout.max_total_tokens={config.rollout.max_total_tokens}: a {longest}-token "
+        f"prompt plus one turn (max_new_tokens={config.rollout.max_new_tokens}) does not fit")
+
+  steps = config.train.steps
+  optimizer, state = init_train_state(config, cfg, params, mesh)
+  schedule = make_schedule(config.optimizer.lr, config.optimizer.warmup_steps, steps,
+                           config.optimizer.final_lr_ratio)
+  loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
+                     kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
+                     aggregation=rl.aggregation)
+  update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
+      name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
+  adv_kwargs = {"igpo": dict(gamma=rl.gamma, norm_mode=rl.igpo_norm)}.get(config.algorithm, {})
+  template = ANSWER_TEMPLATES[config.rollout.protocol]
+
+  ckpt = make_checkpointer(config, workdir)
+  restored = ckpt.restore_or_none(abstract_state(state))
+  step, position = 0, 0
+  if restored is not None:
+    state, data_state, step = restored
+    position = int(data_state["position"])
+    log.info("resumed from %s at step %d (question position %d)", ckpt.step_dir(step), step,
+             position)
+  writer = MetricsWriter(workdir, steps, step, prefix=config.algorithm)
+
+  def run_eval(at_step: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    with use_mesh(mesh):
+      result = evaluate(eval_engine, state["params"], dev, config.train.eval_batch)
+    _write_json(os.path.join(workdir, "eval", f"{at_step}.json"),
+                dict(result, step=at_step, benchmark=eval_name, split=config.data.eval_split))
+    metrics = {"eval/f1": result["f1"], "eval/em": result["em"],
+               "eval/format_ok": result["format_ok"], "eval/turns": result["turns"],
+               "eval/seconds": time.perf_counter() - t0}
+    writer.write(at_step, metrics)
+    log.info("eval at step %d on %s/%s (%d questions): F1 %.4f EM %.4f", at_step, eval_name,
+             config.data.eval_split, result["n"], result["f1"], result["em"])
+    return result
+
+  evals = {}
+  if config.train.eval_at_start and step == 0:
+    evals[0] = run_eval(0)
+  postfix = ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
+  with _Preemption() as preempt:
+    while step < steps:
+      t_step = time.perf_counter()
+      questions = stream.take(position, rl.prompts_per_step)
+      golds = [q["golden_answers"] for q in questions]
+      rng, rollout_rng = jax.random.split(state["rng"])
+
+      # 1. rollouts
+      t0 = time.perf_counter()
+      with use_mesh(mesh):
+        batch, rollout_metrics = engine.run(state["params"], [q["question"] for q in questions],
+                                            rollout_rng)
+        batch = trim(batch)  # score and update only the cache slots some trajectory uses
+      t_rollout = time.perf_counter() - t0
+
+      # 2. rewards (host)
+      row_golds = [golds[g] for g in batch.group_ids]
+      answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
+      outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
+                                format_ok=batch.format_valid if rl.penalize_format else None,
+                                format_penalty=rl.format_penalty)
+      f1 = outcome_rewards(answers, row_golds, metric="f1")
+      em = outcome_rewards(answers, row_golds, metric="em")
+
+      # 3. one scoring pass: old (and reference) log-probs, IGPO's ground-truth probes
+      t0 = time.perf_counter()
+      probes = build_probes(engine.encode, row_golds, template=template) \
+          if config.algorithm == "igpo" else None
+      with use_mesh(mesh):
+        scored = score_batch(engine.model, state["params"], ref_params, batch, probes,
+                             mode=rl.ig_mode, chunk=rl.chunk)
+        # 4. advantages
+        adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
+                                            **adv_kwargs)
+        jax.block_until_ready(adv)
+      t_score = time.perf_counter() - t0
+
+      # 5. PPO-clip minibatch updates
+      t0 = time.perf_counter()
+      params, opt_state = state["params"], state["opt_state"]
+      update_metrics = []
+      shuffle = np.random.default_rng([config.seed, step])
+      with use_mesh(mesh):
+        for _ in range(rl.ppo_epochs):
+          for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle):
+            params, opt_state, m = update(params, opt_state, mb)
+            update_metrics.append(m)
+      upd = summarize(update_metrics)
+      t_update = time.perf_counter() - t0
+      state = {"params": params, "opt_state": opt_state, "rng": rng}
+      step += 1
+      position += rl.prompts_per_step
+
+      # 6. metrics
+      ig = ig_statistics(scored.ig, jnp.asarray(batch.num_turns))
+      valid_tokens = float(to_host(jnp.sum(batch.valid)))
+      step_s = time.perf_counter() - t_step
+      metrics = {
+          "reward": float(outcome.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
+          "format_error_rate": float(1.0 - batch.format_valid.mean()),
+          "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
+          "turns": float(batch.num_turns.mean()),
+          "search_failures": float(batch.num_search_failures.sum()),
+          "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
+          "collapse_fraction": float(adv_stats["collapse_fraction"]),
+          "adv_std": float(adv_stats.get("adv_std", 0.0)),
+          "kl": upd.get("kl", 0.0), "approx_kl": upd.get("approx_kl", 0.0),
+          "clip_fraction": upd.get("clip_fraction", 0.0), "entropy": upd.get("entropy", 0.0),
+          "loss": upd.get("loss", 0.0), "grad_norm": upd.get("grad_norm", 0.0),
+          "skipped_updates": upd.get("skipped", 0.0) * len(update_metrics),
+          "lr": float(schedule(step - 1)),
+          "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
+          "tokens_per_s": valid_tokens / max(step_s, 1e-9),
+          "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
+          "search_s": rollout_metrics["search_s"], "position": position}
+      if metrics["skipped_updates"]:
+        log.warning("step %d: %d update(s) skipped (non-finite loss or gradient); params kept",
+                    step, int(metrics["skipped_updates"]))
+      writer.write(step, metrics, postfix)
+      if config.train.log_every and step % config.train.log_every == 0:
+        log.info("step %d/%d " + " ".join(f"{k} %.4g" for k in postfix), step, steps,
+                 *[metrics[k] for k in postfix])
+
+      if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
+        evals[step] = run_eval(step)
+      stopping = preempt.requested or (stop_after is not None and step >= stop_after)
+      ckpt.save(step, state, {"position": position}, force=stopping or step == steps)
+      if stopping:
+        log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
+        break
+
+  if step >= steps and steps not in evals:
+    evals[steps] = run_eval(steps)
+  ckpt.save(step, state, {"position": position}, force=True)
+  ckpt.close()
+  writer.close()
+  export = None
+  if step >= steps and config.train.export_hf:
+    export = save_hf(os.path.join(workdir, EXPORT_DIR), cfg, state["params"], tokenizer)
+    log.info("Hugging Face export: %s", export)
+  return {"step": step, "workdir": workdir, "hf_export": export,
+          "tensorboard": os.path.join(workdir, "tensorboard"),
+          "evals": {k: {"f1": v["f1"], "em": v["em"], "n": v["n"]} for k, v in evals.items()},
+          "params": state["params"], "cfg": cfg}
+
+
+# ============================================================================ eval
+
+
+def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | None = None,
+                    step: int | None = None) -> dict[str, Any]:
+  """EM/F1 of greedy rollouts on config.data.eval_split of every benchmark in config.data.eval.
+
+  The policy comes from a Hugging Face folder (`hf_path`) or from a run's checkpoint (`workdir`,
+  the latest step unless `step`). Returns {"source", "split", "benchmarks": {name: {"n", "em",
+  "f1", "format_ok", "turns"}}, "average": {"em", "f1"} (unweighted over benchmarks),
+  "per_question": {name: [...]}}.
+  """
+  if (workdir is None) == (hf_path is None):
+    raise ValueError("eval needs exactly one of workdir (a run's checkpoints) or hf_path")
+  config = config.copy_and_resolve_references()
+  if hf_path is not None:
+    config.model.hf_path, config.model.tokenizer_path = hf_path, ""
+  config_lib.validate(config)
+  config_lib.check_paths(config)
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  cfg, params, tokenizer = load_model(config, mesh)
+  source = hf_path
+  if workdir is not None:
+    _, state = init_train_state(config, cfg, params, mesh)
+    ckpt = make_checkpointer(config, os.path.expanduser(workdir))
+    restored = ckpt.restore_or_none(abstract_state(state), step=step)
+    ckpt.close()
+    if restored is None:
+      raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to evaluate")
+    params, source = restored[0]["params"], str(ckpt.step_dir(restored[2]))
+  engine = RolloutEngine(cfg, tokenizer, make_search_backend(config),
+                         rollout_config(config, greedy=True), mesh=mesh)
+  names = config_lib.benchmark_list(config.data.eval, "data.eval")
+  out = {"source": source, "split": config.data.eval_split, "benchmarks": {},
+         "per_question": {}}
+  for name in names:
+    records = load_questions(config, [name], config.data.eval_split)
+    if config.data.eval_size:
+      records = records[:config.data.eval_size]
+    with use_mesh(mesh):
+      result = evaluate(engine, params, records, config.train.eval_batch)
+    out["per_question"][name] = result.pop("per_question")
+    out["benchmarks"][name] = result
+    log.info("%s/%s: %d questions, EM %.4f F1 %.4f", name, config.data.eval_split, result["n"],
+             result["em"], result["f1"])
+  out["average"] = {k: float(np.mean([b[k] for b in out["benchmarks"].values()]))
+                    for k in ("em", "f1")}
+  return out
+
+
+def format_table(result: Mapping[str, Any]) -> str:
+  """The benchmarks of eval_benchmarks' result as a fixed-width text table."""
+  lines = [f"{'benchmark':<18}{'n':>6}{'EM':>9}{'F1':>9}"]
+  for name, b in result["benchmarks"].items():
+    lines.append(f"{name:<18}{b['n']:>6}{b['em']:>9.4f}{b['f1']:>9.4f}")
+  avg = result["average"]
+  lines.append(f"{'average':<18}{'':>6}{avg['em']:>9.4f}{avg['f1']:>9.4f}")
+  return "\n".join(lines)
+
+
+# ============================================================================ SFT
+
+
+def train_sft(config: Any, workdir: str) -> dict[str, Any]:
+  """SFT warm start on config.sft.demos, then a Hugging Face export at {workdir}/hf_export.
+
+  The export is written atomically at the end; a workdir that already has one is a finished run
+  and is not trained again (re-running the command is a no-op)."""
+  from agentjax.train.sft import run_sft
+  workdir = os.path.expanduser(workdir)
+  export = os.path.join(workdir, EXPORT_DIR)
+  if os.path.isdir(export):
+    log.info("%s exists: this SFT run is finished", export)
+    return {"workdir": workdir, "hf_export": export, "skipped": True}
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  cfg, params, tokenizer = load_model(config, mesh)
+  with open(os.path.expanduser(config.sft.demos), encoding="utf-8") as f:
+    demos = [json.loads(line) for line in f if line.strip()]
+  s = config.sft
+  writer = MetricsWriter(workdir, s.steps, 0, prefix="sft")
+  callback = lambda i, rec: writer.write(i + 1, rec, ("loss", "accuracy", "lr"))  # noqa: E731
+  with use_mesh(mesh):
+    params, history = run_sft(
+        cfg, params, tokenizer, demos, steps=s.steps, batch_size=s.batch_size, max_len=s.max_len,
+        lr=s.lr, seed=config.seed,
+        weight_decay=config.optimizer.weight_decay, clip_norm=config.optimizer.clip_norm or None,
+        protocol=_protocol(config), use_chat_template=config.rollout.use_chat_template,
+        log_every=config.train.log_every or 0, callback=callback)
+  writer.close()
+  save_hf(export, cfg, params, tokenizer)
+  log.info("SFT done: loss %.4f accuracy %.3f; Hugging Face export %s", history[-1]["loss"],
+           history[-1]["accuracy"], export)
+  return {"workdir": workdir, "hf_export": export, "final_loss": history[-1]["loss"],
+          "final_accuracy": history[-1]["accuracy"], "params": params, "cfg": cfg}
+
+
+def _protocol(config: Any):
+  from agentjax.agent.protocol import get_protocol
+  return get_protocol(config.rollout.protocol)

@@ -1,0 +1,15 @@
+r"""RLOO: each rollout's outcome minus the mean of the other rollouts of its question.
+
+  python launch/train.py --config=configs/rloo.py:demo --workdir=runs/demo/rloo
+  python launch/train.py --config=configs/rloo.py:qwen2.5-7b --workdir=gs://bucket/rloo-7b
+
+Presets: see configs/base.py (demo, qwen2.5-3b, qwen2.5-7b, qwen3-8b).
+"""
+
+from configs import base
+
+
+def get_config(arg: str = "demo"):
+  config = base.get_config(arg)
+  config.algorithm = "rloo"
+  return config

@@ -1,0 +1,63 @@
+"""Two training steps with a checkpoint save and restore, on one process or several.
+
+  python tests/multihost_train_check.py --num_processes=2 --process_id=0 --port=P ...  (and 1)
+  python tests/multihost_train_check.py --num_processes=1 ...                          (8 devices)
+
+Every process gets 8 / num_processes fake CPU devices, so the global mesh always has 8. Runs
+train(stop_after=1) (a checkpoint at step 1, as a preemption would), then train() again, which
+restores step 1 and does step 2. Process 0 writes the metrics of both steps and the final
+parameters to --out (an .npz) for test_multihost.py to compare across layouts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def main():
+  p = argparse.ArgumentParser()
+  for name in ("workdir", "world_dir", "tokenizer_dir", "tmp", "out"):
+    p.add_argument(f"--{name}", required=True)
+  p.add_argument("--num_processes", type=int, default=1)
+  p.add_argument("--process_id", type=int, default=0)
+  p.add_argument("--port", type=int, default=0)
+  args = p.parse_args()
+  os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count="
+                             f"{8 // args.num_processes}")
+  import jax
+  if args.num_processes > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{args.port}", args.num_processes, args.process_id)
+  assert jax.device_count() == 8, jax.devices()
+  import numpy as np
+  from agentjax.parallel.host import to_host
+  from agentjax.train.trainer import train
+  from tests.trainer_fixtures import tiny_config
+
+  config = tiny_config(args.world_dir, args.tokenizer_dir, args.tmp, steps=2)
+  config.rl.prompts_per_step = 4   # 8 trajectories: one per device on the data axis
+  config.rl.minibatch_size = 8
+  config.train.eval_every = 0
+  config.train.export_hf = False
+  first = train(config, args.workdir, stop_after=1)
+  assert first["step"] == 1
+  second = train(config, args.workdir)   # restores step 1 from the checkpoint
+  assert second["step"] == 2
+  params = to_host(second["params"])
+  if jax.process_index() == 0:
+    with open(os.path.join(args.workdir, "metrics.jsonl")) as f:
+      rows = [json.loads(line) for line in f]
+    flat = {"/".join(str(getattr(k, "key", k)) for k in path): np.asarray(v)
+            for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+    np.savez(args.out, metrics=json.dumps(rows), **flat)
+  print("OK", jax.process_index(), flush=True)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,43 @@
+"""A tiny trainer config that runs in seconds (shared by test_trainer and the multi-host check)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+
+def tiny_config(world_dir: str, tokenizer_dir: str, tmp: str, algorithm: str = "igpo",
+                steps: int = 3):
+  """The tiny preset from scratch on a test SynthWorld, short rollouts, small batches."""
+  c = importlib.import_module(f"configs.{algorithm}").get_config("demo")
+  c.model.hf_path = ""
+  c.model.preset = "tiny"
+  c.model.tokenizer_path = tokenizer_dir
+  c.data.manual_dir = world_dir
+  c.data.data_dir = os.path.join(tmp, "tfds")
+  c.data.eval_size = 4
+  c.retrieval.corpus_path = os.path.join(world_dir, "corpus.jsonl")
+  c.retrieval.index_dir = os.path.join(tmp, "bm25")
+  c.rollout.group_size = 2
+  c.rollout.max_turns = 2
+  c.rollout.max_new_tokens = 24
+  c.rollout.max_obs_tokens = 96
+  c.rollout.max_total_tokens = 512
+  c.rl.prompts_per_step = 2
+  c.rl.minibatch_size = 2
+  # A random model rarely answers (zero advantages); the KL and entropy terms keep every update
+  # moving the parameters, so resuming must restore them exactly to repeat the run.
+  c.rl.kl_coef = 0.05
+  c.rl.entropy_coef = 0.01
+  c.optimizer.lr = 1e-3
+  c.optimizer.warmup_steps = 1
+  c.train.steps = steps
+  c.train.eval_every = 2
+  c.train.eval_batch = 4
+  c.train.checkpoint_every = 1
+  c.train.keep_checkpoints = 2
+  c.sft.demos = os.path.join(world_dir, "demos.jsonl")
+  c.sft.steps = 3
+  c.sft.batch_size = 2
+  c.sft.max_len = 512
+  return c
