@@ -9,7 +9,7 @@ from `get_config(arg)` and change what their method needs. The part after the co
   qwen3-8b     train, the seven FlashRAG benchmarks for eval, a Search-R1 HTTP retriever
 
   python launch/train.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
-  python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=gs://bucket/igpo7b \
+  python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/igpo7b \
       --config.model.hf_path=/models/Qwen2.5-7B-Instruct --config.retrieval.url=http://10.0.0.2:8000/retrieve
 
 Any field can be overridden with --config.a.b=value; `agentjax.train.config.validate` checks the
@@ -118,6 +118,9 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # ---- SFT warm start (trainer = "sft"; see configs/sft.py)
   c.sft = ml_collections.ConfigDict()
   c.sft.demos = f"{DEMO_ROOT}/synthworld/demos.jsonl"
+  # A corpus JSONL whose passages are mixed in as plain language-model text (a from-scratch model
+  # otherwise never trains the embeddings of names it only meets in held-out questions). "": none.
+  c.sft.corpus_path = ""
   c.sft.steps = 500
   c.sft.batch_size = 16
   c.sft.max_len = 1024
@@ -137,30 +140,38 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
 
 
 def _demo(c):
-  """Tiny model from scratch on SynthWorld; `make demo` first runs sft.py:demo into runs/demo/sft."""
+  """A small Qwen trained from scratch on SynthWorld in minutes on a laptop CPU. `make demo` runs
+  sft.py:demo into runs/demo/sft (demonstrations + the corpus as plain text), then this from its
+  export. One retrieved passage per search keeps trajectories short (~200-350 tokens)."""
   c.model.hf_path = f"{DEMO_ROOT}/sft/hf_export"
   c.model.preset = "tiny"
+  c.model.shape.hidden_size = 128
+  c.model.shape.intermediate_size = 384
+  c.model.shape.head_dim = 32
   c.model.tokenizer_path = f"{DEMO_ROOT}/synthworld/tokenizer"
+  c.retrieval.topk = 1
   c.rollout.group_size = 8
   c.rollout.max_turns = 4
   c.rollout.max_new_tokens = 64
-  c.rollout.max_obs_tokens = 192
-  c.rollout.max_total_tokens = 1024
+  c.rollout.max_obs_tokens = 128
+  c.rollout.max_total_tokens = 512
   c.rl.prompts_per_step = 8
   c.rl.minibatch_size = 32
   c.rl.kl_coef = 0.0
-  c.optimizer.lr = 3e-4
-  c.optimizer.warmup_steps = 3
+  c.optimizer.lr = 1e-4
+  c.optimizer.warmup_steps = 2
   c.optimizer.weight_decay = 0.0
   c.optimizer.b2 = 0.99
-  c.train.steps = 40
+  c.train.steps = 30
   c.train.eval_every = 0
   c.train.checkpoint_every = 10
-  c.data.eval_size = 200
-  c.sft.steps = 300
+  c.data.eval_size = 500
+  c.train.eval_batch = 100
+  c.sft.steps = 1000
   c.sft.batch_size = 16
-  c.sft.max_len = 768
+  c.sft.max_len = 384
   c.sft.lr = 3e-3
+  c.sft.corpus_path = f"{DEMO_ROOT}/synthworld/corpus.jsonl"
 
 
 def _paper(c, arg):

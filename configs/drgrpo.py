@@ -2,7 +2,7 @@ r"""Dr.GRPO: outcome minus the group mean (no std scaling), and a constant lengt
 normalizer in the loss (no per-sequence length bias).
 
   python launch/train.py --config=configs/drgrpo.py:demo --workdir=runs/demo/drgrpo
-  python launch/train.py --config=configs/drgrpo.py:qwen2.5-7b --workdir=gs://bucket/drgrpo-7b
+  python launch/train.py --config=configs/drgrpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/drgrpo-7b
 
 Presets: see configs/base.py (demo, qwen2.5-3b, qwen2.5-7b, qwen3-8b).
 """

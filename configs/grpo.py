@@ -1,7 +1,7 @@
 r"""GRPO: the outcome reward z-scored within each group, on every sampled token.
 
   python launch/train.py --config=configs/grpo.py:demo --workdir=runs/demo/grpo
-  python launch/train.py --config=configs/grpo.py:qwen2.5-7b --workdir=gs://bucket/grpo-7b
+  python launch/train.py --config=configs/grpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/grpo-7b
 
 Presets: see configs/base.py (demo, qwen2.5-3b, qwen2.5-7b, qwen3-8b).
 """

@@ -2,7 +2,7 @@ r"""GSPO: GRPO advantages with a sequence-level importance ratio (length-normali
 tight clip range.
 
   python launch/train.py --config=configs/gspo.py:demo --workdir=runs/demo/gspo
-  python launch/train.py --config=configs/gspo.py:qwen2.5-7b --workdir=gs://bucket/gspo-7b
+  python launch/train.py --config=configs/gspo.py:qwen2.5-7b --workdir=/mnt/shared/runs/gspo-7b
 
 Presets: see configs/base.py (demo, qwen2.5-3b, qwen2.5-7b, qwen3-8b).
 """

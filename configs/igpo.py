@@ -2,7 +2,7 @@ r"""IGPO: information-gain turn rewards (ground-truth log-prob probes after ever
 plus the outcome, normalized jointly within each group and discounted over turns (gamma).
 
   python launch/train.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
-  python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=gs://bucket/igpo-7b
+  python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/igpo-7b
 
 Presets: see configs/base.py (demo, qwen2.5-3b, qwen2.5-7b, qwen3-8b).
 """

@@ -2,7 +2,7 @@ r"""REINFORCE++: outcome advantages normalized over the whole batch (no group ba
 the KL to the reference policy in the loss.
 
   python launch/train.py --config=configs/reinforcepp.py:demo --workdir=runs/demo/reinforcepp
-  python launch/train.py --config=configs/reinforcepp.py:qwen2.5-7b --workdir=gs://bucket/reinforcepp-7b
+  python launch/train.py --config=configs/reinforcepp.py:qwen2.5-7b --workdir=/mnt/shared/runs/reinforcepp-7b
 
 Presets: see configs/base.py (demo, qwen2.5-3b, qwen2.5-7b, qwen3-8b).
 """

@@ -1,7 +1,7 @@
 r"""RLOO: each rollout's outcome minus the mean of the other rollouts of its question.
 
   python launch/train.py --config=configs/rloo.py:demo --workdir=runs/demo/rloo
-  python launch/train.py --config=configs/rloo.py:qwen2.5-7b --workdir=gs://bucket/rloo-7b
+  python launch/train.py --config=configs/rloo.py:qwen2.5-7b --workdir=/mnt/shared/runs/rloo-7b
 
 Presets: see configs/base.py (demo, qwen2.5-3b, qwen2.5-7b, qwen3-8b).
 """

@@ -37,19 +37,20 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue the SFT/RL workdirs inste
                             "them fresh.")
 _WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
               hop_weights=(1.0, 1.0, 0.0))
-_VOCAB = 1024
+_VOCAB = flags.DEFINE_integer("vocab_size", 1024, "BPE vocabulary of the demo tokenizer.")
 
 
 def _say(msg: str) -> None:
   print(msg, flush=True)
 
 
-def build_world(folder: str) -> None:
+def build_world(folder: str, topk: int) -> None:
   """SynthWorld files + tokenizer in `folder`, unless they are there with the same settings."""
   from agentjax.data import SynthWorld
   from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
   stamp = os.path.join(folder, "demo_settings.json")
-  settings = dict(_WORLD, vocab_size=_VOCAB, hop_weights=list(_WORLD["hop_weights"]))
+  settings = dict(_WORLD, vocab_size=_VOCAB.value, topk=topk, first_query="question",
+                  hop_weights=list(_WORLD["hop_weights"]))
   if os.path.exists(stamp):
     with open(stamp) as f:
       if json.load(f) == settings:
@@ -57,13 +58,14 @@ def build_world(folder: str) -> None:
         return
   t0 = time.time()
   world = SynthWorld.generate(**_WORLD)
-  world.write(folder, topk=3, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"))
-  train_tokenizer(synthworld_texts(folder), os.path.join(folder, "tokenizer"), _VOCAB)
+  world.write(folder, topk=topk, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"),
+              first_query="question")
+  train_tokenizer(synthworld_texts(folder), os.path.join(folder, "tokenizer"), _VOCAB.value)
   with open(stamp, "w") as f:
     json.dump(settings, f)
   sizes = {s: len(q) for s, q in world.questions.items()}
   _say(f"[1/4] SynthWorld: {len(world.entities)} entities, questions {sizes}, BPE tokenizer "
-       f"({_VOCAB}) in {folder} ({time.time() - t0:.0f} s)")
+       f"({_VOCAB.value}) in {folder} ({time.time() - t0:.0f} s)")
 
 
 def paired_gain(before: list[dict], after: list[dict]) -> tuple[float, float]:
@@ -82,7 +84,8 @@ def main(_):
   root = _ROOT.value
   sft_config, rl_config = _SFT.value, _RL.value
   world_dir = os.path.join(root, "synthworld")
-  sft_dir, rl_dir = os.path.join(root, "sft"), os.path.join(root, "igpo")
+  sft_dir = os.path.join(root, "sft")
+  rl_dir = os.path.join(root, rl_config.algorithm.replace("+", "p"))
   for config in (sft_config, rl_config):  # everything under --root
     config.data.manual_dir = world_dir
     config.data.data_dir = os.path.join(root, "tfds")
@@ -90,6 +93,7 @@ def main(_):
     config.retrieval.index_dir = os.path.join(root, "bm25_index")
     config.model.tokenizer_path = os.path.join(world_dir, "tokenizer")
     config.sft.demos = os.path.join(world_dir, "demos.jsonl")
+    config.sft.corpus_path = os.path.join(world_dir, "corpus.jsonl")
   rl_config.model.hf_path = os.path.join(sft_dir, "hf_export")
   rl_config.model.tokenizer_path = ""
   rl_config.train.eval_at_start = True  # the dev F1 after SFT, on the same questions
@@ -102,7 +106,7 @@ def main(_):
     for d in (sft_dir, rl_dir):
       shutil.rmtree(d, ignore_errors=True)
 
-  build_world(world_dir)
+  build_world(world_dir, rl_config.retrieval.topk)
   t0 = time.time()
   _say(f"[2/4] SFT warm start: {sft_config.model.preset} model from scratch, "
        f"{sft_config.sft.steps} steps x {sft_config.sft.batch_size} demonstrations")

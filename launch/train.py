@@ -2,7 +2,7 @@ r"""Train: RL (IGPO, GRPO, Dr.GRPO, RLOO, REINFORCE++, GSPO) or the SFT warm sta
 
   python launch/train.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
   python launch/train.py --config=configs/sft.py:demo --workdir=runs/demo/sft
-  python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=gs://bucket/igpo7b \
+  python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/igpo7b \
       --config.rollout.group_size=8 --config.optimizer.lr=2e-6
 
 Re-running the same command resumes from the latest checkpoint in --workdir. On a TPU pod or
@@ -22,25 +22,18 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
+import common  # noqa: E402  (launch/common.py: multi-host flags)
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and preset, e.g. "
                                           "configs/igpo.py:demo.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, exports.")
-_DISTRIBUTED = flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() "
-                                 "(auto-detected on TPU pods and SLURM/GPU clusters).")
-_COORDINATOR = flags.DEFINE_string("coordinator", None, "host:port of process 0 (implies "
-                                   "--distributed).")
-_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in the job.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process' index.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(_):
   logging.getLogger().setLevel(logging.INFO)
+  common.init_distributed()
   import jax
-  if _DISTRIBUTED.value or _COORDINATOR.value:
-    # Only CPU collectives read this; it must be set before the backends start.
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
   from agentjax.train.trainer import train
   summary = train(_CONFIG.value, _WORKDIR.value)
   if jax.process_index() == 0:

@@ -223,6 +223,24 @@ def test_demonstrations_parse_turn_by_turn_and_match_real_search(world, written)
         SEARCH_R1.observation_suffix, query
 
 
+def test_demonstrations_can_search_the_question_first(world, written):
+  _, backend = written
+  demos = world.demonstrations(backend, 1, first_query="question")
+  for demo, q in zip(demos, world.questions["train"]):
+    first = SEARCH_R1.parse(demo["segments"][0]["text"])
+    assert first.kind == SEARCH
+    # The question itself, unless BM25 missed the subject's passage (then the bare name).
+    assert first.content in (q["question"], q["chain"][0])
+    obs = demo["segments"][1]["text"]
+    assert f'(Title: "{q["chain"][0]}")' in obs  # the hop's fact is in the observation
+    last = SEARCH_R1.parse(demo["segments"][-1]["text"])
+    assert last.kind == ANSWER and last.content == q["golden_answers"][0]
+  assert sum(SEARCH_R1.parse(d["segments"][0]["text"]).content == q["question"]
+             for d, q in zip(demos, world.questions["train"])) > 0.9 * len(demos)
+  with pytest.raises(ValueError, match="first_query"):
+    world.demonstrations(backend, 1, first_query="title")
+
+
 def test_demonstrations_in_the_tool_call_protocol(tmp_path):
   w = SynthWorld.generate(seed=2, **SMALL)
   paths = w.write(str(tmp_path / "w"), index_dir=str(tmp_path / "idx"), protocol=TOOL_CALL)

@@ -17,7 +17,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "multihost_train_check.py")
 TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_per_s",
-          "sampled_tokens_per_s", "eval/seconds")
+          "sampled_tokens_per_s", "eval/seconds", "compiles")
 
 
 def _free_port() -> int:

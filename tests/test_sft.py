@@ -242,3 +242,18 @@ def test_run_sft_reduces_the_loss(cfg, tokenizer, demos):
   assert history[-1]["accuracy"] > history[0]["accuracy"]
   assert history[0]["lr"] == 0.0 and max(h["lr"] for h in history) == pytest.approx(1e-2)
   assert all(np.isfinite(x) for x in jax.tree.leaves(jax.tree.map(lambda p: p.sum(), params)))
+
+
+def test_pack_text_packs_passages_with_eos_and_full_loss(tokenizer):
+  from agentjax.train.sft import pack_text
+  texts = ["Alpha beta gamma.", "Delta epsilon.", "Zeta eta theta iota kappa."] * 5
+  encoded = [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id]
+             for t in texts]
+  max_len = 2 * max(len(e) for e in encoded)
+  packed = pack_text(tokenizer, texts, max_len)
+  # Concatenated, the sequences are every text followed by EOS, in order; none exceeds max_len,
+  # and no text is split across two sequences.
+  assert [t for ids, _ in packed for t in ids] == [t for e in encoded for t in e]
+  assert all(len(ids) <= max_len and all(mask) and len(mask) == len(ids) for ids, mask in packed)
+  assert all(ids[-1] == tokenizer.eos_token_id for ids, _ in packed)
+  assert len(packed) < len(texts)

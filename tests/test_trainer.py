@@ -22,7 +22,7 @@ CONFIG_FILES = ("igpo", "grpo", "drgrpo", "rloo", "reinforcepp", "gspo", "sft")
 PRESETS = ("demo", "qwen2.5-3b", "qwen2.5-7b", "qwen3-8b")
 # Metrics that must be identical between an uninterrupted and a resumed run (timings are not).
 TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_per_s",
-          "sampled_tokens_per_s", "eval/seconds")
+          "sampled_tokens_per_s", "eval/seconds", "compiles")
 
 
 def _config_module(name):
@@ -146,6 +146,10 @@ def test_run_writes_metrics_tensorboard_checkpoints_evals_and_export(runs):
               "rollout_s", "scoring_s", "update_s", "lr", "skipped_updates"):
     assert all(np.isfinite(r[key]) for r in rows), key
   assert all(r["skipped_updates"] == 0 for r in rows)
+  # A handful of programs, compiled in the first steps, not one per step.
+  assert rows[-1]["compiles"] == rows[-2]["compiles"] and rows[-1]["compiles"] < 60
+  # The schedule counts optimizer updates: warmup 1 step = 2 updates here, from lr 0.
+  assert rows[0]["lr"] == 0.0 and 0 < rows[1]["lr"] <= config.optimizer.lr
   assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rows[-1]["kl"] > 0  # moved off ref
   assert glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "3"]  # keep 2
@@ -217,6 +221,14 @@ def test_launch_eval_prints_a_table_and_json(runs):
   assert last["synthworld"]["n"] == 2 and "average" in last
   with open(out) as f:
     assert len(json.load(f)["per_question"]["synthworld"]) == 2
+
+
+def test_missing_eval_split_names_the_field(runs):
+  config, tmp, _, _, _ = runs
+  changed = config.copy_and_resolve_references()
+  changed.data.eval_split = "validation"
+  with pytest.raises(config_lib.ConfigError, match="config.data.eval_split='validation'"):
+    eval_benchmarks(changed, hf_path=os.path.join(tmp, "a", "hf_export"))
 
 
 # ------------------------------------------------------------------------------ SFT

@@ -312,10 +312,13 @@ class SynthWorld:
     return _TEXT[relation].query.format(s=subject_name)
 
   def demonstrations(self, backend: SearchBackend, topk: int = 3, split: str = "train",
-                     protocol: Protocol = SEARCH_R1) -> list[dict[str, Any]]:
+                     protocol: Protocol = SEARCH_R1,
+                     first_query: str = "hop") -> list[dict[str, Any]]:
     """One demonstration per question of `split`, with observations from real `backend` results.
 
-    Hop i of a question searches `hop_query(relation_i, chain[i])`; the hop is accepted only when
+    Hop i of a question searches `hop_query(relation_i, chain[i])` (with first_query="question",
+    hop 0 searches the question text itself, as Search-R1 agents often do first: a small model
+    then copies the question instead of having to extract its subject); the hop is accepted only when
     the subject's own passage (which states the fact) is among the top-`topk` documents. A miss
     retries with the bare subject name; if that misses too, RuntimeError (the world's passages
     or queries need fixing: a demo must never show an answer the documents do not support).
@@ -329,7 +332,10 @@ class SynthWorld:
     """
     questions = self.questions[split]
     hops = [(qi, h) for qi, q in enumerate(questions) for h in range(q["hops"])]
-    queries = [self.hop_query(questions[qi]["relations"][h], questions[qi]["chain"][h])
+    if first_query not in ("hop", "question"):
+      raise ValueError(f"first_query must be 'hop' or 'question', got {first_query!r}")
+    queries = [questions[qi]["question"] if (h == 0 and first_query == "question") else
+               self.hop_query(questions[qi]["relations"][h], questions[qi]["chain"][h])
                for qi, h in hops]
     docs = self._search(backend, queries, topk)
     misses = [j for j, (qi, h) in enumerate(hops) if not self._supports(docs[j], questions[qi], h)]
@@ -345,7 +351,8 @@ class SynthWorld:
     out, j = [], 0
     for q in questions:
       n = q["hops"]
-      out.append(_demo(q, queries[j:j + n], docs[j:j + n], protocol))
+      out.append(_demo(q, queries[j:j + n], docs[j:j + n], protocol,
+                       restate=first_query == "question"))
       j += n
     return out
 
@@ -365,8 +372,8 @@ class SynthWorld:
   # ---------------------------------------------------------------- files
 
   def write(self, out_dir: str, topk: int = 3, index_dir: str | None = None,
-            protocol: Protocol = SEARCH_R1, backend: SearchBackend | None = None
-            ) -> dict[str, str]:
+            protocol: Protocol = SEARCH_R1, backend: SearchBackend | None = None,
+            first_query: str = "hop") -> dict[str, str]:
     """Writes the world as FlashRAG-style files; returns {"corpus", "train", ..., "demos", ...}.
 
     Files in `out_dir` (created if needed):
@@ -399,7 +406,8 @@ class SynthWorld:
         from agentjax.retrieval.bm25 import BM25Backend  # bm25s only when needed
         backend = BM25Backend(paths["corpus"], index_dir=index_dir)
       paths["demos"] = os.path.join(out_dir, "demos.jsonl")
-      _write_jsonl(paths["demos"], self.demonstrations(backend, topk, "train", protocol))
+      _write_jsonl(paths["demos"], self.demonstrations(backend, topk, "train", protocol,
+                                                       first_query))
     paths["world"] = os.path.join(out_dir, "world.json")
     with open(paths["world"], "w") as f:
       json.dump({"seed": self.seed, "num_entities": len(self.entities), "topk": topk,
@@ -460,13 +468,15 @@ def _sentence(text: str) -> str:
 
 
 def _demo(question: dict[str, Any], queries: Sequence[str], docs: Sequence[Sequence[Document]],
-          protocol: Protocol) -> dict[str, Any]:
+          protocol: Protocol, restate: bool = False) -> dict[str, Any]:
   """A demonstration record (see SynthWorld.demonstrations) from each hop's query and documents."""
   chain, rels = question["chain"], question["relations"]
   segments = []
   for h, (rel, query) in enumerate(zip(rels, queries)):
     need = _TEXT[rel].need.format(s=chain[h])
-    if h == 0:
+    if h == 0 and restate and query == question["question"]:
+      think = "I will search for the question."
+    elif h == 0:
       think = f"I need to find {need}."
     else:
       known = _TEXT[rels[h - 1]].fact.format(s=chain[h - 1], o=chain[h])

@@ -22,6 +22,13 @@ def _one(x: Any) -> Any:
   return jax.device_get(x)
 
 
+def any_process(flag: bool) -> bool:
+  """True on every process when `flag` is True on any (e.g. a SIGTERM one host received)."""
+  if jax.process_count() == 1:
+    return bool(flag)
+  return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+
+
 def to_host(tree: Any) -> Any:
   """jax.device_get that also works for arrays sharded across processes."""
   return jax.tree.map(_one, tree)
@@ -35,8 +42,10 @@ def primary_first(name: str) -> Iterator[None]:
     yield
     return
   if jax.process_index() == 0:
-    yield
-    multihost_utils.sync_global_devices(f"{name}:done")
+    try:
+      yield
+    finally:  # release the others even when this fails (they then fail on their own)
+      multihost_utils.sync_global_devices(f"{name}:done")
   else:
     multihost_utils.sync_global_devices(f"{name}:done")
     yield

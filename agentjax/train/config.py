@@ -79,9 +79,14 @@ def validate(config: Any) -> None:
     v = _get(config, f"mesh.{dim}")
     if not isinstance(v, int) or (v < 1 and v != -1):
       _fail(f"mesh.{dim}", v, "must be a positive int or -1 (the remaining devices)")
-  _positive(config, "optimizer.lr", "train.steps")
+  _positive(config, "optimizer.lr", "train.steps", "train.keep_checkpoints")
   _non_negative(config, "optimizer.warmup_steps", "optimizer.weight_decay", "train.log_every",
-                "train.eval_every", "train.checkpoint_every")
+                "train.eval_every", "train.checkpoint_every", "optimizer.clip_norm",
+                "optimizer.final_lr_ratio")
+  if not 0.0 < _get(config, "optimizer.b2") < 1.0:
+    _fail("optimizer.b2", _get(config, "optimizer.b2"), "must be in (0, 1)")
+  if not isinstance(_get(config, "train.keep_checkpoints"), int):
+    _fail("train.keep_checkpoints", _get(config, "train.keep_checkpoints"), "must be an int")
   if trainer == "sft":
     _positive(config, "sft.steps", "sft.batch_size", "sft.max_len", "sft.lr")
     if not _get(config, "sft.demos"):
@@ -158,6 +163,7 @@ def _validate_rl(config: Any) -> None:
     if not path:
       _fail("retrieval.corpus_path", path, "the bm25 backend needs a corpus JSONL")
   elif backend == "http":
+    _positive(config, "retrieval.timeout_s")
     url = str(_get(config, "retrieval.url"))
     if not url.startswith(("http://", "https://")):
       _fail("retrieval.url", url, "the http backend needs an http(s):// URL")

@@ -140,8 +140,13 @@ def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Arr
 
 
 def summarize(metrics: list[Mapping[str, jax.Array]]) -> dict[str, float]:
-  """Mean of each metric over minibatches, on the host."""
+  """Mean of each metric over the minibatches whose update was applied (a skipped update's loss
+  and gradient norm are not finite); "skipped" is the fraction of updates skipped."""
   if not metrics:
     return {}
   host = to_host(metrics)
-  return {k: float(np.mean([m[k] for m in host])) for k in host[0]}
+  applied = [m for m in host if not m.get("skipped", 0)] or host
+  out = {k: float(np.mean([m[k] for m in applied])) for k in host[0]}
+  if "skipped" in host[0]:
+    out["skipped"] = float(np.mean([m["skipped"] for m in host]))
+  return out

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -99,6 +99,27 @@ def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = 
   ids.append(_end_of_turn_id(tokenizer, use_chat_template))
   mask.append(True)
   return ids, mask
+
+
+def pack_text(tokenizer: Any, texts: Iterable[str], max_len: int) -> list[Example]:
+  """Plain text as language-model examples: each text encoded and followed by EOS, texts packed
+  end to end into sequences of at most max_len tokens, every token in the loss.
+
+  Used to pretrain a from-scratch model on the corpus, so that every token it will read in
+  observations has a trained embedding (otherwise names seen only in held-out questions keep
+  their random initialization)."""
+  eos = tokenizer.eos_token_id
+  out: list[Example] = []
+  current: list[int] = []
+  for text in texts:
+    ids = encode_text(tokenizer, text)[:max_len - 1] + ([eos] if eos is not None else [])
+    if current and len(current) + len(ids) > max_len:
+      out.append((current, [True] * len(current)))
+      current = []
+    current = current + ids
+  if current:
+    out.append((current, [True] * len(current)))
+  return out
 
 
 def pack_batch(examples: Sequence[Example], max_len: int, pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -224,10 +245,12 @@ def _round_robin_batches(n: int, batch_size: int, rng: np.random.Generator):
 
 def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mapping[str, Any]], *,
             steps: int, batch_size: int, max_len: int, lr: float, seed: int = 0,
-            warmup_steps: int | None = None, weight_decay: float = 0.0,
+            warmup_steps: int | None = None, weight_decay: float = 0.0, b2: float = 0.95,
+            final_lr_ratio: float = 0.1,
             clip_norm: float | None = 1.0, protocol: Protocol = SEARCH_R1,
             use_chat_template: bool = True, chunk: int = 256, log_every: int = 10,
-            callback: Callable[[int, dict[str, float]], None] | None = None
+            callback: Callable[[int, dict[str, float]], None] | None = None,
+            extra_examples: Sequence[Example] = ()
             ) -> tuple[Any, list[dict[str, float]]]:
   """Trains `params` on the demonstrations for `steps` steps; returns (params, history).
 
@@ -238,6 +261,8 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
 
   Args:
     warmup_steps: default 5% of steps.
+    extra_examples: pre-tokenized (ids, loss_mask) sequences drawn alongside the demos, e.g.
+      `pack_text` of the corpus (plain language-model text).
     callback: called as callback(step, metrics) after every step (host floats).
   Returns:
     params, and history: one dict per step {"step", "loss", "accuracy", "tokens", "grad_norm",
@@ -246,6 +271,7 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   if not demos:
     raise ValueError("run_sft needs at least one demonstration")
   examples = [tokenize_demo(tokenizer, d, protocol, use_chat_template) for d in demos]
+  examples += list(extra_examples)
   lengths = np.array([len(ids) for ids, _ in examples])
   if (lengths > max_len).any():
     log.warning("%d of %d demos exceed max_len=%d tokens (longest %d) and are truncated",
@@ -257,8 +283,8 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   if warmup_steps is None:
     warmup_steps = max(1, steps // 20)
-  schedule = make_schedule(lr, warmup_steps, steps)
-  optimizer = make_optimizer(lr, warmup_steps, steps, weight_decay, clip_norm)
+  schedule = make_schedule(lr, warmup_steps, steps, final_lr_ratio)
+  optimizer = make_optimizer(lr, warmup_steps, steps, weight_decay, clip_norm, final_lr_ratio, b2)
   opt_state = optimizer.init(params)
   step_fn = make_sft_step(Qwen(cfg), optimizer, chunk=chunk)
   batches = _round_robin_batches(len(examples), batch_size, np.random.default_rng(seed))

@@ -42,11 +42,12 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from agentjax.agent import RolloutConfig, RolloutEngine
+from agentjax.compiles import CompileCounter
 from agentjax.models.qwen import QwenConfig, init_params, param_shardings
 from agentjax.models.qwen.checkpoint import load_hf, save_hf
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.parallel import make_mesh, use_mesh
-from agentjax.parallel.host import primary_first, to_host
+from agentjax.parallel.host import any_process, primary_first, to_host
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.rl.advantages import ig_statistics
@@ -62,8 +63,9 @@ from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy
 log = logging.getLogger(__name__)
 
 # Config fields whose change makes a workdir's checkpoints unusable (compared at restore).
-COMPAT_KEYS = ("trainer", "model.preset", "model.hf_path", "model.param_dtype",
-               "optimizer.weight_decay", "optimizer.clip_norm")
+COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
+               "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
+               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm")
 EXPORT_DIR = "hf_export"
 
 
@@ -112,17 +114,24 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
                        use_chat_template=r.use_chat_template)
 
 
-def load_questions(config: Any, names: Sequence[str], split: str) -> list[dict[str, Any]]:
+def load_questions(config: Any, names: Sequence[str], split: str,
+                   field: str = "data.train") -> list[dict[str, Any]]:
   """Question records of `split` of each benchmark (tfds search_qa, built from data.manual_dir
-  on first use), concatenated in benchmark order; each gains "benchmark"."""
+  on first use), concatenated in benchmark order; each gains "benchmark". A benchmark without
+  that split raises ConfigError naming `field` (the config entry that asked for it)."""
   import tensorflow_datasets as tfds  # only when data is needed
   from agentjax.data.searchqa import load_split
   tfds.disable_progress_bar()
   out = []
   for name in names:
     with primary_first(f"tfds:{name}:{split}"):  # one process builds, the others read
-      records = load_split(name, split, data_dir=os.path.expanduser(config.data.data_dir),
-                           manual_dir=os.path.expanduser(config.data.manual_dir))
+      try:
+        records = load_split(name, split, data_dir=os.path.expanduser(config.data.data_dir),
+                             manual_dir=os.path.expanduser(config.data.manual_dir))
+      except ValueError as e:
+        if "has no split" not in str(e):
+          raise
+        raise config_lib.ConfigError(f"config.{field}={split!r}: {e}") from None
     out += [dict(rec, benchmark=name) for rec in records]
   return out
 
@@ -190,7 +199,8 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
   """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
   (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated)."""
   o = config.optimizer
-  optimizer = make_optimizer(o.lr, o.warmup_steps, config.train.steps, o.weight_decay,
+  k = updates_per_step(config)
+  optimizer = make_optimizer(o.lr, o.warmup_steps * k, config.train.steps * k, o.weight_decay,
                              o.clip_norm or None, o.final_lr_ratio, o.b2)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_state_shardings(
       optimizer, params, cfg, mesh))(params)
@@ -198,6 +208,14 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
   rng = jax.jit(lambda: jax.random.key(config.seed),
                 out_shardings=NamedSharding(mesh, PartitionSpec()))()
   return optimizer, {"params": params, "opt_state": opt_state, "rng": rng}
+
+
+def updates_per_step(config: Any) -> int:
+  """Optimizer updates in one RL step (the schedule counts updates; config counts steps)."""
+  if config.trainer != "rl":
+    return 1
+  batch = config.rl.prompts_per_step * config.rollout.group_size
+  return config.rl.ppo_epochs * (batch // config.rl.minibatch_size)
 
 
 def abstract_state(state: Any) -> Any:
@@ -325,14 +343,14 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   train_names = config_lib.benchmark_list(config.data.train, "data.train")
   eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
   stream = QuestionStream(load_questions(config, train_names, "train"), config.seed)
-  dev = load_questions(config, [eval_name], config.data.eval_split)
+  dev = load_questions(config, [eval_name], config.data.eval_split, "data.eval_split")
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
   backend = make_search_backend(config)
   engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config), mesh=mesh)
   eval_engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config, greedy=True),
                               mesh=mesh)
-  longest = max(len(engine.prompt_ids(r["question"])) for r in stream.records[:2000] + dev)
+  longest = max(len(engine.prompt_ids(r["question"])) for r in stream.records + dev)
   if longest + config.rollout.max_new_tokens >= config.rollout.max_total_tokens:
     raise config_lib.ConfigError(
         f"config.rollout.max_total_tokens={config.rollout.max_total_tokens}: a {longest}-token "
@@ -340,11 +358,14 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
   steps = config.train.steps
   optimizer, state = init_train_state(config, cfg, params, mesh)
-  schedule = make_schedule(config.optimizer.lr, config.optimizer.warmup_steps, steps,
-                           config.optimizer.final_lr_ratio)
+  per_step = updates_per_step(config)
+  schedule = make_schedule(config.optimizer.lr, config.optimizer.warmup_steps * per_step,
+                           steps * per_step, config.optimizer.final_lr_ratio)
   loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
                      kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
-                     aggregation=rl.aggregation)
+                     aggregation=rl.aggregation,
+                     # Dr.GRPO's constant normalizer: the budget, not this batch's trimmed width.
+                     norm_length=config.rollout.max_total_tokens)
   update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
       name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
   adv_kwargs = {"igpo": dict(gamma=rl.gamma, norm_mode=rl.igpo_norm)}.get(config.algorithm, {})
@@ -378,6 +399,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   if config.train.eval_at_start and step == 0:
     evals[0] = run_eval(0)
   postfix = ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
+  compiles = CompileCounter()  # programs compiled by this process since the loop started
   with _Preemption() as preempt:
     while step < steps:
       t_step = time.perf_counter()
@@ -448,11 +470,12 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
           "clip_fraction": upd.get("clip_fraction", 0.0), "entropy": upd.get("entropy", 0.0),
           "loss": upd.get("loss", 0.0), "grad_norm": upd.get("grad_norm", 0.0),
           "skipped_updates": upd.get("skipped", 0.0) * len(update_metrics),
-          "lr": float(schedule(step - 1)),
+          "lr": float(schedule((step - 1) * per_step)),
           "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
           "tokens_per_s": valid_tokens / max(step_s, 1e-9),
           "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
-          "search_s": rollout_metrics["search_s"], "position": position}
+          "search_s": rollout_metrics["search_s"], "position": position,
+          "compiles": float(compiles.count)}
       if metrics["skipped_updates"]:
         log.warning("step %d: %d update(s) skipped (non-finite loss or gradient); params kept",
                     step, int(metrics["skipped_updates"]))
@@ -463,21 +486,30 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
       if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
         evals[step] = run_eval(step)
-      stopping = preempt.requested or (stop_after is not None and step >= stop_after)
+      stopping = any_process(preempt.requested) or (stop_after is not None and step >= stop_after)
       ckpt.save(step, state, {"position": position}, force=stopping or step == steps)
       if stopping:
         log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
         break
 
+  final_eval = os.path.join(workdir, "eval", f"{steps}.json")
   if step >= steps and steps not in evals:
-    evals[steps] = run_eval(steps)
+    if restored is not None and restored[2] == steps and os.path.exists(final_eval):
+      with open(final_eval) as f:  # a finished run re-run: nothing to redo
+        evals[steps] = json.load(f)
+    else:
+      evals[steps] = run_eval(steps)
   ckpt.save(step, state, {"position": position}, force=True)
   ckpt.close()
   writer.close()
   export = None
-  if step >= steps and config.train.export_hf:
+  if step >= steps and config.train.export_hf and not (
+      restored is not None and restored[2] == steps
+      and os.path.isdir(os.path.join(workdir, EXPORT_DIR))):
     export = save_hf(os.path.join(workdir, EXPORT_DIR), cfg, state["params"], tokenizer)
     log.info("Hugging Face export: %s", export)
+  elif step >= steps and os.path.isdir(os.path.join(workdir, EXPORT_DIR)):
+    export = os.path.join(workdir, EXPORT_DIR)
   return {"step": step, "workdir": workdir, "hf_export": export,
           "tensorboard": os.path.join(workdir, "tensorboard"),
           "evals": {k: {"f1": v["f1"], "em": v["em"], "n": v["n"]} for k, v in evals.items()},
@@ -519,8 +551,10 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   names = config_lib.benchmark_list(config.data.eval, "data.eval")
   out = {"source": source, "split": config.data.eval_split, "benchmarks": {},
          "per_question": {}}
-  for name in names:
-    records = load_questions(config, [name], config.data.eval_split)
+  # Every benchmark is loaded before any is evaluated: a missing split fails in seconds.
+  questions = {name: load_questions(config, [name], config.data.eval_split, "data.eval_split")
+               for name in names}
+  for name, records in questions.items():
     if config.data.eval_size:
       records = records[:config.data.eval_size]
     with use_mesh(mesh):
@@ -552,7 +586,7 @@ def train_sft(config: Any, workdir: str) -> dict[str, Any]:
 
   The export is written atomically at the end; a workdir that already has one is a finished run
   and is not trained again (re-running the command is a no-op)."""
-  from agentjax.train.sft import run_sft
+  from agentjax.train.sft import pack_text, run_sft
   workdir = os.path.expanduser(workdir)
   export = os.path.join(workdir, EXPORT_DIR)
   if os.path.isdir(export):
@@ -563,15 +597,22 @@ def train_sft(config: Any, workdir: str) -> dict[str, Any]:
   with open(os.path.expanduser(config.sft.demos), encoding="utf-8") as f:
     demos = [json.loads(line) for line in f if line.strip()]
   s = config.sft
+  extra = []
+  if s.corpus_path:  # language-model text mixed in (see sft.pack_text)
+    from agentjax.retrieval import load_corpus
+    extra = pack_text(tokenizer, (r["contents"] for r in load_corpus(
+        os.path.expanduser(s.corpus_path))), s.max_len)
+    log.info("SFT: %d demonstrations + %d packed corpus sequences", len(demos), len(extra))
   writer = MetricsWriter(workdir, s.steps, 0, prefix="sft")
   callback = lambda i, rec: writer.write(i + 1, rec, ("loss", "accuracy", "lr"))  # noqa: E731
   with use_mesh(mesh):
     params, history = run_sft(
         cfg, params, tokenizer, demos, steps=s.steps, batch_size=s.batch_size, max_len=s.max_len,
-        lr=s.lr, seed=config.seed,
+        lr=s.lr, seed=config.seed, b2=config.optimizer.b2,
+        final_lr_ratio=config.optimizer.final_lr_ratio,
         weight_decay=config.optimizer.weight_decay, clip_norm=config.optimizer.clip_norm or None,
         protocol=_protocol(config), use_chat_template=config.rollout.use_chat_template,
-        log_every=config.train.log_every or 0, callback=callback)
+        log_every=config.train.log_every or 0, callback=callback, extra_examples=extra)
   writer.close()
   save_hf(export, cfg, params, tokenizer)
   log.info("SFT done: loss %.4f accuracy %.3f; Hugging Face export %s", history[-1]["loss"],
