@@ -68,7 +68,7 @@ def test_unknown_preset_names_the_known_ones():
     ({"algorithm": "cw_grpo"}, "config.algorithm='cw_grpo': needs per-round judge scores"),
     ({"rollout.group_size": 1}, "config.rollout.group_size=1: algorithm 'igpo'"),
     ({"rollout.max_new_tokens": 600, "rollout.max_obs_tokens": 500},
-     "config.rollout.max_total_tokens=1024: leaves no room"),
+     "config.rollout.max_total_tokens=512: leaves no room"),
     ({"rl.minibatch_size": 48}, "config.rl.minibatch_size=48: must divide"),
     ({"rl.loss": "clip"}, "config.rl.loss='clip': unknown policy loss"),
     ({"data.train": "nq,squad"}, "config.data.train='nq,squad': unknown benchmark 'squad'"),
@@ -146,10 +146,11 @@ def test_run_writes_metrics_tensorboard_checkpoints_evals_and_export(runs):
               "rollout_s", "scoring_s", "update_s", "lr", "skipped_updates"):
     assert all(np.isfinite(r[key]) for r in rows), key
   assert all(r["skipped_updates"] == 0 for r in rows)
-  # A handful of programs, compiled in the first steps, not one per step.
-  assert rows[-1]["compiles"] == rows[-2]["compiles"] and rows[-1]["compiles"] < 60
+  # Compilations are counted: most happen in the first step (later ones only for new bucketed
+  # widths and the eval engine at step 2), never one set per step.
+  assert rows[-1]["compiles"] - rows[0]["compiles"] < rows[0]["compiles"]
   # The schedule counts optimizer updates: warmup 1 step = 2 updates here, from lr 0.
-  assert rows[0]["lr"] == 0.0 and 0 < rows[1]["lr"] <= config.optimizer.lr
+  assert rows[0]["lr"] == 0.0 and rows[1]["lr"] == pytest.approx(config.optimizer.lr)
   assert rows[0]["kl"] == pytest.approx(0.0, abs=1e-6) and rows[-1]["kl"] > 0  # moved off ref
   assert glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*"))
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2", "3"]  # keep 2

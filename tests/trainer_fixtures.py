@@ -37,6 +37,7 @@ def tiny_config(world_dir: str, tokenizer_dir: str, tmp: str, algorithm: str = "
   c.train.checkpoint_every = 1
   c.train.keep_checkpoints = 2
   c.sft.demos = os.path.join(world_dir, "demos.jsonl")
+  c.sft.corpus_path = os.path.join(world_dir, "corpus.jsonl")
   c.sft.steps = 3
   c.sft.batch_size = 2
   c.sft.max_len = 512

@@ -182,8 +182,10 @@ def check_paths(config: Any) -> None:
   if tok and not os.path.isdir(os.path.expanduser(tok)):
     _fail("model.tokenizer_path", tok, "is not a folder")
   if config.trainer == "sft":
-    if not os.path.isfile(os.path.expanduser(config.sft.demos)):
-      _fail("sft.demos", config.sft.demos, "no such file")
+    for field in ("sft.demos", "sft.corpus_path"):
+      path = _get(config, field)
+      if path and not os.path.isfile(os.path.expanduser(path)):
+        _fail(field, path, "no such file")
     return
   if config.retrieval.backend == "bm25" and not os.path.isfile(
       os.path.expanduser(config.retrieval.corpus_path)):
