@@ -86,11 +86,18 @@ def trim(batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
 
 def compute_advantages(name: str, batch: TrajectoryBatch, outcome: np.ndarray, ig: jax.Array,
                        **kwargs: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """Step 4: per-token advantages [B, S] with the estimator named in config (registry)."""
+  """Step 4: per-token advantages [B, S] with the estimator named in config (registry).
+
+  One jitted program per (estimator, settings, shapes), not one eager op per primitive."""
   fields = dict(outcome=jnp.asarray(outcome, jnp.float32), group_ids=jnp.asarray(batch.group_ids),
                 loss_mask=batch.loss_mask, turn_id=batch.turn_id,
                 num_turns=jnp.asarray(batch.num_turns), ig=ig)
-  return get_advantage_estimator(name)(**fields, **kwargs)
+  return _advantages(name, tuple(sorted(kwargs.items())), fields)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _advantages(name, kwargs, fields):
+  return get_advantage_estimator(name)(**fields, **dict(kwargs))
 
 
 @dataclasses.dataclass(frozen=True)

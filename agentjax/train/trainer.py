@@ -199,15 +199,22 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
   """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
   (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated)."""
   o = config.optimizer
-  k = updates_per_step(config)
-  optimizer = make_optimizer(o.lr, o.warmup_steps * k, config.train.steps * k, o.weight_decay,
-                             o.clip_norm or None, o.final_lr_ratio, o.b2)
+  lr, warmup, total, final_ratio = _schedule_args(config)
+  optimizer = make_optimizer(lr, warmup, total, o.weight_decay, o.clip_norm or None, final_ratio,
+                             o.b2)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_state_shardings(
       optimizer, params, cfg, mesh))(params)
   # Created under jit: device_put cannot target devices of other processes.
   rng = jax.jit(lambda: jax.random.key(config.seed),
                 out_shardings=NamedSharding(mesh, PartitionSpec()))()
   return optimizer, {"params": params, "opt_state": opt_state, "rng": rng}
+
+
+def _schedule_args(config: Any) -> tuple[float, int, int, float]:
+  """(lr, warmup, total, final_lr_ratio) of the schedule, counted in optimizer updates."""
+  k = updates_per_step(config)
+  o = config.optimizer
+  return o.lr, o.warmup_steps * k, config.train.steps * k, o.final_lr_ratio
 
 
 def updates_per_step(config: Any) -> int:
@@ -359,8 +366,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   steps = config.train.steps
   optimizer, state = init_train_state(config, cfg, params, mesh)
   per_step = updates_per_step(config)
-  schedule = make_schedule(config.optimizer.lr, config.optimizer.warmup_steps * per_step,
-                           steps * per_step, config.optimizer.final_lr_ratio)
+  schedule = make_schedule(*_schedule_args(config))  # the optimizer's, for logging
   loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
                      kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
                      aggregation=rl.aggregation,
