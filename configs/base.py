@@ -158,7 +158,7 @@ def _demo(c):
   c.rl.prompts_per_step = 8
   c.rl.minibatch_size = 32
   c.rl.kl_coef = 0.0
-  c.optimizer.lr = 1e-4
+  c.optimizer.lr = 3e-5
   c.optimizer.warmup_steps = 2
   c.optimizer.weight_decay = 0.0
   c.optimizer.b2 = 0.99

@@ -4,12 +4,15 @@ r"""The main job on the embedded default (`make demo`): SynthWorld -> SFT -> IGP
     python launch/demo.py --root=/tmp/demo --rl_config=configs/grpo.py:demo
 
 1. Generates a SynthWorld (invented entities, so the answers must be searched for) and writes its
-   corpus, splits and demonstrations under {root}/synthworld; trains a byte-level BPE on it.
+   corpus, splits and demonstrations under {root}/synthworld; trains a byte-level BPE on it. The
+   demonstrations come from a hasty teacher: --stop_early_rate of the 2-hop ones answer the
+   bridge entity after one search, a shortcut the SFT policy inherits and RL has to unlearn.
 2. SFT warm start of the tiny model from scratch on the demonstrations (configs/sft.py:demo).
 3. RL from the SFT export with the local BM25 retriever (configs/igpo.py:demo), evaluating the
    dev split greedily before (= after SFT) and after RL.
-4. Prints dev F1 after SFT and after RL with the paired standard error of the gain, where the
-   TensorBoard logs, checkpoints and exports are, and (last line) one JSON object.
+4. Prints dev F1 after SFT and after RL with the paired standard error of the gain, F1 and early
+   answers per hop count, where the TensorBoard logs, checkpoints and exports are, and (last
+   line) one JSON object.
 
 The world and tokenizer are reused when {root}/synthworld already holds the same settings; the SFT
 and RL workdirs start fresh unless --resume (then the runs continue from their checkpoints).
@@ -38,6 +41,10 @@ _RESUME = flags.DEFINE_bool("resume", False, "Continue the SFT/RL workdirs inste
 _WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
               hop_weights=(1.0, 1.0, 0.0))
 _VOCAB = flags.DEFINE_integer("vocab_size", 1024, "BPE vocabulary of the demo tokenizer.")
+_STOP_EARLY = flags.DEFINE_float(
+    "stop_early_rate", 0.5, "Share of 2-hop demonstrations whose teacher answers the bridge "
+    "entity after one search (SynthWorld.demonstrations): the SFT policy inherits the shortcut "
+    "and RL has to learn that the second search pays.")
 
 
 def _say(msg: str) -> None:
@@ -50,7 +57,7 @@ def build_world(folder: str, topk: int) -> None:
   from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
   stamp = os.path.join(folder, "demo_settings.json")
   settings = dict(_WORLD, vocab_size=_VOCAB.value, topk=topk, first_query="question",
-                  hop_weights=list(_WORLD["hop_weights"]))
+                  hop_weights=list(_WORLD["hop_weights"]), stop_early_rate=_STOP_EARLY.value)
   if os.path.exists(stamp):
     with open(stamp) as f:
       if json.load(f) == settings:
@@ -59,7 +66,7 @@ def build_world(folder: str, topk: int) -> None:
   t0 = time.time()
   world = SynthWorld.generate(**_WORLD)
   world.write(folder, topk=topk, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"),
-              first_query="question")
+              first_query="question", stop_early_rate=_STOP_EARLY.value)
   train_tokenizer(synthworld_texts(folder), os.path.join(folder, "tokenizer"), _VOCAB.value)
   with open(stamp, "w") as f:
     json.dump(settings, f)
@@ -76,6 +83,22 @@ def paired_gain(before: list[dict], after: list[dict]) -> tuple[float, float]:
   mean = sum(d) / n
   var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
   return mean, math.sqrt(var / n)
+
+
+def by_hops(dev_path: str, before: list[dict], after: list[dict]) -> list[str]:
+  """Table rows per hop count: questions, F1 and answers given before the last hop was searched
+  (turns <= hops: the shortcut the hasty teacher showed), after SFT and after RL."""
+  with open(dev_path) as f:
+    hops = {r["id"]: r["hops"] for r in map(json.loads, f)}
+  rows = []
+  for h in sorted(set(hops.values())):
+    cells = []
+    for result in (before, after):
+      qs = [q for q in result if hops[q["id"]] == h]
+      cells.append(f"F1 {sum(q['f1'] for q in qs) / max(len(qs), 1):.3f}, answered early "
+                   f"{sum(q['turns'] <= h for q in qs)}")
+    rows.append(f"      {h}-hop ({len(qs)} questions): {cells[0]} -> {cells[1]}")
+  return rows
 
 
 def main(_):
@@ -133,6 +156,9 @@ def main(_):
        f"(paired stderr {stderr:.4f}, {gain / stderr if stderr else float('inf'):.1f} stderr)")
   _say(f"      EM {before['em']:.4f} -> {after['em']:.4f}; format ok {before['format_ok']:.3f} -> "
        f"{after['format_ok']:.3f}")
+  for row in by_hops(os.path.join(world_dir, "dev.jsonl"), before["per_question"],
+                     after["per_question"]):
+    _say(row)
   _say(f"TensorBoard: tensorboard --logdir {root}  (logs in {rl_dir}/tensorboard, "
        f"{sft_dir}/tensorboard)")
   _say(f"Checkpoints: {rl_dir}/checkpoints   Hugging Face exports: {sft['hf_export']}, "

@@ -94,6 +94,18 @@ def test_round_trip_exact_with_typed_key_and_data_state(tmp_path, train_state):
   assert_state_equal(state, train_state)
 
 
+def test_relative_workdir_saves_and_restores(tmp_path, train_state, monkeypatch):
+  # `make demo` writes to runs/demo: orbax itself refuses relative paths at the first save.
+  monkeypatch.chdir(tmp_path)
+  with make("runs/rel") as ckpt:
+    assert ckpt.save(3, train_state, {"position": 7}, force=True)
+  with make("runs/rel") as ckpt:
+    state, data, step = ckpt.restore_or_none(abstract(train_state))
+  assert step == 3 and data == {"position": 7}
+  assert_state_equal(state, train_state)
+  assert sorted(os.listdir(tmp_path / "runs" / "rel" / "checkpoints")) == ["3"]
+
+
 def test_keep_last_k_resume_latest_and_nothing_lost_on_restart(tmp_path, train_state):
   with make(tmp_path, save_every=1, keep=2) as ckpt:
     for step in range(1, 5):

@@ -241,6 +241,41 @@ def test_demonstrations_can_search_the_question_first(world, written):
     world.demonstrations(backend, 1, first_query="title")
 
 
+def test_hasty_teacher_stops_multi_hop_demonstrations_early(world, written):
+  _, backend = written
+  questions = world.questions["train"]
+  full = world.demonstrations(backend, TOPK)
+  demos = world.demonstrations(backend, TOPK, stop_early_rate=0.5)
+  assert demos == world.demonstrations(backend, TOPK, stop_early_rate=0.5)  # reproducible
+  stopped = {1: 0, 2: 0, 3: 0}
+  stops_of_3_hop = set()
+  for demo, whole, q in zip(demos, full, questions):
+    segs, k = demo["segments"], demo["searches"]
+    actions = [SEARCH_R1.parse(s["text"]) for s in segs[0::2]]
+    assert [a.kind for a in actions] == [SEARCH] * k + [ANSWER]
+    assert actions[-1].content == demo["answer"]
+    assert whole["searches"] == q["hops"] and whole["answer"] == q["golden_answers"][0]
+    if k == q["hops"]:  # complete: the same demonstration as without the option
+      assert segs == whole["segments"]
+      continue
+    stopped[q["hops"]] += 1
+    if q["hops"] == 3:
+      stops_of_3_hop.add(k)
+    # The searches it made are the complete demonstration's; then it answers the entity the
+    # last one reached (a bridge, present in that observation), stating the fact it read.
+    assert 1 <= k < q["hops"] and segs[:-1] == whole["segments"][:2 * k]
+    assert demo["answer"] == q["chain"][k] != q["golden_answers"][0]
+    assert q["chain"][k] in segs[-2]["text"]
+    assert segs[-1]["text"].split(". ")[0] == whole["segments"][2 * k]["text"].split(". ")[0]
+  assert stopped[1] == 0  # nothing to stop early on
+  assert stops_of_3_hop == {1, 2}  # after either bridge
+  for hops in (2, 3):
+    n = sum(q["hops"] == hops for q in questions)
+    assert abs(stopped[hops] / n - 0.5) < 0.08, (hops, stopped[hops], n)
+  with pytest.raises(ValueError, match="stop_early_rate"):
+    world.demonstrations(backend, TOPK, stop_early_rate=1.5)
+
+
 def test_demonstrations_in_the_tool_call_protocol(tmp_path):
   w = SynthWorld.generate(seed=2, **SMALL)
   paths = w.write(str(tmp_path / "w"), index_dir=str(tmp_path / "idx"), protocol=TOOL_CALL)

@@ -12,8 +12,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def test_demo_pipeline_runs_every_stage_and_reports(tmp_path):
   root = tmp_path / "demo"
+  # A relative --root, as `make demo` passes (runs/demo): every writer must cope (orbax does not).
   proc = subprocess.run(
-      [sys.executable, "launch/demo.py", f"--root={root}", "--sft_config.sft.steps=3",
+      [sys.executable, "launch/demo.py", f"--root={os.path.relpath(root, ROOT)}",
+       "--sft_config.sft.steps=3",
        "--sft_config.sft.batch_size=2", "--rl_config.train.steps=1",
        "--rl_config.rl.prompts_per_step=2", "--rl_config.rollout.group_size=2",
        "--rl_config.rl.minibatch_size=4", "--rl_config.data.eval_size=4",
@@ -26,8 +28,10 @@ def test_demo_pipeline_runs_every_stage_and_reports(tmp_path):
   assert last["demo"] == "igpo" and last["dev_n"] == 4
   text = proc.stdout
   for stage in ("[1/4] SynthWorld", "[2/4] SFT", "[3/4] IGPO", "[4/4] dev F1", "TensorBoard:",
-                "Checkpoints:"):
+                "Checkpoints:", "1-hop (", "2-hop ("):
     assert stage in text, stage
+  with open(root / "synthworld" / "world.json") as f:
+    assert json.load(f)["stop_early_rate"] == 0.5  # the hasty teacher of the demo's SFT data
   assert os.path.isfile(root / "igpo" / "hf_export" / "config.json")
   assert os.path.isdir(root / "igpo" / "checkpoints" / "1")
 

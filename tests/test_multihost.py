@@ -1,7 +1,9 @@
 """Multi-host training on loopback: 2 processes x 4 CPU devices == 1 process x 8 devices.
 
 Each layout runs tests/multihost_train_check.py: two RL steps with a checkpoint save (step 1) and
-a restore, through jax.distributed.initialize on 127.0.0.1 with gloo CPU collectives.
+a restore, through jax.distributed.initialize on 127.0.0.1 with gloo CPU collectives. And
+tests/multihost_search_check.py: a retriever that answers hosts differently is asked on process 0
+only (PrimarySearch), so every process sees the same observations.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "multihost_train_check.py")
+SEARCH_SCRIPT = os.path.join(ROOT, "tests", "multihost_search_check.py")
 TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_per_s",
           "sampled_tokens_per_s", "eval/seconds", "compiles")
 
@@ -62,3 +65,32 @@ def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path):
   assert sorted(single["params"]) == sorted(multi["params"])
   for name, value in single["params"].items():
     np.testing.assert_allclose(multi["params"][name], value, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_every_process_gets_process_zeros_search_response():
+  env = dict(os.environ, PYTHONPATH=ROOT)
+  env.pop("XLA_FLAGS", None)
+  port = _free_port()
+  procs = [subprocess.Popen([sys.executable, SEARCH_SCRIPT, "--num_processes=2",
+                             f"--process_id={i}", f"--port={port}"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+           for i in range(2)]
+  try:
+    outputs = [p.communicate(timeout=300) for p in procs]
+  finally:  # a hung collective must not leave the other process behind
+    for p in procs:
+      p.kill()
+  for i, (p, (_, stderr)) in enumerate(zip(procs, outputs)):
+    assert p.returncode == 0, f"process {i}:\n{stderr[-4000:]}"
+  results = [json.loads(stdout.strip().splitlines()[-1]) for stdout, _ in outputs]
+  assert [r["backend_calls"] for r in results] == [3, 0]  # process 1's retriever: never asked
+  got = [r["got"] for r in results]
+  assert got[0] == got[1]
+  first, second, third, plain = got[0]
+  assert first == {"docs": [[["d0", "Title who is \u00e4\nbody \u00fc from 0", 1.5]],
+                            [["d1", "Title where\nbody \u00fc from 0", 1.5]]],
+                   "errors": [None, None]}
+  # Process 0's backend raised: every process gets the same failed response, nobody hangs.
+  assert second["docs"] == [[]] and "ConnectionError" in second["errors"][0]
+  assert third["docs"][0][0][1] == "Title again\nbody \u00fc from 0"
+  assert plain == {"process": 0}

@@ -40,6 +40,25 @@ def _metrics(workdir):
     return [json.loads(line) for line in f]
 
 
+def _tb_events(workdir):
+  """Every Event of a run's TensorBoard files in the order they were written (files by their
+  first event's wall time), read as TFRecords (8-byte length, 4-byte CRC, payload, 4-byte CRC)
+  without TensorFlow."""
+  import struct
+  from tensorboardX.proto.event_pb2 import Event
+  files = []
+  for path in glob.glob(os.path.join(workdir, "tensorboard", "events.out.tfevents.*")):
+    with open(path, "rb") as f:
+      data = f.read()
+    events, at = [], 0
+    while at < len(data):
+      (n,) = struct.unpack("<Q", data[at:at + 8])
+      events.append(Event.FromString(data[at + 12:at + 12 + n]))
+      at += 12 + n + 4
+    files.append(events)
+  return [e for events in sorted(files, key=lambda es: es[0].wall_time) for e in events]
+
+
 # ------------------------------------------------------------------------------ configs
 
 
@@ -56,6 +75,8 @@ def test_every_config_preset_validates(name, preset):
     assert config.rollout.temperature == 1.0 and config.rl.gamma == 1.0
     if name != "gspo":
       assert config.rl.clip_low == config.rl.clip_high == 0.2
+  if name == "igpo":  # the paper pools IG and outcome rewards; the tiny demo keeps them apart
+    assert config.rl.igpo_norm == ("separate" if preset == "demo" else "joint")
 
 
 def test_unknown_preset_names_the_known_ones():
@@ -132,6 +153,10 @@ def runs(world_dir, tokenizer_dir, tmp_path_factory):
   config = tiny_config(world_dir, tokenizer_dir, tmp)
   a = train(config, os.path.join(tmp, "a"))
   b1 = train(config, os.path.join(tmp, "b"), stop_after=2)
+  # What a run killed between checkpoints leaves behind: a step logged past its checkpoint.
+  from tensorboardX import SummaryWriter
+  with SummaryWriter(os.path.join(tmp, "b", "tensorboard"), filename_suffix=".stray") as stray:
+    stray.add_scalar("reward", -1.0, 3)
   b2 = train(config, os.path.join(tmp, "b"))
   return config, tmp, a, b1, b2
 
@@ -176,6 +201,21 @@ def test_resumed_run_repeats_the_uninterrupted_one(runs):
         assert rows_b[step][key] == value, (step, key)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(a["params"]),
                jax.device_get(b2["params"]))
+  # TensorBoard is told to drop what the preempted run logged past its checkpoint (step 2): a
+  # purge marker at step 3 after the stray step-3 event, then the resumed run's own step 3.
+  from tensorboardX.proto.event_pb2 import SessionLog
+  events = _tb_events(os.path.join(tmp, "b"))
+  rewards = [(i, e.step, v.simple_value) for i, e in enumerate(events)
+             for v in e.summary.value if v.tag == "reward"]
+  purges = [(i, e.step) for i, e in enumerate(events)
+            if e.session_log.status == SessionLog.START]
+  assert [step for _, step in purges] == [3]
+  stray = [i for i, step, value in rewards if step == 3 and value == -1.0]
+  kept = [i for i, step, value in rewards if step == 3 and value != -1.0]
+  assert len(stray) == len(kept) == 1 and stray[0] < purges[0][0] < kept[0]
+  step3 = [r["reward"] for r in _metrics(os.path.join(tmp, "b"))
+           if "reward" in r and r["step"] == 3]
+  assert step3 == [pytest.approx([value for i, _, value in rewards if i == kept[0]][0])]
 
 
 def test_incompatible_config_is_refused_naming_the_field(runs):

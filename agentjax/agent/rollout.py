@@ -167,7 +167,7 @@ class RolloutEngine:
         raise ValueError(f"{len(response.documents)} results for {len(queries)} queries")
       return response
     except Exception as e:  # noqa: BLE001 - retriever faults must not crash training
-      return SearchResponse.failed(len(queries), f"search backend error: {e!r}"[:300])
+      return SearchResponse.from_exception(len(queries), e)
 
   # ------------------------------------------------------------------ device calls
 

@@ -20,8 +20,9 @@ The corpus holds one passage per entity in FlashRAG format,
 `{"id", "contents": "\\"Name\\"\\n..."}`, stating the entity's outgoing relations in plain
 sentences. A demonstration replays, for a training question, the text an agent would write in a
 rollout protocol (Search-R1 by default): one search per hop with a query that BM25 answers, the
-observation exactly as the protocol renders the backend's documents, and a final answer; see
-`SynthWorld.demonstrations`.
+observation exactly as the protocol renders the backend's documents, and a final answer. With
+`stop_early_rate`, a share of the multi-hop demonstrations stops early and answers the bridge
+entity (a hasty teacher, whose shortcut RL then has to unlearn); see `SynthWorld.demonstrations`.
 
     world = SynthWorld.generate(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500)
     paths = world.write("data/manual/synthworld", topk=3)   # corpus, splits, demos, entities
@@ -312,8 +313,8 @@ class SynthWorld:
     return _TEXT[relation].query.format(s=subject_name)
 
   def demonstrations(self, backend: SearchBackend, topk: int = 3, split: str = "train",
-                     protocol: Protocol = SEARCH_R1,
-                     first_query: str = "hop") -> list[dict[str, Any]]:
+                     protocol: Protocol = SEARCH_R1, first_query: str = "hop",
+                     stop_early_rate: float = 0.0) -> list[dict[str, Any]]:
     """One demonstration per question of `split`, with observations from real `backend` results.
 
     Hop i of a question searches `hop_query(relation_i, chain[i])` (with first_query="question",
@@ -323,13 +324,24 @@ class SynthWorld:
     retries with the bare subject name; if that misses too, RuntimeError (the world's passages
     or queries need fixing: a demo must never show an answer the documents do not support).
 
+    stop_early_rate: the share of multi-hop demonstrations written by a hasty teacher that stops
+    after k < hops searches (k uniform over 1..hops-1) and answers the entity it has reached
+    (chain[k], a bridge, not the answer): the shortcut real cold-start models take. Which
+    demonstrations stop is drawn from (seed, split), so it is reproducible. SFT on such data gives
+    a policy that often answers a multi-hop question too early; RL has to learn that the next
+    search pays (what `make demo` shows). 1-hop demonstrations are always complete.
+
     Returns records {"id", "question", "golden_answers", "hops", "protocol": protocol.name,
     "segments": [{"role": "assistant" | "observation", "text": str}, ...]}: assistant and
     observation segments alternate, starting and ending with an assistant segment; concatenated
     they are the trajectory text after the prompt (`protocol.prompt(question)`). Each assistant
     segment is `<think>...</think>\\n` plus one action and ends with the protocol's stop string;
     an observation segment is prefix + format_documents(docs) + suffix, as the rollout renders it.
+    "searches" is the number of searches shown (hops unless the teacher stopped early) and
+    "answer" the answer given (the gold one unless it stopped early).
     """
+    if not 0.0 <= stop_early_rate <= 1.0:
+      raise ValueError(f"stop_early_rate must be in [0, 1], got {stop_early_rate}")
     questions = self.questions[split]
     hops = [(qi, h) for qi, q in enumerate(questions) for h in range(q["hops"])]
     if first_query not in ("hop", "question"):
@@ -348,10 +360,14 @@ class SynthWorld:
           raise RuntimeError(f"BM25 does not retrieve the passage of {questions[qi]['chain'][h]!r} "
                              f"for {questions[qi]['id']} hop {h + 1} (query {queries[j]!r})")
         queries[j], docs[j] = questions[qi]["chain"][h], d
+    rng = random.Random(f"{self.seed}:stop_early:{split}")  # str seeds are stable across runs
     out, j = [], 0
     for q in questions:
       n = q["hops"]
-      out.append(_demo(q, queries[j:j + n], docs[j:j + n], protocol,
+      searches = n
+      if n > 1 and rng.random() < stop_early_rate:
+        searches = rng.randint(1, n - 1)
+      out.append(_demo(q, queries[j:j + searches], docs[j:j + searches], protocol,
                        restate=first_query == "question"))
       j += n
     return out
@@ -373,7 +389,7 @@ class SynthWorld:
 
   def write(self, out_dir: str, topk: int = 3, index_dir: str | None = None,
             protocol: Protocol = SEARCH_R1, backend: SearchBackend | None = None,
-            first_query: str = "hop") -> dict[str, str]:
+            first_query: str = "hop", stop_early_rate: float = 0.0) -> dict[str, str]:
     """Writes the world as FlashRAG-style files; returns {"corpus", "train", ..., "demos", ...}.
 
     Files in `out_dir` (created if needed):
@@ -382,7 +398,8 @@ class SynthWorld:
                        "hops", "chain", "relations"}); a split with no questions is not written
       demos.jsonl      one demonstration per training question (see `demonstrations`)
       entities.jsonl   {"id", "name", "type", "relations": {relation: object entity id}}
-      world.json       {"seed", "num_entities", "topk", "protocol", "splits": {split: size}}
+      world.json       {"seed", "num_entities", "topk", "protocol", "first_query",
+                       "stop_early_rate", "splits": {split: size}}
 
     Demonstrations need search results: `backend` if given (it must serve this corpus), else a
     BM25Backend over the written corpus.jsonl with its index cached under `index_dir` (default:
@@ -407,11 +424,12 @@ class SynthWorld:
         backend = BM25Backend(paths["corpus"], index_dir=index_dir)
       paths["demos"] = os.path.join(out_dir, "demos.jsonl")
       _write_jsonl(paths["demos"], self.demonstrations(backend, topk, "train", protocol,
-                                                       first_query))
+                                                       first_query, stop_early_rate))
     paths["world"] = os.path.join(out_dir, "world.json")
     with open(paths["world"], "w") as f:
       json.dump({"seed": self.seed, "num_entities": len(self.entities), "topk": topk,
-                 "protocol": protocol.name,
+                 "protocol": protocol.name, "first_query": first_query,
+                 "stop_early_rate": stop_early_rate,
                  "splits": {s: len(rows) for s, rows in self.questions.items()}}, f, indent=2)
     return paths
 
@@ -469,8 +487,12 @@ def _sentence(text: str) -> str:
 
 def _demo(question: dict[str, Any], queries: Sequence[str], docs: Sequence[Sequence[Document]],
           protocol: Protocol, restate: bool = False) -> dict[str, Any]:
-  """A demonstration record (see SynthWorld.demonstrations) from each hop's query and documents."""
+  """A demonstration record (see SynthWorld.demonstrations) from the query and documents of each
+  hop it searches; with fewer than `hops` of them, it answers the entity the last one reached."""
   chain, rels = question["chain"], question["relations"]
+  if not 1 <= len(queries) <= len(rels):
+    raise ValueError(f"{question['id']}: a demonstration searches 1..{len(rels)} hops, "
+                     f"got {len(queries)}")
   segments = []
   for h, (rel, query) in enumerate(zip(rels, queries)):
     need = _TEXT[rel].need.format(s=chain[h])
@@ -484,14 +506,15 @@ def _demo(question: dict[str, Any], queries: Sequence[str], docs: Sequence[Seque
     segments.append({"role": "assistant",
                      "text": f"<think>{think}</think>\n{_action(protocol, 'search', query)}"})
     segments.append({"role": "observation", "text": "".join(protocol.observation(docs[h]))})
-  last = _TEXT[rels[-1]].fact.format(s=chain[-2], o=chain[-1])
-  answer = question["golden_answers"][0]
+  k = len(queries)
+  answer = chain[k]  # the gold answer when every hop was searched
+  think = f"{_sentence(_TEXT[rels[k - 1]].fact.format(s=chain[k - 1], o=answer))}. " \
+          f"So the answer is {answer}."
   segments.append({"role": "assistant",
-                   "text": f"<think>{_sentence(last)}. So the answer is {answer}.</think>\n"
-                           f"{_action(protocol, 'answer', answer)}"})
+                   "text": f"<think>{think}</think>\n{_action(protocol, 'answer', answer)}"})
   return {"id": question["id"], "question": question["question"],
           "golden_answers": question["golden_answers"], "hops": question["hops"],
-          "protocol": protocol.name, "segments": segments}
+          "protocol": protocol.name, "segments": segments, "searches": k, "answer": answer}
 
 
 def _write_jsonl(path: str, rows: Sequence[dict[str, Any]]) -> None:

@@ -1,4 +1,5 @@
-"""Moving values to the host on one or many processes, and doing a step on process 0 first.
+"""Moving values to the host on one or many processes, doing a step on process 0 first, and
+handing process 0's host-side value (e.g. a retriever's answer) to every process.
 
 On a multi-host run (TPU pod, several GPU hosts) a batch-sharded array spans devices of other
 processes, so `jax.device_get` refuses it. Every process runs the same host logic (parsing, search,
@@ -9,6 +10,7 @@ rewards) on the whole batch, so each needs the whole value: `to_host` all-gather
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any, Iterator
 
 import jax
@@ -27,6 +29,36 @@ def any_process(flag: bool) -> bool:
   if jax.process_count() == 1:
     return bool(flag)
   return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+
+
+def broadcast_from_primary(value: Any) -> Any:
+  """Process 0's `value` (anything JSON can hold) on every process; others pass anything (e.g.
+  None). A collective: every process calls it, in the same order. A no-op on one process.
+
+  If process 0's value cannot be encoded, every process raises ValueError (none is left waiting).
+  """
+  if jax.process_count() == 1:
+    return value
+  primary = jax.process_index() == 0
+  payload = b""
+  if primary:
+    try:
+      payload = json.dumps(value, allow_nan=True).encode()
+    except (TypeError, ValueError) as e:
+      payload = json.dumps({_ENCODE_ERROR: repr(e)[:300]}).encode()
+  size = int(multihost_utils.broadcast_one_to_all(np.int32(len(payload))))
+  # Padded to a power of two (JSON ignores trailing spaces): broadcast_one_to_all compiles one
+  # program per shape, so a few sizes serve every call.
+  padded = 1 << max(8, (size - 1).bit_length())
+  data = np.full(padded, ord(" "), np.uint8)
+  data[:len(payload)] = np.frombuffer(payload, np.uint8)
+  out = json.loads(np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes().decode())
+  if isinstance(out, dict) and _ENCODE_ERROR in out:
+    raise ValueError(f"broadcast_from_primary: process 0's value is not JSON: {out[_ENCODE_ERROR]}")
+  return out
+
+
+_ENCODE_ERROR = "__broadcast_from_primary_encode_error__"
 
 
 def to_host(tree: Any) -> Any:

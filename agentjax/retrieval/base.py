@@ -60,6 +60,22 @@ class SearchResponse:
     """Every query failed for the same reason (the retriever as a whole is at fault)."""
     return cls([[] for _ in range(num_queries)], [reason] * num_queries)
 
+  @classmethod
+  def from_exception(cls, num_queries: int, error: BaseException) -> SearchResponse:
+    """Every query failed because the backend raised `error` (its repr, cut, is the reason)."""
+    return cls.failed(num_queries, f"search backend error: {error!r}"[:300])
+
+  def to_json(self) -> dict[str, Any]:
+    """{"documents": [[[id, contents, score], ...], ...], "errors": [...]}: plain JSON types."""
+    return {"documents": [[[str(d.id), str(d.contents), float(d.score)] for d in docs]
+                          for docs in self.documents],
+            "errors": [None if e is None else str(e) for e in self.errors]}
+
+  @classmethod
+  def from_json(cls, data: dict[str, Any]) -> SearchResponse:
+    """The inverse of to_json."""
+    return cls([[Document(*d) for d in docs] for docs in data["documents"]], data["errors"])
+
   @property
   def num_failed(self) -> int:
     return sum(e is not None for e in self.errors)

@@ -167,7 +167,9 @@ class Checkpointer:
       raise ValueError(f"save_every must be a non-negative int or None, got {save_every!r}")
     if keep is not None and (not isinstance(keep, int) or keep < 1):
       raise ValueError(f"keep must be a positive int or None, got {keep!r}")
-    self.workdir = epath.Path(workdir)
+    workdir = os.fspath(workdir)
+    # orbax refuses relative local paths (at the first save); gs:// and other URLs stay as given.
+    self.workdir = epath.Path(workdir if "://" in workdir else os.path.abspath(workdir))
     self.directory = self.workdir / "checkpoints"
     self.config_path = self.workdir / "config.json"
     self.save_every = save_every or 0

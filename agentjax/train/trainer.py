@@ -26,6 +26,7 @@ eval/<step>.json (per-question results), tensorboard/ (event files), hf_export/.
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import logging
 import math
@@ -49,6 +50,7 @@ from agentjax.models.tokenizer import load_tokenizer
 from agentjax.parallel import make_mesh, use_mesh
 from agentjax.parallel.host import any_process, primary_first, to_host
 from agentjax.retrieval import SearchBackend, make_backend
+from agentjax.retrieval.shared import PrimarySearch
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.rl.advantages import ig_statistics
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
@@ -98,7 +100,10 @@ def make_search_backend(config: Any) -> SearchBackend:
     with primary_first("bm25-index"):  # one process builds the on-disk index, the others load it
       return make_backend("bm25", corpus_path=os.path.expanduser(r.corpus_path),
                           index_dir=os.path.expanduser(r.index_dir) if r.index_dir else None)
-  return make_backend("http", url=r.url, timeout_s=r.timeout_s)
+  backend = make_backend("http", url=r.url, timeout_s=r.timeout_s)
+  # A remote retriever may answer hosts differently (a timeout on one): process 0 asks for all.
+  # (BM25 is a pure function of the query on every host, so it needs no broadcast.)
+  return PrimarySearch(backend) if jax.process_count() > 1 else backend
 
 
 def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
@@ -252,7 +257,14 @@ class MetricsWriter:
     os.makedirs(workdir, exist_ok=True)
     self._truncate_after(start_step)
     from tensorboardX import SummaryWriter
-    self.tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+    # purge_step: TensorBoard drops the events of steps > start_step that a preempted run wrote
+    # after its last checkpoint (a SessionLog.START at that step), as metrics.jsonl does; also
+    # when it was preempted before its first checkpoint (start_step 0, old event files).
+    tb_dir = os.path.join(workdir, "tensorboard")
+    rerun = start_step > 0 or bool(glob.glob(os.path.join(tb_dir, "events.out.tfevents.*")))
+    # The suffix keeps a restart within the same second from reusing (truncating) a file name.
+    self.tb = SummaryWriter(tb_dir, purge_step=start_step + 1 if rerun else None,
+                            filename_suffix=f".{os.getpid()}.from{start_step}")
     from tqdm import tqdm
     self.bar = tqdm(total=total_steps, initial=start_step, desc=prefix, file=sys.stderr,
                     dynamic_ncols=True, mininterval=1.0, disable=None)
