@@ -48,9 +48,7 @@ def main():
   backend = PrimarySearch(PerProcessBackend(jax.process_index()))
   got = []
   for queries in (["who is ä", "where"], ["x"], ["again"]):
-    r = backend.search(queries, 1)
-    got.append({"docs": [[[d.id, d.contents, d.score] for d in docs] for docs in r.documents],
-                "errors": r.errors})
+    got.append(backend.search(queries, 1).to_json())
   got.append(broadcast_from_primary({"process": jax.process_index()} if jax.process_index() == 0
                                     else None))
   print(json.dumps({"process": jax.process_index(), "got": got,

@@ -87,10 +87,10 @@ def test_every_process_gets_process_zeros_search_response():
   got = [r["got"] for r in results]
   assert got[0] == got[1]
   first, second, third, plain = got[0]
-  assert first == {"docs": [[["d0", "Title who is \u00e4\nbody \u00fc from 0", 1.5]],
-                            [["d1", "Title where\nbody \u00fc from 0", 1.5]]],
+  assert first == {"documents": [[["d0", "Title who is \u00e4\nbody \u00fc from 0", 1.5]],
+                                 [["d1", "Title where\nbody \u00fc from 0", 1.5]]],
                    "errors": [None, None]}
   # Process 0's backend raised: every process gets the same failed response, nobody hangs.
-  assert second["docs"] == [[]] and "ConnectionError" in second["errors"][0]
-  assert third["docs"][0][0][1] == "Title again\nbody \u00fc from 0"
+  assert second["documents"] == [[]] and "ConnectionError" in second["errors"][0]
+  assert third["documents"][0][0][1] == "Title again\nbody \u00fc from 0"
   assert plain == {"process": 0}

@@ -54,7 +54,8 @@ def broadcast_from_primary(value: Any) -> Any:
   data[:len(payload)] = np.frombuffer(payload, np.uint8)
   out = json.loads(np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes().decode())
   if isinstance(out, dict) and _ENCODE_ERROR in out:
-    raise ValueError(f"broadcast_from_primary: process 0's value is not JSON: {out[_ENCODE_ERROR]}")
+    raise ValueError(f"broadcast_from_primary: process 0's value is not JSON: "
+                     f"{out[_ENCODE_ERROR]}")
   return out
 
 
