@@ -34,6 +34,9 @@ setup(
     ],
     extras_require={
         # torch: exactly the CPU build that lies on local disk (other specs pull CUDA wheels).
-        "test": ["pytest>=8", "torch==2.13.0"],
+        # nbclient/nbformat/ipykernel execute notebooks/*.ipynb (tests/test_notebooks.py), whose
+        # plots need matplotlib.
+        "test": ["pytest>=8", "torch==2.13.0", "nbclient>=0.10,<1", "nbformat>=5.10,<6",
+                 "ipykernel>=6.29,<8", "matplotlib>=3.8,<4"],
     },
 )

@@ -85,6 +85,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rl.penalize_format = False
   c.rl.gamma = 1.0                   # IGPO turn discount
   c.rl.igpo_norm = "joint"           # joint | separate
+  c.rl.igpo_ig_weight = 1.0          # IGPO's turn rewards: 0 = outcome-only ablation
+  c.rl.igpo_outcome_weight = 1.0     # IGPO's answer-turn reward: 0 = IG-only ablation
+  # Run the ground-truth probes for every algorithm, not only IGPO (metrics only: ig_mean and
+  # gt_entropy_reduction for a GRPO run; costs ~25% more scoring).
+  c.rl.probe_all = False
   c.rl.ig_mode = "log_prob"          # log_prob | prob
   c.rl.loss = "ppo"                  # ppo | gspo (agentjax.rl.losses.POLICY_LOSSES)
   c.rl.clip_low = 0.2

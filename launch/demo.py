@@ -38,8 +38,6 @@ _SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:demo", "SFT
 _RL = config_flags.DEFINE_config_file("rl_config", "configs/igpo.py:demo", "RL config.")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the SFT/RL workdirs instead of starting "
                             "them fresh.")
-_WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
-              hop_weights=(1.0, 1.0, 0.0))
 _VOCAB = flags.DEFINE_integer("vocab_size", 1024, "BPE vocabulary of the demo tokenizer.")
 _STOP_EARLY = flags.DEFINE_float(
     "stop_early_rate", 0.5, "Share of 2-hop demonstrations whose teacher answers the bridge "
@@ -53,26 +51,9 @@ def _say(msg: str) -> None:
 
 def build_world(folder: str, topk: int) -> None:
   """SynthWorld files + tokenizer in `folder`, unless they are there with the same settings."""
-  from agentjax.data import SynthWorld
-  from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
-  stamp = os.path.join(folder, "demo_settings.json")
-  settings = dict(_WORLD, vocab_size=_VOCAB.value, topk=topk, first_query="question",
-                  hop_weights=list(_WORLD["hop_weights"]), stop_early_rate=_STOP_EARLY.value)
-  if os.path.exists(stamp):
-    with open(stamp) as f:
-      if json.load(f) == settings:
-        _say(f"[1/4] SynthWorld and tokenizer: reusing {folder}")
-        return
-  t0 = time.time()
-  world = SynthWorld.generate(**_WORLD)
-  world.write(folder, topk=topk, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"),
-              first_query="question", stop_early_rate=_STOP_EARLY.value)
-  train_tokenizer(synthworld_texts(folder), os.path.join(folder, "tokenizer"), _VOCAB.value)
-  with open(stamp, "w") as f:
-    json.dump(settings, f)
-  sizes = {s: len(q) for s, q in world.questions.items()}
-  _say(f"[1/4] SynthWorld: {len(world.entities)} entities, questions {sizes}, BPE tokenizer "
-       f"({_VOCAB.value}) in {folder} ({time.time() - t0:.0f} s)")
+  from agentjax.data.demo_world import build_demo_world
+  _say("[1/4] " + build_demo_world(folder, topk=topk, vocab_size=_VOCAB.value,
+                                   stop_early_rate=_STOP_EARLY.value))
 
 
 def paired_gain(before: list[dict], after: list[dict]) -> tuple[float, float]:

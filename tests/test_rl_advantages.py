@@ -119,12 +119,12 @@ def ref_reinforce(outcome, group_ids, mask, subtract, eps=1e-8):
   return out
 
 
-def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6):
+def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6, w_ig=1.0, w_out=1.0):
   b, num_t = ig.shape
   r = np.zeros((b, num_t))
   for i in range(b):
     for k in range(num_turns[i]):
-      r[i, k] = outcome[i] if k == num_turns[i] - 1 else ig[i, k]
+      r[i, k] = w_out * outcome[i] if k == num_turns[i] - 1 else w_ig * ig[i, k]
   z = np.zeros((b, num_t))
   for i in range(b):
     mem = members(group_ids, i)
@@ -132,7 +132,7 @@ def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6):
       if mode == "joint":
         pool = [r[j, kk] for j in mem for kk in range(num_turns[j])]
       elif k == num_turns[i] - 1:
-        pool = [outcome[j] for j in mem]
+        pool = [w_out * outcome[j] for j in mem]
       else:
         pool = [r[j, kk] for j in mem for kk in range(num_turns[j] - 1)]
       z[i, k] = (r[i, k] - np.mean(pool)) / (np.std(pool) + eps)
@@ -273,6 +273,33 @@ class TurnLevelTest(chex.TestCase):
       turn_adv = adv_lib.igpo_turn_advantages(d["ig"], d["outcome"], d["num_turns"],
                                               d["group_ids"], gamma=gamma, norm_mode=norm_mode)
       assert_close(turn_adv, turns)
+
+  @chex.variants(with_jit=True, without_jit=True)
+  @parameterized.product(norm_mode=("joint", "separate"), weights=((0.0, 1.0), (1.0, 0.0),
+                                                                   (0.5, 2.0)))
+  def test_igpo_reward_weights(self, norm_mode, weights):
+    # The ablations: ig_weight=0 (outcome-only), outcome_weight=0 (IG-only), and a mixed scale.
+    w_ig, w_out = weights
+    fn = self.variant(functools.partial(adv_lib.igpo_advantages, gamma=0.9, norm_mode=norm_mode,
+                                        ig_weight=w_ig, outcome_weight=w_out))
+    for seed in SEEDS:
+      d = make_batch(seed)
+      adv, _ = fn(**d)
+      turns = ref_igpo_turns(d["ig"], d["outcome"], d["num_turns"], d["group_ids"], 0.9,
+                             norm_mode, w_ig=w_ig, w_out=w_out)
+      assert_close(adv, ref_tokens_from_turns(turns, d["turn_id"], d["loss_mask"]))
+
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_igpo_outcome_only_separate_is_grpo(self):
+    # With separate normalization and ig_weight=0 every IG turn is a collapsed (all-zero) pool,
+    # so with gamma=1 each token gets its trajectory's GRPO advantage.
+    fn = self.variant(functools.partial(adv_lib.igpo_advantages, gamma=1.0, norm_mode="separate",
+                                        ig_weight=0.0))
+    for seed in SEEDS:
+      d = make_batch(seed)
+      adv, _ = fn(**d)
+      want = ref_tokens_from_traj(ref_grpo(d["outcome"], d["group_ids"], True), d["loss_mask"])
+      assert_close(adv, want)
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_igpo_single_turn_is_grpo(self):

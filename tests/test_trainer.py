@@ -97,6 +97,9 @@ def test_unknown_preset_names_the_known_ones():
     ({"optimizer.lr": 0.0}, "config.optimizer.lr=0.0: must be a positive number"),
     ({"model.hf_path": "", "model.preset": "qwen9"}, "config.model.preset='qwen9'"),
     ({"mesh.fsdp": 0}, "config.mesh.fsdp=0"),
+    ({"rl.igpo_ig_weight": 0.0, "rl.igpo_outcome_weight": 0.0},
+     "config.rl.igpo_ig_weight=0.0: and rl.igpo_outcome_weight are both 0"),
+    ({"rl.igpo_outcome_weight": -1.0}, "config.rl.igpo_outcome_weight=-1.0: must be >= 0"),
 ])
 def test_bad_config_names_the_field(override, message):
   config = _config_module("igpo").get_config("demo")
@@ -270,6 +273,32 @@ def test_missing_eval_split_names_the_field(runs):
   changed.data.eval_split = "validation"
   with pytest.raises(config_lib.ConfigError, match="config.data.eval_split='validation'"):
     eval_benchmarks(changed, hf_path=os.path.join(tmp, "a", "hf_export"))
+
+
+def test_probe_all_measures_gt_entropy_without_changing_grpo_training(world_dir, tokenizer_dir,
+                                                                     tmp_path):
+  # rl.probe_all runs IGPO's ground-truth probes in a GRPO run for its metrics only: the
+  # training (rollouts, advantages, updates) is the same as without them.
+  out = {}
+  for probe_all in (False, True):
+    config = tiny_config(world_dir, tokenizer_dir, str(tmp_path), algorithm="grpo", steps=2)
+    config.rl.probe_all = probe_all
+    config.train.eval_every = 0
+    config.train.export_hf = False
+    workdir = str(tmp_path / f"probe_{probe_all}")
+    out[probe_all] = (train(config, workdir)["params"],
+                      [r for r in _metrics(workdir) if "reward" in r])
+  (p0, rows0), (p1, rows1) = out[False], out[True]
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+               jax.device_get(p0), jax.device_get(p1))
+  for r0, r1 in zip(rows0, rows1):
+    assert r0["reward"] == r1["reward"] and r0["turns"] == r1["turns"]
+    assert r0["gt_entropy_reduction"] == 0.0 and r0["ig_mean"] == 0.0
+    assert np.isfinite(r1["gt_entropy_reduction"])
+  # Where some trajectory searched, the reduction is the mean of its summed information gains
+  # (telescoping), so both are zero or both are not.
+  assert any(r["ig_mean"] != 0.0 for r in rows1) == any(
+      r["gt_entropy_reduction"] != 0.0 for r in rows1)
 
 
 # ------------------------------------------------------------------------------ SFT

@@ -332,6 +332,7 @@ def discounted_turn_returns(turn_rewards: Array, turn_mask: Array, gamma: float 
 
 def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, *,
                          gamma: float | Array = 1.0, norm_mode: str = "joint",
+                         ig_weight: float = 1.0, outcome_weight: float = 1.0,
                          eps: float = 1e-6) -> Array:
   """IGPO turn-level advantages [B, T] (see `igpo_advantages`)."""
   num_t = ig.shape[1]
@@ -342,7 +343,8 @@ def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids:
   is_answer = k == last
   is_ig = k < last
   outcome = jnp.asarray(outcome).astype(_F32)
-  rewards = jnp.where(is_answer, outcome[:, None], ig.astype(_F32))
+  rewards = jnp.where(is_answer, outcome_weight * outcome[:, None],
+                      ig_weight * ig.astype(_F32))
   same = same_group(group_ids)
   if norm_mode == "joint":
     mean, std, _ = _group_moments(rewards, valid, same)
@@ -360,12 +362,13 @@ def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids:
 @register_advantage("igpo")
 def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, turn_id: Array,
                     loss_mask: Array, *, gamma: float | Array = 1.0, norm_mode: str = "joint",
-                    eps: float = 1e-6,
+                    ig_weight: float = 1.0, outcome_weight: float = 1.0, eps: float = 1e-6,
                     collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """IGPO: information-gain turn rewards + outcome, group-normalized, discounted over turns.
 
-  Turn rewards r[b, k] = ig[b, k] for k < num_turns[b] - 1 and r[b, num_turns[b] - 1] =
-  outcome[b]. Normalization within each group:
+  Turn rewards r[b, k] = ig_weight * ig[b, k] for k < num_turns[b] - 1 and
+  r[b, num_turns[b] - 1] = outcome_weight * outcome[b] (the weights give the paper's ablations:
+  ig_weight=0 is outcome-only, outcome_weight=0 is IG-only). Normalization within each group:
     "joint":    one mean/std over all valid turn rewards (IG and outcome pooled) of all the
                 group's rollouts (the IGPO paper);
     "separate": outcomes z-scored among the group's outcomes, IG values among the group's IG
@@ -382,13 +385,16 @@ def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Arra
     loss_mask: [B, L].
     gamma: turn discount.
     norm_mode: "joint" or "separate".
+    ig_weight: scale of the IG turn rewards (0: outcome-only ablation).
+    outcome_weight: scale of the outcome reward (0: IG-only ablation).
     eps: added to the stds.
     collapse_tol: tolerance of the outcome-collapse statistic.
   Returns:
     advantages [B, L] float32, stats (reward/adv/IG statistics, "collapse_fraction" of outcomes).
   """
   turn_adv = igpo_turn_advantages(ig, outcome, num_turns, group_ids, gamma=gamma,
-                                  norm_mode=norm_mode, eps=eps)
+                                  norm_mode=norm_mode, ig_weight=ig_weight,
+                                  outcome_weight=outcome_weight, eps=eps)
   adv = turn_to_token(turn_adv, turn_id, loss_mask)
   stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
   stats.update(ig_statistics(ig, num_turns))

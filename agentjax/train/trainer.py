@@ -52,7 +52,7 @@ from agentjax.parallel.host import any_process, primary_first, to_host
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
 from agentjax.rl import build_probes, outcome_rewards
-from agentjax.rl.advantages import ig_statistics
+from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.sampling import SamplingParams
@@ -386,7 +386,9 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
                      norm_length=config.rollout.max_total_tokens)
   update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
       name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
-  adv_kwargs = {"igpo": dict(gamma=rl.gamma, norm_mode=rl.igpo_norm)}.get(config.algorithm, {})
+  adv_kwargs = {"igpo": dict(gamma=rl.gamma, norm_mode=rl.igpo_norm, ig_weight=rl.igpo_ig_weight,
+                             outcome_weight=rl.igpo_outcome_weight)}.get(config.algorithm, {})
+  with_probes = config.algorithm == "igpo" or rl.probe_all
   template = ANSWER_TEMPLATES[config.rollout.protocol]
 
   ckpt = make_checkpointer(config, workdir)
@@ -444,8 +446,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
       # 3. one scoring pass: old (and reference) log-probs, IGPO's ground-truth probes
       t0 = time.perf_counter()
-      probes = build_probes(engine.encode, row_golds, template=template) \
-          if config.algorithm == "igpo" else None
+      probes = build_probes(engine.encode, row_golds, template=template) if with_probes else None
       with use_mesh(mesh):
         scored = score_batch(engine.model, state["params"], ref_params, batch, probes,
                              mode=rl.ig_mode, chunk=rl.chunk)
@@ -483,6 +484,9 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
           "search_failures": float(batch.num_search_failures.sum()),
           "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
           "collapse_fraction": float(adv_stats["collapse_fraction"]),
+          "gt_entropy_reduction": float(gt_entropy_reduction(scored.values,
+                                                             jnp.asarray(batch.num_turns)))
+          if with_probes else 0.0,
           "adv_std": float(adv_stats.get("adv_std", 0.0)),
           "kl": upd.get("kl", 0.0), "approx_kl": upd.get("approx_kl", 0.0),
           "clip_fraction": upd.get("clip_fraction", 0.0), "entropy": upd.get("entropy", 0.0),

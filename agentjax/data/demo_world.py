@@ -1,0 +1,40 @@
+"""The SynthWorld of `make demo` and of the IGPO-vs-GRPO study (launch/demo.py, launch/compare.py):
+the world's files, its BM25 index and its BPE tokenizer, built once per folder and settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+# 2000 invented entities, 1- and 2-hop questions only (the tiny models cannot do 3 hops).
+DEMO_WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
+                  hop_weights=(1.0, 1.0, 0.0))
+
+
+def build_demo_world(folder: str, *, topk: int, vocab_size: int = 1024,
+                     stop_early_rate: float = 0.5) -> str:
+  """SynthWorld files + tokenizer in `folder` (BM25 index next to it in ../bm25_index), unless
+  they are there with the same settings (a demo_settings.json stamp). Returns what it did.
+
+  stop_early_rate: share of 2-hop demonstrations whose (hasty) teacher answers the bridge entity
+  after one search (SynthWorld.demonstrations)."""
+  from agentjax.data.synthworld import SynthWorld
+  from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
+  stamp = os.path.join(folder, "demo_settings.json")
+  settings = dict(DEMO_WORLD, vocab_size=vocab_size, topk=topk, first_query="question",
+                  hop_weights=list(DEMO_WORLD["hop_weights"]), stop_early_rate=stop_early_rate)
+  if os.path.exists(stamp):
+    with open(stamp) as f:
+      if json.load(f) == settings:
+        return f"SynthWorld and tokenizer: reusing {folder}"
+  t0 = time.time()
+  world = SynthWorld.generate(**DEMO_WORLD)
+  world.write(folder, topk=topk, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"),
+              first_query="question", stop_early_rate=stop_early_rate)
+  train_tokenizer(synthworld_texts(folder), os.path.join(folder, "tokenizer"), vocab_size)
+  with open(stamp, "w") as f:
+    json.dump(settings, f)
+  sizes = {s: len(q) for s, q in world.questions.items()}
+  return (f"SynthWorld: {len(world.entities)} entities, questions {sizes}, BPE tokenizer "
+          f"({vocab_size}) in {folder} ({time.time() - t0:.0f} s)")

@@ -1,0 +1,464 @@
+r"""IGPO vs GRPO on SynthWorld: the study of docs/results/ (issue 6).
+
+    python launch/compare.py                          # every size x method x seed, then the report
+    python launch/compare.py --sizes=base --seeds=0   # a subset (finished runs are reused)
+    python launch/compare.py --report_only            # tables + plots from the finished runs
+
+Every method starts from the same SFT warm start of its model size and runs the demo RL settings
+(configs/base.py `_demo`: 8 questions x 8 rollouts a step, lr 3e-5, top-1 BM25, 4 turns) for
+--steps steps; only the advantage estimator (and its reward) differs:
+
+  igpo          configs/igpo.py:demo (IG turn rewards + outcome, separate normalization)
+  outcome_only  the same with rl.igpo_ig_weight=0 (IGPO's F1-only ablation)
+  ig_only       the same with rl.igpo_outcome_weight=0 (IGPO's IG-only ablation)
+  grpo, rloo, reinforcepp   configs/{grpo,rloo,reinforcepp}.py:demo
+
+Every run computes the ground-truth probes (rl.probe_all) so that the IG and ground-truth entropy
+of GRPO-family policies are measured the same way as IGPO's. Sizes (trained from scratch by SFT on
+the demo's hasty-teacher demonstrations, configs/sft.py:demo):
+
+  base   the demo model: hidden 128, 2 layers, 4 heads of 32 (2 KV), MLP 384
+  wide   hidden 256, 2 layers, 8 heads of 32 (4 KV), MLP 768
+
+Layout under --root: synthworld/ tfds/ bm25_index/ (the world of `make demo`, reused when it has
+the same settings), {size}/sft/, {size}/start.json (dev + test eval of the SFT export),
+{size}/{method}/seed{k}/ (a normal RL workdir + result.json: dev and test eval of the final
+policy). A run whose result.json exists is not run again; an interrupted one resumes from its
+checkpoint. The report (--out): results.md (tables), results.json, f1_vs_step.png,
+collapse_vs_step.png, gt_entropy_vs_step.png.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import math
+import os
+import queue
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
+
+from absl import app, flags  # noqa: E402
+
+_ROOT = flags.DEFINE_string("root", "runs/compare", "Folder of the world and every run.")
+_OUT = flags.DEFINE_string("out", "docs/results", "Where the tables and plots go.")
+_SIZES = flags.DEFINE_list("sizes", ["base", "wide"], "Model sizes (see the docstring).")
+_METHODS = flags.DEFINE_list("methods", ["igpo", "grpo", "outcome_only", "ig_only", "rloo",
+                                         "reinforcepp"], "Methods (see the docstring).")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed: data order, rollouts, "
+                           "minibatches).")
+_STEPS = flags.DEFINE_integer("steps", 20, "RL steps of every run.")
+_WORKERS = flags.DEFINE_integer("workers", 2, "Runs in flight at once (subprocesses).")
+_TARGET = flags.DEFINE_float("target_gain", 0.03, "Steps to target: the first step at which the "
+                             "5-step moving average of training F1 is this much above the size's "
+                             "starting training F1 (mean of every run's first 3 steps).")
+_PIN = flags.DEFINE_bool("pin_cores", True, "Pin worker k to CPU core k (taskset) with one XLA "
+                         "thread: on a small CPU, two multi-threaded workers mostly contend.")
+_FIRST_CORE = flags.DEFINE_integer("first_core", 0, "With --pin_cores: worker k runs on core "
+                                   "first_core + k.")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only build the report.")
+_RUN = flags.DEFINE_string("run", "", "Internal: run one size/method/seed in this process.")
+_HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the report (default: "
+                                "this machine's CPU and core count).")
+
+SIZES = {
+    "base": {},  # the demo preset's shape
+    "wide": dict(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4),
+}
+METHODS = {
+    "igpo": ("igpo", {}),
+    "outcome_only": ("igpo", {"igpo_ig_weight": 0.0}),
+    "ig_only": ("igpo", {"igpo_outcome_weight": 0.0}),
+    "grpo": ("grpo", {}),
+    "rloo": ("rloo", {}),
+    "reinforcepp": ("reinforcepp", {}),
+}
+SPLITS = ("dev", "test")
+
+
+def _say(msg: str) -> None:
+  print(msg, flush=True)
+
+
+def _point_at_world(config, root: str, size: str) -> None:
+  """Paths of a demo config moved under `root`, and the model shape of `size`."""
+  world = os.path.join(root, "synthworld")
+  config.data.manual_dir = world
+  config.data.data_dir = os.path.join(root, "tfds")
+  config.retrieval.corpus_path = os.path.join(world, "corpus.jsonl")
+  config.retrieval.index_dir = os.path.join(root, "bm25_index")
+  config.model.tokenizer_path = os.path.join(world, "tokenizer")
+  config.sft.demos = os.path.join(world, "demos.jsonl")
+  config.sft.corpus_path = os.path.join(world, "corpus.jsonl")
+  for k, v in SIZES[size].items():
+    config.model.shape[k] = v
+
+
+def sft_config(root: str, size: str):
+  from configs import sft
+  config = sft.get_config("demo")
+  _point_at_world(config, root, size)
+  return config
+
+
+def rl_config(root: str, size: str, method: str, seed: int, steps: int):
+  import importlib
+  module, rl_overrides = METHODS[method]
+  config = importlib.import_module(f"configs.{module}").get_config("demo")
+  _point_at_world(config, root, size)
+  config.model.hf_path = os.path.join(root, size, "sft", "hf_export")
+  config.model.tokenizer_path = ""
+  config.seed = seed
+  config.train.steps = steps
+  config.train.eval_every = 0
+  config.train.eval_at_start = False  # the SFT export is evaluated once per size (start.json)
+  config.train.checkpoint_every = 10
+  config.train.export_hf = False
+  config.rl.probe_all = True
+  for k, v in rl_overrides.items():
+    config.rl[k] = v
+  return config
+
+
+def _per_hop(records: list[dict], hops: dict[str, int]) -> dict[str, float]:
+  out = {}
+  for h in sorted({hops[r["id"]] for r in records}):
+    qs = [r["f1"] for r in records if hops[r["id"]] == h]
+    out[f"{h}-hop"] = sum(qs) / len(qs)
+  return out
+
+
+def _hops(root: str, split: str) -> dict[str, int]:
+  with open(os.path.join(root, "synthworld", f"{split}.jsonl")) as f:
+    return {r["id"]: r["hops"] for r in map(json.loads, f)}
+
+
+def _split_result(root: str, split: str, rows: list[dict]) -> dict:
+  n = len(rows)
+  return {"f1": sum(q["f1"] for q in rows) / n, "em": sum(q["em"] for q in rows) / n, "n": n,
+          "per_hop": _per_hop(rows, _hops(root, split)),
+          "f1_by_id": {q["id"]: q["f1"] for q in rows}}
+
+
+def _eval_split(config, root: str, split: str, **source) -> dict:
+  """Greedy eval of the whole split, from a checkpoint (workdir=) or HF folder (hf_path=)."""
+  from agentjax.train.trainer import eval_benchmarks
+  c = config.copy_and_resolve_references()
+  c.data.eval_split = split
+  c.data.eval_size = 0
+  rows = eval_benchmarks(c, **source)["per_question"]["synthworld"]
+  return _split_result(root, split, rows)
+
+
+def run_one(root: str, spec: str, steps: int) -> None:
+  """One size/method/seed RL run + its final dev/test eval, or the SFT (+ start eval) of a size."""
+  from agentjax.train.trainer import train
+  size, method, seed = spec.split("/")
+  if method == "sft":
+    config = sft_config(root, size)
+    train(config, os.path.join(root, size, "sft"))
+    start = os.path.join(root, size, "start.json")
+    if not os.path.exists(start):
+      rl = rl_config(root, size, "grpo", 0, steps)
+      _write(start, {split: _eval_split(rl, root, split, hf_path=rl.model.hf_path)
+                     for split in SPLITS})
+    return
+  workdir = os.path.join(root, size, method, f"seed{seed}")
+  config = rl_config(root, size, method, int(seed), steps)
+  t0 = time.time()
+  train(config, workdir)
+  # The trainer's final eval is the whole dev split (500 questions, greedy); test is added here.
+  with open(os.path.join(workdir, "eval", f"{steps}.json")) as f:
+    result = {"dev": _split_result(root, "dev", json.load(f)["per_question"])}
+  result["test"] = _eval_split(config, root, "test", workdir=workdir)
+  result["minutes"] = (time.time() - t0) / 60
+  _write(os.path.join(workdir, "result.json"), result)
+
+
+def _write(path: str, obj) -> None:
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    json.dump(obj, f)
+  os.replace(tmp, path)  # a killed run never leaves a half-written result
+
+
+_FREE_CORES: "queue.Queue[int]" = queue.Queue()
+
+
+def _claim(spec: str) -> bool:
+  """Take `spec` unless another live compare.py process on this machine has (several processes
+  can share one sweep: each takes the runs nobody holds)."""
+  folder = os.path.join(_ROOT.value, "claims")
+  os.makedirs(folder, exist_ok=True)
+  path = os.path.join(folder, spec.replace("/", "_"))
+  try:
+    with open(path) as f:
+      os.kill(int(f.read().strip() or 0), 0)  # raises if that process is gone
+    return False
+  except (FileNotFoundError, ProcessLookupError, ValueError):
+    pass
+  tmp = f"{path}.{os.getpid()}"
+  with open(tmp, "w") as f:
+    f.write(str(os.getpid()))
+  os.replace(tmp, path)
+  with open(path) as f:  # the last writer wins a race; the others see its pid and skip
+    return f.read().strip() == str(os.getpid())
+
+
+def _done(spec: str) -> bool:
+  size, method, seed = spec.split("/")
+  name = "start.json" if method == "sft" else os.path.join(method, f"seed{seed}", "result.json")
+  return os.path.exists(os.path.join(_ROOT.value, size, name))
+
+
+def _spawn(spec: str) -> tuple[str, int | None, float]:
+  t0 = time.time()
+  if _done(spec) or not _claim(spec):
+    return spec, None, 0.0
+  log = os.path.join(_ROOT.value, spec.replace("/", "_") + ".log")
+  cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={_ROOT.value}",
+         f"--steps={_STEPS.value}"]
+  env = dict(os.environ)
+  core = _FREE_CORES.get() if _PIN.value else None
+  if core is not None:
+    cmd = ["taskset", "-c", str(core)] + cmd
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
+                        "intra_op_parallelism_threads=1").strip()
+  try:
+    with open(log, "w") as f:
+      rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+  finally:
+    if core is not None:
+      _FREE_CORES.put(core)
+  return spec, rc, time.time() - t0
+
+
+def _run_all() -> None:
+  from agentjax.data.demo_world import build_demo_world
+  root = _ROOT.value
+  _say(build_demo_world(os.path.join(root, "synthworld"),
+                        topk=rl_config(root, "base", "igpo", 0, 1).retrieval.topk))
+  todo = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in _SIZES.value for m in _METHODS.value
+          if not os.path.exists(os.path.join(root, s, m, f"seed{k}", "result.json"))]
+  sft = [f"{s}/sft/0" for s in _SIZES.value
+         if not os.path.exists(os.path.join(root, s, "start.json"))]
+  cores = sorted(os.sched_getaffinity(0))
+  for k in range(_WORKERS.value):
+    _FREE_CORES.put(cores[(_FIRST_CORE.value + k) % len(cores)])
+  with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
+    for stage in (sft, todo):
+      _say(f"{len(stage)} run(s): {' '.join(stage)}")
+      for spec, rc, secs in pool.map(_spawn, stage):
+        if rc is None:
+          _say(f"  {spec}: done or taken by another compare.py process")
+          continue
+        _say(f"  {spec}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {secs / 60:.1f} min")
+        if rc:
+          _say(f"    log: {os.path.join(root, spec.replace('/', '_') + '.log')}")
+
+
+# ============================================================================ report
+
+
+def _metrics(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [m for m in map(json.loads, f) if "reward" in m]
+
+
+def _moving(x: list[float], w: int = 5) -> list[float]:
+  return [sum(x[max(0, i - w + 1):i + 1]) / len(x[max(0, i - w + 1):i + 1])
+          for i in range(len(x))]
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+  n = len(xs)
+  m = sum(xs) / n
+  return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+
+
+def _paired(start: dict, after: dict) -> tuple[float, float]:
+  d = [after[q] - f for q, f in start.items()]
+  return _mean_std(d)[0], _mean_std(d)[1] / math.sqrt(len(d))
+
+
+def collect(root: str, sizes, methods, seeds) -> dict:
+  """Every finished run's curves and evals, grouped by size and method."""
+  out = {}
+  for size in sizes:
+    start_path = os.path.join(root, size, "start.json")
+    if not os.path.exists(start_path):
+      continue
+    with open(start_path) as f:
+      start = json.load(f)
+    runs = {}
+    for method in methods:
+      for seed in seeds:
+        wd = os.path.join(root, size, method, f"seed{seed}")
+        if os.path.exists(os.path.join(wd, "result.json")):
+          with open(os.path.join(wd, "result.json")) as f:
+            runs.setdefault(method, []).append(dict(json.load(f), seed=seed,
+                                                    curve=_metrics(wd)))
+    out[size] = {"start": start, "runs": runs}
+  return out
+
+
+def summarize(study: dict, target_gain: float) -> dict:
+  """Per size and method: mean ± std over seeds of every reported figure."""
+  table = {}
+  for size, s in study.items():
+    runs = s["runs"]
+    firsts = [m["f1"] for rs in runs.values() for r in rs for m in r["curve"][:3]]
+    start_train_f1 = sum(firsts) / max(len(firsts), 1)
+    target = start_train_f1 + target_gain
+    table[size] = {"start": {split: {k: s["start"][split][k] for k in ("f1", "em", "per_hop")}
+                             for split in SPLITS},
+                   "start_train_f1": start_train_f1, "target_train_f1": target, "methods": {}}
+    for method, rs in runs.items():
+      row = {"seeds": len(rs)}
+      for split in SPLITS:
+        row[f"{split}_f1"] = _mean_std([r[split]["f1"] for r in rs])
+        for hop in rs[0][split]["per_hop"]:
+          row[f"{split}_{hop}"] = _mean_std([r[split]["per_hop"][hop] for r in rs])
+        gains = [_paired(s["start"][split]["f1_by_id"], r[split]["f1_by_id"]) for r in rs]
+        row[f"{split}_gain"] = _mean_std([g for g, _ in gains])
+        row[f"{split}_gain_stderr_per_seed"] = [round(e, 4) for _, e in gains]
+      reached = []
+      for r in rs:
+        avg = _moving([m["f1"] for m in r["curve"]])
+        hit = [m["step"] for m, a in zip(r["curve"], avg) if a >= target]
+        reached.append(hit[0] if hit else None)
+      row["steps_to_target"] = reached
+      row["collapse_fraction"] = _mean_std(
+          [sum(m["collapse_fraction"] for m in r["curve"]) / len(r["curve"]) for r in rs])
+      # Ground-truth entropy reduction of the policy's own searches (nats per answer token, from
+      # before the first turn to after the last search), last 5 steps vs the first 5.
+      row["gt_entropy_reduction_first5"] = _mean_std(
+          [sum(m["gt_entropy_reduction"] for m in r["curve"][:5]) / 5 for r in rs])
+      row["gt_entropy_reduction_last5"] = _mean_std(
+          [sum(m["gt_entropy_reduction"] for m in r["curve"][-5:]) / 5 for r in rs])
+      row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
+      table[size]["methods"][method] = row
+  return table
+
+
+def _pm(ms: tuple[float, float], digits: int = 3) -> str:
+  return f"{ms[0]:.{digits}f} ± {ms[1]:.{digits}f}"
+
+
+def markdown(table: dict, steps: int, hardware: str) -> str:
+  lines = []
+  for size, t in table.items():
+    st = t["start"]
+    hops = sorted(st["dev"]["per_hop"])
+    per_hop = {split: ", ".join(f"{h} {st[split]['per_hop'][h]:.3f}" for h in hops)
+               for split in SPLITS}
+    lines += [f"### {size} model ({hardware})", "",
+              f"SFT start (greedy, whole splits): dev F1 {st['dev']['f1']:.3f} "
+              f"({per_hop['dev']}), test F1 {st['test']['f1']:.3f} ({per_hop['test']}). "
+              f"Training F1 "
+              f"at the start {t['start_train_f1']:.3f}; target {t['target_train_f1']:.3f}.", "",
+              "| method | seeds | dev F1 | " + " | ".join(f"dev {h}" for h in hops)
+              + " | test F1 | " + " | ".join(f"test {h}" for h in hops)
+              + " | test gain vs SFT | steps to target | collapse fraction | GT entropy "
+              "reduction, first 5 → last 5 steps |",
+              "| --- " * (8 + 2 * len(hops)) + "|"]
+    for method, r in t["methods"].items():
+      hit = [s for s in r["steps_to_target"] if s is not None]
+      steps_txt = (f"{sum(hit) / len(hit):.1f} ({len(hit)}/{r['seeds']} reached)" if hit
+                   else f"not in {steps} (0/{r['seeds']})")
+      lines.append(
+          f"| {method} | {r['seeds']} | {_pm(r['dev_f1'])} | "
+          + " | ".join(_pm(r[f"dev_{h}"]) for h in hops) + f" | {_pm(r['test_f1'])} | "
+          + " | ".join(_pm(r[f"test_{h}"]) for h in hops)
+          + f" | {r['test_gain'][0]:+.3f} ± {r['test_gain'][1]:.3f} | {steps_txt} | "
+          f"{_pm(r['collapse_fraction'])} | {r['gt_entropy_reduction_first5'][0]:.3f} → "
+          f"{r['gt_entropy_reduction_last5'][0]:.3f} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+def plot(study: dict, out: str) -> list[str]:
+  """F1, collapse fraction and GT entropy reduction vs step: seed mean, min-max band."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  paths = []
+  for key, name, label in (("f1", "f1_vs_step", "training F1 (5-step moving average)"),
+                           ("collapse_fraction", "collapse_vs_step",
+                            "advantage-collapse fraction (5-step moving average)"),
+                           ("gt_entropy_reduction", "gt_entropy_vs_step",
+                            "ground-truth entropy reduction, nats (5-step moving average)")):
+    fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
+    for ax, (size, s) in zip(axes[0], study.items()):
+      for method, rs in s["runs"].items():
+        curves = [_moving([m[key] for m in r["curve"]]) for r in rs]
+        n = min(len(c) for c in curves)
+        steps = [m["step"] for m in rs[0]["curve"][:n]]
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
+        line, = ax.plot(steps, mean, label=f"{method} ({len(rs)} seeds)")
+        ax.fill_between(steps, [min(c[i] for c in curves) for i in range(n)],
+                        [max(c[i] for c in curves) for i in range(n)], alpha=0.15,
+                        color=line.get_color())
+      ax.set_title(f"{size} model")
+      ax.set_xlabel("RL step")
+      ax.set_ylabel(label)
+      ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, f"{name}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+def _hardware() -> str:
+  if _HARDWARE.value:
+    return _HARDWARE.value
+  import platform
+  return f"CPU ({platform.machine()}), {os.cpu_count()} cores"
+
+
+def report() -> None:
+  study = collect(_ROOT.value, _SIZES.value, _METHODS.value, _SEEDS.value)
+  if not study:
+    raise SystemExit(f"no finished size under {_ROOT.value} (run without --report_only first)")
+  os.makedirs(_OUT.value, exist_ok=True)
+  table = summarize(study, _TARGET.value)
+  text = markdown(table, _STEPS.value, _hardware())
+  with open(os.path.join(_OUT.value, "results.md"), "w") as f:
+    f.write(text)
+  _write(os.path.join(_OUT.value, "results.json"), {
+      "steps": _STEPS.value, "hardware": _hardware(), "target_gain": _TARGET.value,
+      "table": table})
+  paths = plot(study, _OUT.value)
+  _say(text)
+  _say(f"written: {os.path.join(_OUT.value, 'results.md')}, results.json, "
+       + ", ".join(os.path.basename(p) for p in paths))
+  _say(json.dumps({"compare": {size: {m: round(r["test_f1"][0], 4)
+                                      for m, r in t["methods"].items()}
+                               for size, t in table.items()}}))
+
+
+def main(_):
+  logging.getLogger().setLevel(logging.WARNING)
+  if _RUN.value:
+    run_one(_ROOT.value, _RUN.value, _STEPS.value)
+    return
+  for name in _SIZES.value:
+    if name not in SIZES:
+      raise app.UsageError(f"--sizes: unknown size {name!r}; known: {sorted(SIZES)}")
+  for name in _METHODS.value:
+    if name not in METHODS:
+      raise app.UsageError(f"--methods: unknown method {name!r}; known: {sorted(METHODS)}")
+  if not _REPORT_ONLY.value:
+    _run_all()
+  report()
+
+
+if __name__ == "__main__":
+  app.run(main)

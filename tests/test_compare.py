@@ -1,0 +1,164 @@
+"""launch/compare.py: every method's config, and the report (tables, figures) from run folders."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from agentjax.train import config as config_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def compare():
+  spec = importlib.util.spec_from_file_location("compare", os.path.join(ROOT, "launch",
+                                                                         "compare.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.path.insert(0, ROOT)  # configs/
+  spec.loader.exec_module(module)
+  return module
+
+
+@pytest.mark.parametrize("method", ["igpo", "grpo", "outcome_only", "ig_only", "rloo",
+                                    "reinforcepp"])
+@pytest.mark.parametrize("size", ["base", "wide"])
+def test_every_run_config_validates_and_differs_only_in_the_method(compare, method, size):
+  config = compare.rl_config("/r", size, method, seed=2, steps=7)
+  config_lib.validate(config)
+  reference = compare.rl_config("/r", size, "igpo", seed=2, steps=7)
+  assert config.seed == 2 and config.train.steps == 7 and config.rl.probe_all
+  assert config.model.hf_path == f"/r/{size}/sft/hf_export"
+  assert config.data.manual_dir == "/r/synthworld"
+  # Identical hyperparameters: everything but the estimator and IGPO's own settings.
+  flat = lambda c: {k: v for k, v in _flatten(c.to_dict()).items()  # noqa: E731
+                    if k not in ("algorithm", "rl.igpo_ig_weight", "rl.igpo_outcome_weight",
+                                 "rl.igpo_norm")}
+  assert flat(config) == flat(reference)
+  weights = (config.rl.igpo_ig_weight, config.rl.igpo_outcome_weight)
+  assert weights == {"outcome_only": (0.0, 1.0), "ig_only": (1.0, 0.0)}.get(method, (1.0, 1.0))
+  if size == "wide":
+    assert config.model.shape.hidden_size == 256 and config.model.shape.num_heads == 8
+  sft = compare.sft_config("/r", size)
+  config_lib.validate(sft)
+  assert sft.model.shape.to_dict() == config.model.shape.to_dict()
+
+
+def _flatten(d, prefix=""):
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flatten(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _write_study(root, rng):
+  """Two methods x 2 seeds of fake finished runs on a 4-question world (2 one-hop, 2 two-hop)."""
+  world = os.path.join(root, "synthworld")
+  os.makedirs(world)
+  for split in ("dev", "test"):
+    with open(os.path.join(world, f"{split}.jsonl"), "w") as f:
+      for i in range(4):
+        f.write(json.dumps({"id": f"{split}_{i}", "hops": 1 + i // 2}) + "\n")
+
+  def split_result(split, f1s):
+    return {"f1": float(np.mean(f1s)), "em": 0.0, "n": 4, "per_hop": {
+        "1-hop": float(np.mean(f1s[:2])), "2-hop": float(np.mean(f1s[2:]))},
+        "f1_by_id": {f"{split}_{i}": float(f) for i, f in enumerate(f1s)}}
+
+  os.makedirs(os.path.join(root, "base"))
+  start = {s: split_result(s, [0.5, 0.0, 0.25, 0.0]) for s in ("dev", "test")}
+  with open(os.path.join(root, "base", "start.json"), "w") as f:
+    json.dump(start, f)
+  truth = {}
+  for method in ("igpo", "grpo"):
+    for seed in ("0", "1"):
+      wd = os.path.join(root, "base", method, f"seed{seed}")
+      os.makedirs(wd)
+      f1s = rng.uniform(0, 1, 4).round(3)
+      curve = [{"step": s + 1, "reward": 0.0, "f1": float(x), "collapse_fraction": float(c),
+                "gt_entropy_reduction": float(g)}
+               for s, (x, c, g) in enumerate(zip(rng.uniform(0.1, 0.5, 12),
+                                                 rng.uniform(0, 1, 12), rng.normal(0, 1, 12)))]
+      with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        for row in curve:
+          f.write(json.dumps(row) + "\n")
+          f.write(json.dumps({"step": row["step"], "eval/f1": 0.1}) + "\n")  # eval rows skipped
+      with open(os.path.join(wd, "result.json"), "w") as f:
+        json.dump({"dev": split_result("dev", f1s), "test": split_result("test", f1s[::-1]),
+                   "minutes": 1.0}, f)
+      truth[method, seed] = (f1s, curve)
+  return start, truth
+
+
+def test_report_figures_against_a_direct_computation(compare, tmp_path):
+  rng = np.random.default_rng(0)
+  root = str(tmp_path / "runs")
+  start, truth = _write_study(root, rng)
+  study = compare.collect(root, ["base", "wide"], ["igpo", "grpo", "rloo"], ["0", "1", "2"])
+  assert list(study) == ["base"] and sorted(study["base"]["runs"]) == ["grpo", "igpo"]
+  table = compare.summarize(study, target_gain=0.05)["base"]
+  first3 = [r["f1"] for (_, _), (_, curve) in truth.items() for r in curve[:3]]
+  target = np.mean(first3) + 0.05
+  assert table["target_train_f1"] == pytest.approx(target)
+  for method in ("igpo", "grpo"):
+    row = table["methods"][method]
+    seeds = [truth[method, s] for s in ("0", "1")]
+    dev = [f.mean() for f, _ in seeds]
+    assert row["dev_f1"][0] == pytest.approx(np.mean(dev))
+    assert row["dev_f1"][1] == pytest.approx(np.std(dev, ddof=1))
+    assert row["dev_2-hop"][0] == pytest.approx(np.mean([f[2:].mean() for f, _ in seeds]))
+    test_gain = [np.mean(f[::-1] - np.array([0.5, 0.0, 0.25, 0.0])) for f, _ in seeds]
+    assert row["test_gain"][0] == pytest.approx(np.mean(test_gain))
+    want_steps = []
+    for _, curve in seeds:
+      x = np.array([r["f1"] for r in curve])
+      avg = [x[max(0, i - 4):i + 1].mean() for i in range(len(x))]
+      hit = [i + 1 for i, a in enumerate(avg) if a >= target]
+      want_steps.append(hit[0] if hit else None)
+    assert row["steps_to_target"] == want_steps
+    assert row["collapse_fraction"][0] == pytest.approx(
+        np.mean([np.mean([r["collapse_fraction"] for r in c]) for _, c in seeds]))
+    assert row["gt_entropy_reduction_last5"][0] == pytest.approx(
+        np.mean([np.mean([r["gt_entropy_reduction"] for r in c[-5:]]) for _, c in seeds]))
+    assert math.isfinite(row["minutes"][0])
+  text = compare.markdown(compare.summarize(study, 0.05), 12, "test CPU")
+  assert "| igpo | 2 |" in text and "| grpo | 2 |" in text and "test CPU" in text
+  paths = compare.plot(study, str(tmp_path))
+  assert [os.path.basename(p) for p in paths] == ["f1_vs_step.png", "collapse_vs_step.png",
+                                                  "gt_entropy_vs_step.png"]
+  assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_report_only_cli_writes_the_tables_and_plots(compare, tmp_path):
+  _write_study(str(tmp_path / "runs"), np.random.default_rng(1))
+  out = tmp_path / "results"
+  proc = subprocess.run(
+      [sys.executable, "launch/compare.py", "--report_only", f"--root={tmp_path}/runs",
+       f"--out={out}", "--sizes=base", "--methods=igpo,grpo", "--steps=12",
+       "--hardware=test CPU"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert sorted(os.listdir(out)) == ["collapse_vs_step.png", "f1_vs_step.png",
+                                     "gt_entropy_vs_step.png", "results.json", "results.md"]
+  last = json.loads(proc.stdout.strip().splitlines()[-1])
+  saved = json.load(open(out / "results.json"))
+  assert saved["hardware"] == "test CPU" and saved["steps"] == 12
+  for method in ("igpo", "grpo"):
+    assert last["compare"]["base"][method] == pytest.approx(
+        saved["table"]["base"]["methods"][method]["test_f1"][0], abs=1e-4)
+
+
+def test_unknown_method_is_refused(tmp_path):
+  proc = subprocess.run([sys.executable, "launch/compare.py", "--methods=igpo,ppo9",
+                         f"--root={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
+                        timeout=300)
+  assert proc.returncode != 0 and "--methods: unknown method 'ppo9'" in proc.stderr
