@@ -9,7 +9,8 @@ Every method starts from the same SFT warm start of its model size and runs the 
 --steps steps; only the advantage estimator (and its reward) differs:
 
   igpo          configs/igpo.py:demo (IG turn rewards + outcome, separate normalization)
-  outcome_only  the same with rl.igpo_ig_weight=0 (IGPO's F1-only ablation)
+  outcome_only  the same with rl.igpo_ig_weight=0 (IGPO's F1-only ablation; with separate
+                normalization and gamma 1 its advantages are exactly GRPO's, see METHODS)
   ig_only       the same with rl.igpo_outcome_weight=0 (IGPO's IG-only ablation)
   grpo, rloo, reinforcepp   configs/{grpo,rloo,reinforcepp}.py:demo
 
@@ -24,13 +25,16 @@ Layout under --root: synthworld/ tfds/ bm25_index/ (the world of `make demo`, re
 the same settings), {size}/sft/, {size}/start.json (dev + test eval of the SFT export),
 {size}/{method}/seed{k}/ (a normal RL workdir + result.json: dev and test eval of the final
 policy). A run whose result.json exists is not run again; an interrupted one resumes from its
-checkpoint. The report (--out): results.md (tables), results.json, f1_vs_step.png,
+checkpoint. Several compare.py processes on one machine (e.g. started as cores free up) can work
+on one sweep: each run is claimed with a file lock (flock) under {root}/claims. The
+report (--out): results.md (tables), results.json, f1_vs_step.png, f1_minus_grpo_vs_step.png,
 collapse_vs_step.png, gt_entropy_vs_step.png.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import fcntl
 import json
 import logging
 import math
@@ -44,20 +48,37 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import app, flags  # noqa: E402
 
+SIZES = {
+    "base": {},  # the demo preset's shape
+    "wide": dict(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4),
+}
+# method: (config file, rl overrides). Under the demo's separate normalization with gamma = 1,
+# outcome_only gives exactly GRPO's advantages (every IG pool is all zero, so z = 0): it is kept
+# as the paper's ablation and as a check that the IGPO path reproduces GRPO.
+METHODS = {
+    "igpo": ("igpo", {}),
+    "grpo": ("grpo", {}),
+    "outcome_only": ("igpo", {"igpo_ig_weight": 0.0}),
+    "ig_only": ("igpo", {"igpo_outcome_weight": 0.0}),
+    "rloo": ("rloo", {}),
+    "reinforcepp": ("reinforcepp", {}),
+}
+SPLITS = ("dev", "test")
+
 _ROOT = flags.DEFINE_string("root", "runs/compare", "Folder of the world and every run.")
 _OUT = flags.DEFINE_string("out", "docs/results", "Where the tables and plots go.")
-_SIZES = flags.DEFINE_list("sizes", ["base", "wide"], "Model sizes (see the docstring).")
-_METHODS = flags.DEFINE_list("methods", ["igpo", "grpo", "outcome_only", "ig_only", "rloo",
-                                         "reinforcepp"], "Methods (see the docstring).")
+_SIZES = flags.DEFINE_list("sizes", list(SIZES), "Model sizes (see the docstring).")
+_METHODS = flags.DEFINE_list("methods", list(METHODS), "Methods (see the docstring).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed: data order, rollouts, "
                            "minibatches).")
 _STEPS = flags.DEFINE_integer("steps", 20, "RL steps of every run.")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Runs in flight at once (subprocesses).")
-_TARGET = flags.DEFINE_float("target_gain", 0.03, "Steps to target: the first step at which the "
-                             "5-step moving average of training F1 is this much above the size's "
-                             "starting training F1 (mean of every run's first 3 steps).")
-_PIN = flags.DEFINE_bool("pin_cores", True, "Pin worker k to CPU core k (taskset) with one XLA "
-                         "thread: on a small CPU, two multi-threaded workers mostly contend.")
+_TARGET = flags.DEFINE_float("target_gain", 0.05, "Steps to target: the first step whose full "
+                             "5-step moving average of training F1 is this much above the seed's "
+                             "start (its first 5 steps, averaged over the methods: every method "
+                             "sees the same questions at a step for a seed).")
+_PIN = flags.DEFINE_bool("pin_cores", True, "Pin worker k to one CPU core (taskset): on a small "
+                         "CPU, two multi-threaded workers mostly contend.")
 _FIRST_CORE = flags.DEFINE_integer("first_core", 0, "With --pin_cores: worker k runs on core "
                                    "first_core + k.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only build the report.")
@@ -65,35 +86,23 @@ _RUN = flags.DEFINE_string("run", "", "Internal: run one size/method/seed in thi
 _HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the report (default: "
                                 "this machine's CPU and core count).")
 
-SIZES = {
-    "base": {},  # the demo preset's shape
-    "wide": dict(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4),
-}
-METHODS = {
-    "igpo": ("igpo", {}),
-    "outcome_only": ("igpo", {"igpo_ig_weight": 0.0}),
-    "ig_only": ("igpo", {"igpo_outcome_weight": 0.0}),
-    "grpo": ("grpo", {}),
-    "rloo": ("rloo", {}),
-    "reinforcepp": ("reinforcepp", {}),
-}
-SPLITS = ("dev", "test")
-
-
 def _say(msg: str) -> None:
   print(msg, flush=True)
 
 
+def result_path(root: str, spec: str) -> str:
+  """Where a finished size/method/seed run (or size/sft/0: the SFT start's eval) leaves its
+  result; a run whose result exists is not run again."""
+  size, method, seed = spec.split("/")
+  if method == "sft":
+    return os.path.join(root, size, "start.json")
+  return os.path.join(root, size, method, f"seed{seed}", "result.json")
+
+
 def _point_at_world(config, root: str, size: str) -> None:
   """Paths of a demo config moved under `root`, and the model shape of `size`."""
-  world = os.path.join(root, "synthworld")
-  config.data.manual_dir = world
-  config.data.data_dir = os.path.join(root, "tfds")
-  config.retrieval.corpus_path = os.path.join(world, "corpus.jsonl")
-  config.retrieval.index_dir = os.path.join(root, "bm25_index")
-  config.model.tokenizer_path = os.path.join(world, "tokenizer")
-  config.sft.demos = os.path.join(world, "demos.jsonl")
-  config.sft.corpus_path = os.path.join(world, "corpus.jsonl")
+  from agentjax.data.demo_world import use_demo_world
+  use_demo_world(config, root)
   for k, v in SIZES[size].items():
     config.model.shape[k] = v
 
@@ -116,6 +125,7 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int):
   config.train.steps = steps
   config.train.eval_every = 0
   config.train.eval_at_start = False  # the SFT export is evaluated once per size (start.json)
+  config.data.eval_size = 0  # the final eval: the whole dev split
   config.train.checkpoint_every = 10
   config.train.export_hf = False
   config.rl.probe_all = True
@@ -133,8 +143,8 @@ def _per_hop(records: list[dict], hops: dict[str, int]) -> dict[str, float]:
 
 
 def _hops(root: str, split: str) -> dict[str, int]:
-  with open(os.path.join(root, "synthworld", f"{split}.jsonl")) as f:
-    return {r["id"]: r["hops"] for r in map(json.loads, f)}
+  from agentjax.data.demo_world import hops_by_id
+  return hops_by_id(os.path.join(root, "synthworld", f"{split}.jsonl"))
 
 
 def _split_result(root: str, split: str, rows: list[dict]) -> dict:
@@ -163,7 +173,7 @@ def run_one(root: str, spec: str, steps: int) -> None:
     train(config, os.path.join(root, size, "sft"))
     start = os.path.join(root, size, "start.json")
     if not os.path.exists(start):
-      rl = rl_config(root, size, "grpo", 0, steps)
+      rl = rl_config(root, size, "igpo", 0, steps)
       _write(start, {split: _eval_split(rl, root, split, hf_path=rl.model.hf_path)
                      for split in SPLITS})
     return
@@ -175,8 +185,9 @@ def run_one(root: str, spec: str, steps: int) -> None:
   with open(os.path.join(workdir, "eval", f"{steps}.json")) as f:
     result = {"dev": _split_result(root, "dev", json.load(f)["per_question"])}
   result["test"] = _eval_split(config, root, "test", workdir=workdir)
-  result["minutes"] = (time.time() - t0) / 60
-  _write(os.path.join(workdir, "result.json"), result)
+  result["minutes"] = (time.time() - t0) / 60  # of this invocation (less after a resume)
+  result["steps"] = steps
+  _write(result_path(root, spec), result)
 
 
 def _write(path: str, obj) -> None:
@@ -189,35 +200,30 @@ def _write(path: str, obj) -> None:
 _FREE_CORES: "queue.Queue[int]" = queue.Queue()
 
 
-def _claim(spec: str) -> bool:
-  """Take `spec` unless another live compare.py process on this machine has (several processes
-  can share one sweep: each takes the runs nobody holds)."""
+def _claim(spec: str) -> int | None:
+  """An open file descriptor holding an exclusive flock on claims/<spec>, or None when another
+  process holds it (several compare.py processes can share one sweep). The kernel drops the lock
+  when every descriptor is closed: the run's subprocess inherits it, so a killed orchestrator
+  does not free a run that is still training."""
   folder = os.path.join(_ROOT.value, "claims")
   os.makedirs(folder, exist_ok=True)
-  path = os.path.join(folder, spec.replace("/", "_"))
+  fd = os.open(os.path.join(folder, spec.replace("/", "_")), os.O_RDWR | os.O_CREAT, 0o644)
   try:
-    with open(path) as f:
-      os.kill(int(f.read().strip() or 0), 0)  # raises if that process is gone
-    return False
-  except (FileNotFoundError, ProcessLookupError, ValueError):
-    pass
-  tmp = f"{path}.{os.getpid()}"
-  with open(tmp, "w") as f:
-    f.write(str(os.getpid()))
-  os.replace(tmp, path)
-  with open(path) as f:  # the last writer wins a race; the others see its pid and skip
-    return f.read().strip() == str(os.getpid())
-
-
-def _done(spec: str) -> bool:
-  size, method, seed = spec.split("/")
-  name = "start.json" if method == "sft" else os.path.join(method, f"seed{seed}", "result.json")
-  return os.path.exists(os.path.join(_ROOT.value, size, name))
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    return None
+  os.ftruncate(fd, 0)
+  os.write(fd, str(os.getpid()).encode())  # who holds it, for a reader
+  return fd
 
 
 def _spawn(spec: str) -> tuple[str, int | None, float]:
   t0 = time.time()
-  if _done(spec) or not _claim(spec):
+  fd = None if os.path.exists(result_path(_ROOT.value, spec)) else _claim(spec)
+  if fd is None or os.path.exists(result_path(_ROOT.value, spec)):  # done, or taken
+    if fd is not None:
+      os.close(fd)
     return spec, None, 0.0
   log = os.path.join(_ROOT.value, spec.replace("/", "_") + ".log")
   cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={_ROOT.value}",
@@ -226,12 +232,11 @@ def _spawn(spec: str) -> tuple[str, int | None, float]:
   core = _FREE_CORES.get() if _PIN.value else None
   if core is not None:
     cmd = ["taskset", "-c", str(core)] + cmd
-    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false "
-                        "intra_op_parallelism_threads=1").strip()
   try:
-    with open(log, "w") as f:
-      rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+    with open(log, "a") as f:  # appended: a resumed run keeps the earlier attempt's output
+      rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, pass_fds=(fd,))
   finally:
+    os.close(fd)
     if core is not None:
       _FREE_CORES.put(core)
   return spec, rc, time.time() - t0
@@ -242,17 +247,22 @@ def _run_all() -> None:
   root = _ROOT.value
   _say(build_demo_world(os.path.join(root, "synthworld"),
                         topk=rl_config(root, "base", "igpo", 0, 1).retrieval.topk))
-  todo = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in _SIZES.value for m in _METHODS.value
-          if not os.path.exists(os.path.join(root, s, m, f"seed{k}", "result.json"))]
-  sft = [f"{s}/sft/0" for s in _SIZES.value
-         if not os.path.exists(os.path.join(root, s, "start.json"))]
-  cores = sorted(os.sched_getaffinity(0))
-  for k in range(_WORKERS.value):
-    _FREE_CORES.put(cores[(_FIRST_CORE.value + k) % len(cores)])
+  if _PIN.value:
+    cores = sorted(os.sched_getaffinity(0))
+    for k in range(_WORKERS.value):
+      _FREE_CORES.put(cores[(_FIRST_CORE.value + k) % len(cores)])
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
-    for stage in (sft, todo):
-      _say(f"{len(stage)} run(s): {' '.join(stage)}")
-      for spec, rc, secs in pool.map(_spawn, stage):
+    for stage in ("sft", "rl"):
+      if stage == "sft":
+        specs = [f"{s}/sft/0" for s in _SIZES.value]
+      else:  # only sizes whose SFT start is ready (another process may still be training one)
+        sizes = [s for s in _SIZES.value if os.path.exists(result_path(root, f"{s}/sft/0"))]
+        for s in set(_SIZES.value) - set(sizes):
+          _say(f"size {s}: its SFT start is not ready (held by another process?); skipped")
+        specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _METHODS.value]
+      specs = [x for x in specs if not os.path.exists(result_path(root, x))]
+      _say(f"{len(specs)} run(s): {' '.join(specs)}")
+      for spec, rc, secs in pool.map(_spawn, specs):
         if rc is None:
           _say(f"  {spec}: done or taken by another compare.py process")
           continue
@@ -269,27 +279,28 @@ def _metrics(workdir: str) -> list[dict]:
     return [m for m in map(json.loads, f) if "reward" in m]
 
 
-def _moving(x: list[float], w: int = 5) -> list[float]:
-  return [sum(x[max(0, i - w + 1):i + 1]) / len(x[max(0, i - w + 1):i + 1])
-          for i in range(len(x))]
+WINDOW = 5  # steps per moving average (curves, steps to target, GT entropy windows)
+
+
+def _moving(x: list[float], w: int = WINDOW) -> list[float | None]:
+  """Mean of the last w values at each index; None until a full window exists (a partial one
+  would let a single noisy step count)."""
+  return [sum(x[i - w + 1:i + 1]) / w if i >= w - 1 else None for i in range(len(x))]
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
+  """Mean and sample std (nan for one value)."""
   n = len(xs)
   m = sum(xs) / n
-  return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else 0.0
+  std = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan")
+  return m, std
 
 
-def _paired(start: dict, after: dict) -> tuple[float, float]:
-  d = [after[q] - f for q, f in start.items()]
-  return _mean_std(d)[0], _mean_std(d)[1] / math.sqrt(len(d))
-
-
-def collect(root: str, sizes, methods, seeds) -> dict:
-  """Every finished run's curves and evals, grouped by size and method."""
+def collect(root: str, sizes, methods, seeds, steps: int) -> dict:
+  """Every finished run of `steps` steps: curves and evals, grouped by size and method."""
   out = {}
   for size in sizes:
-    start_path = os.path.join(root, size, "start.json")
+    start_path = result_path(root, f"{size}/sft/0")
     if not os.path.exists(start_path):
       continue
     with open(start_path) as f:
@@ -297,75 +308,103 @@ def collect(root: str, sizes, methods, seeds) -> dict:
     runs = {}
     for method in methods:
       for seed in seeds:
-        wd = os.path.join(root, size, method, f"seed{seed}")
-        if os.path.exists(os.path.join(wd, "result.json")):
-          with open(os.path.join(wd, "result.json")) as f:
-            runs.setdefault(method, []).append(dict(json.load(f), seed=seed,
-                                                    curve=_metrics(wd)))
+        path = result_path(root, f"{size}/{method}/{seed}")
+        if not os.path.exists(path):
+          continue
+        with open(path) as f:
+          result = json.load(f)
+        curve = _metrics(os.path.dirname(path))
+        if result.get("steps", len(curve)) != steps:
+          _say(f"{path}: a run of {result.get('steps', len(curve))} steps, not {steps}; left out")
+          continue
+        runs.setdefault(method, []).append(dict(result, seed=seed, curve=curve))
     out[size] = {"start": start, "runs": runs}
   return out
 
 
 def summarize(study: dict, target_gain: float) -> dict:
   """Per size and method: mean ± std over seeds of every reported figure."""
+  from agentjax.data.demo_world import paired_gain
   table = {}
   for size, s in study.items():
     runs = s["runs"]
-    firsts = [m["f1"] for rs in runs.values() for r in rs for m in r["curve"][:3]]
-    start_train_f1 = sum(firsts) / max(len(firsts), 1)
-    target = start_train_f1 + target_gain
+    # Every method sees the same questions at a given step of a seed, so a seed's start (its
+    # first WINDOW steps' training F1, averaged over the methods) is a common baseline.
+    by_seed = {}
+    for rs in runs.values():
+      for r in rs:
+        by_seed.setdefault(r["seed"], []).append(
+            sum(m["f1"] for m in r["curve"][:WINDOW]) / WINDOW)
+    targets = {seed: sum(v) / len(v) + target_gain for seed, v in by_seed.items()}
+    grpo = {r["seed"]: [m["f1"] for m in r["curve"]] for r in runs.get("grpo", [])}
     table[size] = {"start": {split: {k: s["start"][split][k] for k in ("f1", "em", "per_hop")}
                              for split in SPLITS},
-                   "start_train_f1": start_train_f1, "target_train_f1": target, "methods": {}}
+                   "target_train_f1": targets, "methods": {}}
     for method, rs in runs.items():
       row = {"seeds": len(rs)}
       for split in SPLITS:
         row[f"{split}_f1"] = _mean_std([r[split]["f1"] for r in rs])
         for hop in rs[0][split]["per_hop"]:
           row[f"{split}_{hop}"] = _mean_std([r[split]["per_hop"][hop] for r in rs])
-        gains = [_paired(s["start"][split]["f1_by_id"], r[split]["f1_by_id"]) for r in rs]
+        gains = [paired_gain(s["start"][split]["f1_by_id"], r[split]["f1_by_id"]) for r in rs]
         row[f"{split}_gain"] = _mean_std([g for g, _ in gains])
         row[f"{split}_gain_stderr_per_seed"] = [round(e, 4) for _, e in gains]
       reached = []
       for r in rs:
         avg = _moving([m["f1"] for m in r["curve"]])
-        hit = [m["step"] for m, a in zip(r["curve"], avg) if a >= target]
+        hit = [m["step"] for m, a in zip(r["curve"], avg)
+               if a is not None and a >= targets[r["seed"]]]
         reached.append(hit[0] if hit else None)
       row["steps_to_target"] = reached
+      # Training F1 minus GRPO's at the same step of the same seed (same questions), averaged
+      # over the steps: sample efficiency with the question-to-question variance paired out.
+      paired = [sum(m["f1"] - g for m, g in zip(r["curve"], grpo[r["seed"]])) / len(r["curve"])
+                for r in rs if r["seed"] in grpo]
+      row["train_f1_minus_grpo"] = _mean_std(paired) if paired else None
       row["collapse_fraction"] = _mean_std(
           [sum(m["collapse_fraction"] for m in r["curve"]) / len(r["curve"]) for r in rs])
+      # Groups whose every sampled token got a zero advantage (the estimator's own collapse;
+      # runs made before the trainer logged it are left out).
+      zero = [sum(m["zero_adv_fraction"] for m in r["curve"]) / len(r["curve"]) for r in rs
+              if all("zero_adv_fraction" in m for m in r["curve"])]
+      row["zero_adv_fraction"] = _mean_std(zero) if zero else None
       # Ground-truth entropy reduction of the policy's own searches (nats per answer token, from
-      # before the first turn to after the last search), last 5 steps vs the first 5.
-      row["gt_entropy_reduction_first5"] = _mean_std(
-          [sum(m["gt_entropy_reduction"] for m in r["curve"][:5]) / 5 for r in rs])
-      row["gt_entropy_reduction_last5"] = _mean_std(
-          [sum(m["gt_entropy_reduction"] for m in r["curve"][-5:]) / 5 for r in rs])
+      # before the first turn to after the last search), first WINDOW steps and last WINDOW.
+      for name, window in (("first", slice(0, WINDOW)), ("last", slice(-WINDOW, None))):
+        row[f"gt_entropy_reduction_{name}"] = _mean_std(
+            [sum(m["gt_entropy_reduction"] for m in r["curve"][window])
+             / len(r["curve"][window]) for r in rs])
       row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
       table[size]["methods"][method] = row
   return table
 
 
-def _pm(ms: tuple[float, float], digits: int = 3) -> str:
-  return f"{ms[0]:.{digits}f} ± {ms[1]:.{digits}f}"
+def _pm(ms: tuple[float, float] | None, digits: int = 3, sign: str = "") -> str:
+  if ms is None:
+    return "—"
+  spread = "" if math.isnan(ms[1]) else f" ± {ms[1]:.{digits}f}"  # one seed: no spread
+  return f"{ms[0]:{sign}.{digits}f}{spread}"
 
 
 def markdown(table: dict, steps: int, hardware: str) -> str:
+  """The tables of results.md: one per model size, a row per method (mean ± std over seeds)."""
   lines = []
   for size, t in table.items():
     st = t["start"]
     hops = sorted(st["dev"]["per_hop"])
     per_hop = {split: ", ".join(f"{h} {st[split]['per_hop'][h]:.3f}" for h in hops)
                for split in SPLITS}
+    targets = ", ".join(f"seed {k} {v:.3f}" for k, v in sorted(t["target_train_f1"].items()))
     lines += [f"### {size} model ({hardware})", "",
               f"SFT start (greedy, whole splits): dev F1 {st['dev']['f1']:.3f} "
               f"({per_hop['dev']}), test F1 {st['test']['f1']:.3f} ({per_hop['test']}). "
-              f"Training F1 "
-              f"at the start {t['start_train_f1']:.3f}; target {t['target_train_f1']:.3f}.", "",
+              f"Target training F1 ({WINDOW}-step average): {targets}.", "",
               "| method | seeds | dev F1 | " + " | ".join(f"dev {h}" for h in hops)
               + " | test F1 | " + " | ".join(f"test {h}" for h in hops)
-              + " | test gain vs SFT | steps to target | collapse fraction | GT entropy "
-              "reduction, first 5 → last 5 steps |",
-              "| --- " * (8 + 2 * len(hops)) + "|"]
+              + " | test gain vs SFT | steps to target | training F1 − GRPO (paired by step) "
+              f"| outcome-collapse fraction | zero-advantage fraction | GT entropy reduction, "
+              f"first {WINDOW} → last {WINDOW} steps |",
+              "| --- " * (10 + 2 * len(hops)) + "|"]
     for method, r in t["methods"].items():
       hit = [s for s in r["steps_to_target"] if s is not None]
       steps_txt = (f"{sum(hit) / len(hit):.1f} ({len(hit)}/{r['seeds']} reached)" if hit
@@ -374,38 +413,51 @@ def markdown(table: dict, steps: int, hardware: str) -> str:
           f"| {method} | {r['seeds']} | {_pm(r['dev_f1'])} | "
           + " | ".join(_pm(r[f"dev_{h}"]) for h in hops) + f" | {_pm(r['test_f1'])} | "
           + " | ".join(_pm(r[f"test_{h}"]) for h in hops)
-          + f" | {r['test_gain'][0]:+.3f} ± {r['test_gain'][1]:.3f} | {steps_txt} | "
-          f"{_pm(r['collapse_fraction'])} | {r['gt_entropy_reduction_first5'][0]:.3f} → "
-          f"{r['gt_entropy_reduction_last5'][0]:.3f} |")
+          + f" | {_pm(r['test_gain'], sign='+')} | {steps_txt} | "
+          f"{_pm(r['train_f1_minus_grpo'], sign='+')} | {_pm(r['collapse_fraction'])} | "
+          f"{_pm(r['zero_adv_fraction'])} | "
+          f"{r['gt_entropy_reduction_first'][0]:.3f} → {r['gt_entropy_reduction_last'][0]:.3f} |")
     lines.append("")
   return "\n".join(lines)
 
 
 def plot(study: dict, out: str) -> list[str]:
-  """F1, collapse fraction and GT entropy reduction vs step: seed mean, min-max band."""
+  """F1, collapse fraction and GT entropy reduction vs step (moving averages over full windows):
+  the mean over seeds as a line, the min-max over seeds as a band. outcome_only's line lies
+  under GRPO's (identical runs)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   paths = []
-  for key, name, label in (("f1", "f1_vs_step", "training F1 (5-step moving average)"),
+  for key, name, label in (("f1", "f1_vs_step", "training F1"),
+                           ("f1_minus_grpo", "f1_minus_grpo_vs_step",
+                            "training F1 − GRPO's (same seed and step)"),
                            ("collapse_fraction", "collapse_vs_step",
-                            "advantage-collapse fraction (5-step moving average)"),
+                            "advantage-collapse fraction"),
                            ("gt_entropy_reduction", "gt_entropy_vs_step",
-                            "ground-truth entropy reduction, nats (5-step moving average)")):
+                            "ground-truth entropy reduction (nats)")):
     fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
     for ax, (size, s) in zip(axes[0], study.items()):
+      grpo = {r["seed"]: [m["f1"] for m in r["curve"]] for r in s["runs"].get("grpo", [])}
       for method, rs in s["runs"].items():
-        curves = [_moving([m[key] for m in r["curve"]]) for r in rs]
-        n = min(len(c) for c in curves)
-        steps = [m["step"] for m in rs[0]["curve"][:n]]
-        mean = [sum(c[i] for c in curves) / len(curves) for i in range(n)]
+        if key == "f1_minus_grpo":  # the per-step question mix cancels out
+          rs = [r for r in rs if r["seed"] in grpo]
+          values = [[m["f1"] - g for m, g in zip(r["curve"], grpo[r["seed"]])] for r in rs]
+        else:
+          values = [[m[key] for m in r["curve"]] for r in rs]
+        if not values:
+          continue
+        n = min(len(v) for v in values)
+        curves = [_moving(v[:n])[WINDOW - 1:] for v in values]
+        steps = [m["step"] for m in rs[0]["curve"][WINDOW - 1:n]]
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))]
         line, = ax.plot(steps, mean, label=f"{method} ({len(rs)} seeds)")
-        ax.fill_between(steps, [min(c[i] for c in curves) for i in range(n)],
-                        [max(c[i] for c in curves) for i in range(n)], alpha=0.15,
+        ax.fill_between(steps, [min(c[i] for c in curves) for i in range(len(steps))],
+                        [max(c[i] for c in curves) for i in range(len(steps))], alpha=0.15,
                         color=line.get_color())
       ax.set_title(f"{size} model")
       ax.set_xlabel("RL step")
-      ax.set_ylabel(label)
+      ax.set_ylabel(f"{label}, {WINDOW}-step moving average")
       ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
@@ -420,11 +472,23 @@ def _hardware() -> str:
   if _HARDWARE.value:
     return _HARDWARE.value
   import platform
-  return f"CPU ({platform.machine()}), {os.cpu_count()} cores"
+  where = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+  if _PIN.value:
+    where += f", {_WORKERS.value} run(s) at a time, each on one core"
+  return where
+
+
+def _no_nan(obj):
+  """JSON has no NaN: a one-seed std is written as null."""
+  if isinstance(obj, dict):
+    return {k: _no_nan(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_no_nan(v) for v in obj]
+  return None if isinstance(obj, float) and math.isnan(obj) else obj
 
 
 def report() -> None:
-  study = collect(_ROOT.value, _SIZES.value, _METHODS.value, _SEEDS.value)
+  study = collect(_ROOT.value, _SIZES.value, _METHODS.value, _SEEDS.value, _STEPS.value)
   if not study:
     raise SystemExit(f"no finished size under {_ROOT.value} (run without --report_only first)")
   os.makedirs(_OUT.value, exist_ok=True)
@@ -432,9 +496,9 @@ def report() -> None:
   text = markdown(table, _STEPS.value, _hardware())
   with open(os.path.join(_OUT.value, "results.md"), "w") as f:
     f.write(text)
-  _write(os.path.join(_OUT.value, "results.json"), {
+  _write(os.path.join(_OUT.value, "results.json"), _no_nan({
       "steps": _STEPS.value, "hardware": _hardware(), "target_gain": _TARGET.value,
-      "table": table})
+      "table": table}))
   paths = plot(study, _OUT.value)
   _say(text)
   _say(f"written: {os.path.join(_OUT.value, 'results.md')}, results.json, "
@@ -445,10 +509,11 @@ def report() -> None:
 
 
 def main(_):
-  logging.getLogger().setLevel(logging.WARNING)
-  if _RUN.value:
+  if _RUN.value:  # a run's log shows its steps (the trainer logs one line per step at INFO)
+    logging.getLogger().setLevel(logging.INFO)
     run_one(_ROOT.value, _RUN.value, _STEPS.value)
     return
+  logging.getLogger().setLevel(logging.WARNING)
   for name in _SIZES.value:
     if name not in SIZES:
       raise app.UsageError(f"--sizes: unknown size {name!r}; known: {sorted(SIZES)}")

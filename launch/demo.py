@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import sys
@@ -32,6 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+from agentjax.data.demo_world import (build_demo_world, hops_by_id, paired_gain,  # noqa: E402
+                                      use_demo_world)
 
 _ROOT = flags.DEFINE_string("root", "runs/demo", "Folder for the world, tokenizer and workdirs.")
 _SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:demo", "SFT config.")
@@ -51,26 +53,14 @@ def _say(msg: str) -> None:
 
 def build_world(folder: str, topk: int) -> None:
   """SynthWorld files + tokenizer in `folder`, unless they are there with the same settings."""
-  from agentjax.data.demo_world import build_demo_world
   _say("[1/4] " + build_demo_world(folder, topk=topk, vocab_size=_VOCAB.value,
                                    stop_early_rate=_STOP_EARLY.value))
-
-
-def paired_gain(before: list[dict], after: list[dict]) -> tuple[float, float]:
-  """Mean per-question F1 gain and its standard error (paired: same questions)."""
-  a = {r["id"]: r["f1"] for r in after}
-  d = [a[r["id"]] - r["f1"] for r in before]
-  n = len(d)
-  mean = sum(d) / n
-  var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
-  return mean, math.sqrt(var / n)
 
 
 def by_hops(dev_path: str, before: list[dict], after: list[dict]) -> list[str]:
   """Table rows per hop count: questions, F1 and answers given before the last hop was searched
   (turns <= hops: the shortcut the hasty teacher showed), after SFT and after RL."""
-  with open(dev_path) as f:
-    hops = {r["id"]: r["hops"] for r in map(json.loads, f)}
+  hops = hops_by_id(dev_path)
   rows = []
   for h in sorted(set(hops.values())):
     cells = []
@@ -91,13 +81,7 @@ def main(_):
   sft_dir = os.path.join(root, "sft")
   rl_dir = os.path.join(root, rl_config.algorithm.replace("+", "p"))
   for config in (sft_config, rl_config):  # everything under --root
-    config.data.manual_dir = world_dir
-    config.data.data_dir = os.path.join(root, "tfds")
-    config.retrieval.corpus_path = os.path.join(world_dir, "corpus.jsonl")
-    config.retrieval.index_dir = os.path.join(root, "bm25_index")
-    config.model.tokenizer_path = os.path.join(world_dir, "tokenizer")
-    config.sft.demos = os.path.join(world_dir, "demos.jsonl")
-    config.sft.corpus_path = os.path.join(world_dir, "corpus.jsonl")
+    use_demo_world(config, root)
   rl_config.model.hf_path = os.path.join(sft_dir, "hf_export")
   rl_config.model.tokenizer_path = ""
   rl_config.train.eval_at_start = True  # the dev F1 after SFT, on the same questions
@@ -130,7 +114,8 @@ def main(_):
     before = json.load(f)
   with open(os.path.join(rl_dir, "eval", f"{rl_config.train.steps}.json")) as f:
     after = json.load(f)
-  gain, stderr = paired_gain(before["per_question"], after["per_question"])
+  gain, stderr = paired_gain({r["id"]: r["f1"] for r in before["per_question"]},
+                             {r["id"]: r["f1"] for r in after["per_question"]})
   minutes = (time.time() - start) / 60
   _say(f"[4/4] dev F1 ({before['n']} questions, greedy): after SFT {before['f1']:.4f}, "
        f"after {rl_config.algorithm.upper()} {after['f1']:.4f}; gain {gain:+.4f} "

@@ -86,7 +86,7 @@ def _write_study(root, rng):
       os.makedirs(wd)
       f1s = rng.uniform(0, 1, 4).round(3)
       curve = [{"step": s + 1, "reward": 0.0, "f1": float(x), "collapse_fraction": float(c),
-                "gt_entropy_reduction": float(g)}
+                "gt_entropy_reduction": float(g), "zero_adv_fraction": float(c) / 2}
                for s, (x, c, g) in enumerate(zip(rng.uniform(0.1, 0.5, 12),
                                                  rng.uniform(0, 1, 12), rng.normal(0, 1, 12)))]
       with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
@@ -104,12 +104,14 @@ def test_report_figures_against_a_direct_computation(compare, tmp_path):
   rng = np.random.default_rng(0)
   root = str(tmp_path / "runs")
   start, truth = _write_study(root, rng)
-  study = compare.collect(root, ["base", "wide"], ["igpo", "grpo", "rloo"], ["0", "1", "2"])
+  study = compare.collect(root, ["base", "wide"], ["igpo", "grpo", "rloo"], ["0", "1", "2"],
+                          steps=12)
   assert list(study) == ["base"] and sorted(study["base"]["runs"]) == ["grpo", "igpo"]
   table = compare.summarize(study, target_gain=0.05)["base"]
-  first3 = [r["f1"] for (_, _), (_, curve) in truth.items() for r in curve[:3]]
-  target = np.mean(first3) + 0.05
-  assert table["target_train_f1"] == pytest.approx(target)
+  # Per seed: the first 5 steps' training F1, averaged over the methods, + the target gain.
+  targets = {s: np.mean([np.mean([r["f1"] for r in truth[m, s][1][:5]])
+                         for m in ("igpo", "grpo")]) + 0.05 for s in ("0", "1")}
+  assert table["target_train_f1"] == pytest.approx(targets)
   for method in ("igpo", "grpo"):
     row = table["methods"][method]
     seeds = [truth[method, s] for s in ("0", "1")]
@@ -120,23 +122,52 @@ def test_report_figures_against_a_direct_computation(compare, tmp_path):
     test_gain = [np.mean(f[::-1] - np.array([0.5, 0.0, 0.25, 0.0])) for f, _ in seeds]
     assert row["test_gain"][0] == pytest.approx(np.mean(test_gain))
     want_steps = []
-    for _, curve in seeds:
+    for seed, (_, curve) in zip(("0", "1"), seeds):
       x = np.array([r["f1"] for r in curve])
-      avg = [x[max(0, i - 4):i + 1].mean() for i in range(len(x))]
-      hit = [i + 1 for i, a in enumerate(avg) if a >= target]
+      hit = [i + 1 for i in range(4, len(x)) if x[i - 4:i + 1].mean() >= targets[seed]]
       want_steps.append(hit[0] if hit else None)
     assert row["steps_to_target"] == want_steps
+    paired = [np.mean([r["f1"] for r in truth[method, s][1]])
+              - np.mean([r["f1"] for r in truth["grpo", s][1]]) for s in ("0", "1")]
+    assert row["train_f1_minus_grpo"][0] == pytest.approx(np.mean(paired))
     assert row["collapse_fraction"][0] == pytest.approx(
         np.mean([np.mean([r["collapse_fraction"] for r in c]) for _, c in seeds]))
-    assert row["gt_entropy_reduction_last5"][0] == pytest.approx(
+    assert row["zero_adv_fraction"][0] == pytest.approx(
+        np.mean([np.mean([r["collapse_fraction"] / 2 for r in c]) for _, c in seeds]))
+    assert row["gt_entropy_reduction_last"][0] == pytest.approx(
         np.mean([np.mean([r["gt_entropy_reduction"] for r in c[-5:]]) for _, c in seeds]))
+    assert row["gt_entropy_reduction_first"][0] == pytest.approx(
+        np.mean([np.mean([r["gt_entropy_reduction"] for r in c[:5]]) for _, c in seeds]))
     assert math.isfinite(row["minutes"][0])
+  assert table["methods"]["grpo"]["train_f1_minus_grpo"][0] == 0.0
   text = compare.markdown(compare.summarize(study, 0.05), 12, "test CPU")
   assert "| igpo | 2 |" in text and "| grpo | 2 |" in text and "test CPU" in text
   paths = compare.plot(study, str(tmp_path))
-  assert [os.path.basename(p) for p in paths] == ["f1_vs_step.png", "collapse_vs_step.png",
-                                                  "gt_entropy_vs_step.png"]
+  assert [os.path.basename(p) for p in paths] == [
+      "f1_vs_step.png", "f1_minus_grpo_vs_step.png", "collapse_vs_step.png",
+      "gt_entropy_vs_step.png"]
   assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
+  # Runs of another length are left out of a report of `steps` steps.
+  assert compare.collect(root, ["base"], ["igpo"], ["0"], steps=30)["base"]["runs"] == {}
+
+
+def test_steps_to_target_needs_a_full_window(compare):
+  # One lucky step crosses the target inside the first (partial) window; the first full
+  # 5-step window that reaches it ends at step 9.
+  f1 = [0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.5, 0.5, 0.5, 0.5]
+  run = {"seed": "0", "dev": None, "curve": [
+      {"step": i + 1, "f1": x, "collapse_fraction": 0.0, "gt_entropy_reduction": 0.0}
+      for i, x in enumerate(f1)]}
+  split = {"f1": 0.0, "em": 0.0, "n": 1, "per_hop": {"1-hop": 0.0}, "f1_by_id": {"q": 0.0}}
+  run.update(dev=split, test=split)
+  study = {"base": {"start": {"dev": split, "test": split}, "runs": {"igpo": [run]}}}
+  # start = mean(f1[:5]) = 0.26; target 0.26 + 0.06 = 0.32; windows: ..., step 9 -> 0.34.
+  row = compare.summarize(study, target_gain=0.06)["base"]["methods"]["igpo"]
+  assert row["steps_to_target"] == [9]
+  assert row["train_f1_minus_grpo"] is None  # no GRPO run to pair with
+  assert row["zero_adv_fraction"] is None  # not logged by this (older) run
+  assert math.isnan(row["dev_f1"][1])  # one seed: no spread
+  assert "| igpo | 1 | 0.000 |" in compare.markdown(compare.summarize(study, 0.06), 10, "cpu")
 
 
 def test_report_only_cli_writes_the_tables_and_plots(compare, tmp_path):
@@ -147,11 +178,13 @@ def test_report_only_cli_writes_the_tables_and_plots(compare, tmp_path):
        f"--out={out}", "--sizes=base", "--methods=igpo,grpo", "--steps=12",
        "--hardware=test CPU"], cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert proc.returncode == 0, proc.stderr
-  assert sorted(os.listdir(out)) == ["collapse_vs_step.png", "f1_vs_step.png",
-                                     "gt_entropy_vs_step.png", "results.json", "results.md"]
+  assert sorted(os.listdir(out)) == ["collapse_vs_step.png", "f1_minus_grpo_vs_step.png",
+                                     "f1_vs_step.png", "gt_entropy_vs_step.png", "results.json",
+                                     "results.md"]
   last = json.loads(proc.stdout.strip().splitlines()[-1])
   saved = json.load(open(out / "results.json"))
   assert saved["hardware"] == "test CPU" and saved["steps"] == 12
+  assert "NaN" not in open(out / "results.json").read()
   for method in ("igpo", "grpo"):
     assert last["compare"]["base"][method] == pytest.approx(
         saved["table"]["base"]["methods"][method]["test_f1"][0], abs=1e-4)

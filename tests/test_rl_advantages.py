@@ -171,6 +171,14 @@ def ref_collapse(outcome, group_ids, tol=1e-6):
   return np.mean([max(v) - min(v) <= tol for v in groups.values()])
 
 
+def ref_zero_adv(adv, group_ids, mask, tol=1e-6):
+  groups = {}
+  for i, g in enumerate(group_ids):
+    live = np.abs(np.asarray(adv[i], np.float64))[np.asarray(mask[i]) > 0]
+    groups.setdefault(int(g), []).append(live.max() if live.size else 0.0)
+  return np.mean([max(v) <= tol for v in groups.values()])
+
+
 def assert_close(x, y, **kw):
   np.testing.assert_allclose(np.asarray(x, np.float64), y, **{"rtol": 1e-4, "atol": 1e-5, **kw})
 
@@ -193,6 +201,8 @@ class OutcomeEstimatorsTest(chex.TestCase):
       want = ref_grpo(d["outcome"], d["group_ids"], scale=name != "drgrpo")
       assert_close(adv, ref_tokens_from_traj(want, d["loss_mask"]))
       assert_close(stats["collapse_fraction"], ref_collapse(d["outcome"], d["group_ids"]))
+      # Outcome-only: the groups with all-zero advantages are the collapsed ones.
+      assert_close(stats["zero_adv_fraction"], ref_collapse(d["outcome"], d["group_ids"]))
       assert_close(stats["reward_mean"], np.mean(d["outcome"]))
 
   @chex.variants(with_jit=True, without_jit=True)
@@ -240,6 +250,21 @@ class OutcomeEstimatorsTest(chex.TestCase):
       assert_close(stats["collapse_fraction"], 3 / 4)
     frac = self.variant(adv_lib.advantage_collapse_fraction)(outcome, group_ids)
     assert_close(frac, 0.75)
+    # GRPO: the zero-advantage groups are exactly the collapsed ones. IGPO: a collapsed group
+    # whose searches gained differently still has (IG) advantages.
+    adv, stats = self.variant(adv_lib.get_advantage_estimator("grpo"))(
+        outcome=outcome, group_ids=group_ids, loss_mask=mask)
+    assert_close(stats["zero_adv_fraction"], 3 / 4)
+    turn_id = np.array([[0, 0, 1]] * 8, np.int32)
+    ig = np.array([[0.5, 0], [1.5, 0], [2.0, 0], [0.1, 0], [0.1, 0], [0.1, 0], [-1.0, 0],
+                   [0.3, 0]], np.float32)
+    igpo = self.variant(functools.partial(adv_lib.get_advantage_estimator("igpo"),
+                                          norm_mode="separate"))
+    adv, stats = igpo(outcome=outcome, group_ids=group_ids, loss_mask=mask, ig=ig,
+                      num_turns=np.full(8, 2, np.int32), turn_id=turn_id)
+    # Group 5 (IG 0.5, 2.0, -1.0) and group 9 (1.5, 0.1) differ in IG; the singleton 8 does not.
+    assert_close(stats["zero_adv_fraction"], 1 / 4)
+    assert_close(stats["zero_adv_fraction"], ref_zero_adv(adv, group_ids, mask))
     # Near-ties within the tolerance also count as collapsed.
     assert_close(self.variant(functools.partial(adv_lib.advantage_collapse_fraction, tol=1e-3))(
         outcome + np.array([0, 0, 1e-4, 0, 0, 0, 0, 0], np.float32), group_ids), 0.75)
@@ -270,6 +295,8 @@ class TurnLevelTest(chex.TestCase):
       assert_close(stats["ig_std"], np.std(valid_ig))
       assert_close(stats["ig_count"], len(valid_ig))
       assert_close(stats["collapse_fraction"], ref_collapse(d["outcome"], d["group_ids"]))
+      assert_close(stats["zero_adv_fraction"], ref_zero_adv(adv, d["group_ids"],
+                                                           d["loss_mask"]))
       turn_adv = adv_lib.igpo_turn_advantages(d["ig"], d["outcome"], d["num_turns"],
                                               d["group_ids"], gamma=gamma, norm_mode=norm_mode)
       assert_close(turn_adv, turns)

@@ -98,7 +98,7 @@ def test_unknown_preset_names_the_known_ones():
     ({"model.hf_path": "", "model.preset": "qwen9"}, "config.model.preset='qwen9'"),
     ({"mesh.fsdp": 0}, "config.mesh.fsdp=0"),
     ({"rl.igpo_ig_weight": 0.0, "rl.igpo_outcome_weight": 0.0},
-     "config.rl.igpo_ig_weight=0.0: and rl.igpo_outcome_weight are both 0"),
+     "config.rl.igpo_ig_weight=0.0: with rl.igpo_outcome_weight=0 IGPO has no reward"),
     ({"rl.igpo_outcome_weight": -1.0}, "config.rl.igpo_outcome_weight=-1.0: must be >= 0"),
 ])
 def test_bad_config_names_the_field(override, message):

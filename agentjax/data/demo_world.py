@@ -4,6 +4,7 @@ the world's files, its BM25 index and its BPE tokenizer, built once per folder a
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 
@@ -38,3 +39,32 @@ def build_demo_world(folder: str, *, topk: int, vocab_size: int = 1024,
   sizes = {s: len(q) for s, q in world.questions.items()}
   return (f"SynthWorld: {len(world.entities)} entities, questions {sizes}, BPE tokenizer "
           f"({vocab_size}) in {folder} ({time.time() - t0:.0f} s)")
+
+
+def use_demo_world(config, root: str) -> None:
+  """Points a demo config's data, retrieval, tokenizer and SFT paths at the world under `root`
+  ({root}/synthworld, {root}/tfds, {root}/bm25_index)."""
+  world = os.path.join(root, "synthworld")
+  config.data.manual_dir = world
+  config.data.data_dir = os.path.join(root, "tfds")
+  config.retrieval.corpus_path = os.path.join(world, "corpus.jsonl")
+  config.retrieval.index_dir = os.path.join(root, "bm25_index")
+  config.model.tokenizer_path = os.path.join(world, "tokenizer")
+  config.sft.demos = os.path.join(world, "demos.jsonl")
+  config.sft.corpus_path = os.path.join(world, "corpus.jsonl")
+
+
+def hops_by_id(split_path: str) -> dict[str, int]:
+  """{question id: hop count} of a SynthWorld split file ({root}/synthworld/{split}.jsonl)."""
+  with open(split_path) as f:
+    return {r["id"]: r["hops"] for r in map(json.loads, f)}
+
+
+def paired_gain(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
+  """Mean per-question score gain after - before and its standard error (paired: the same
+  questions; every id of `before` must be in `after`)."""
+  d = [after[q] - s for q, s in before.items()]
+  n = len(d)
+  mean = sum(d) / n
+  var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
+  return mean, math.sqrt(var / n)

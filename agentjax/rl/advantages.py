@@ -159,6 +159,31 @@ def advantage_collapse_fraction(outcome: Array, group_ids: Array, tol: float = 1
   return jnp.sum(collapsed * inv_n) / jnp.sum(inv_n)
 
 
+def zero_advantage_fraction(adv: Array, group_ids: Array, loss_mask: Array,
+                            tol: float = 1e-6) -> Array:
+  """Fraction of groups in which no sampled token of any member gets an advantage above tol.
+
+  The collapse that matters to the update, whatever the estimator: a GRPO group with equal
+  outcomes has zero advantages everywhere, an IGPO group with equal outcomes still has IG turn
+  advantages when its searches gained differently. Groups are counted once each (trajectory i
+  contributes 1/n_i).
+
+  Args:
+    adv: [B, L] per-token advantages.
+    group_ids: [B] int32.
+    loss_mask: [B, L].
+  Returns:
+    scalar float32.
+  """
+  live = jnp.where(jnp.asarray(loss_mask).astype(bool), jnp.abs(adv.astype(_F32)), 0.0)
+  row_max = jnp.max(live, axis=1)  # [B]
+  same = same_group(group_ids)
+  group_max = jnp.max(jnp.where(same, row_max[None, :], 0.0), axis=1)
+  inv_n = 1.0 / jnp.sum(same, axis=1).astype(_F32)
+  zero = (group_max <= tol).astype(_F32)
+  return jnp.sum(zero * inv_n) / jnp.sum(inv_n)
+
+
 def ig_statistics(ig: Array, num_turns: Array) -> dict[str, Array]:
   """Mean, population std and count of the information gains of valid non-answer turns.
 
@@ -204,6 +229,7 @@ def _outcome_stats(outcome: Array, group_ids: Array, adv: Array, loss_mask: Arra
   a_mean, a_std = _masked_mean_std(adv, jnp.asarray(loss_mask).astype(bool))
   return {"reward_mean": r_mean, "reward_std": r_std,
           "collapse_fraction": advantage_collapse_fraction(outcome, group_ids, collapse_tol),
+          "zero_adv_fraction": zero_advantage_fraction(adv, group_ids, loss_mask, collapse_tol),
           "adv_mean": a_mean, "adv_std": a_std}
 
 
@@ -385,8 +411,9 @@ def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Arra
     loss_mask: [B, L].
     gamma: turn discount.
     norm_mode: "joint" or "separate".
-    ig_weight: scale of the IG turn rewards (0: outcome-only ablation).
-    outcome_weight: scale of the outcome reward (0: IG-only ablation).
+    ig_weight: scale of the IG turn rewards (0: outcome-only ablation). With "separate" each
+      pool is z-scored after the scaling, so only zero vs non-zero matters there.
+    outcome_weight: scale of the outcome reward (0: IG-only ablation); the same remark.
     eps: added to the stds.
     collapse_tol: tolerance of the outcome-collapse statistic.
   Returns:

@@ -131,7 +131,8 @@ def _validate_rl(config: Any) -> None:
   _non_negative(config, "rl.igpo_ig_weight", "rl.igpo_outcome_weight")
   if algorithm == "igpo" and not (_get(config, "rl.igpo_ig_weight")
                                   or _get(config, "rl.igpo_outcome_weight")):
-    _fail("rl.igpo_ig_weight", 0.0, "and rl.igpo_outcome_weight are both 0: no reward at all")
+    _fail("rl.igpo_ig_weight", _get(config, "rl.igpo_ig_weight"),
+          "with rl.igpo_outcome_weight=0 IGPO has no reward at all")
   if _get(config, "rl.ig_mode") not in ("log_prob", "prob"):
     _fail("rl.ig_mode", _get(config, "rl.ig_mode"), "must be 'log_prob' or 'prob'")
   if _get(config, "rollout.protocol") not in PROTOCOLS:

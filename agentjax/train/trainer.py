@@ -484,6 +484,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
           "search_failures": float(batch.num_search_failures.sum()),
           "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
           "collapse_fraction": float(adv_stats["collapse_fraction"]),
+          "zero_adv_fraction": float(adv_stats["zero_adv_fraction"]),
           "gt_entropy_reduction": float(gt_entropy_reduction(scored.values,
                                                              jnp.asarray(batch.num_turns)))
           if with_probes else 0.0,
