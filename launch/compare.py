@@ -431,11 +431,11 @@ def plot(study: dict, out: str) -> list[str]:
   paths = []
   for key, name, label in (("f1", "f1_vs_step", "training F1"),
                            ("f1_minus_grpo", "f1_minus_grpo_vs_step",
-                            "training F1 − GRPO's (same seed and step)"),
+                            "training F1 − GRPO, paired by step"),
                            ("collapse_fraction", "collapse_vs_step",
                             "advantage-collapse fraction"),
                            ("gt_entropy_reduction", "gt_entropy_vs_step",
-                            "ground-truth entropy reduction (nats)")):
+                            "GT entropy reduction (nats)")):
     fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
     for ax, (size, s) in zip(axes[0], study.items()):
       grpo = {r["seed"]: [m["f1"] for m in r["curve"]] for r in s["runs"].get("grpo", [])}
@@ -457,7 +457,7 @@ def plot(study: dict, out: str) -> list[str]:
                         color=line.get_color())
       ax.set_title(f"{size} model")
       ax.set_xlabel("RL step")
-      ax.set_ylabel(f"{label}, {WINDOW}-step moving average")
+      ax.set_ylabel(f"{label}\n({WINDOW}-step moving average)")
       ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
