@@ -433,7 +433,7 @@ def plot(study: dict, out: str) -> list[str]:
                            ("f1_minus_grpo", "f1_minus_grpo_vs_step",
                             "training F1 − GRPO, paired by step"),
                            ("collapse_fraction", "collapse_vs_step",
-                            "advantage-collapse fraction"),
+                            "outcome-collapse fraction"),
                            ("gt_entropy_reduction", "gt_entropy_vs_step",
                             "GT entropy reduction (nats)")):
     fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
