@@ -296,23 +296,28 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
   return m, std
 
 
+def _read_json(path: str):
+  """The JSON object in `path`, or None when there is no such file (a run not finished)."""
+  if not os.path.exists(path):
+    return None
+  with open(path) as f:
+    return json.load(f)
+
+
 def collect(root: str, sizes, methods, seeds, steps: int) -> dict:
   """Every finished run of `steps` steps: curves and evals, grouped by size and method."""
   out = {}
   for size in sizes:
-    start_path = result_path(root, f"{size}/sft/0")
-    if not os.path.exists(start_path):
+    start = _read_json(result_path(root, f"{size}/sft/0"))
+    if start is None:
       continue
-    with open(start_path) as f:
-      start = json.load(f)
     runs = {}
     for method in methods:
       for seed in seeds:
         path = result_path(root, f"{size}/{method}/{seed}")
-        if not os.path.exists(path):
+        result = _read_json(path)
+        if result is None:
           continue
-        with open(path) as f:
-          result = json.load(f)
         curve = _metrics(os.path.dirname(path))
         if result.get("steps", len(curve)) != steps:
           _say(f"{path}: a run of {result.get('steps', len(curve))} steps, not {steps}; left out")
