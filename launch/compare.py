@@ -134,23 +134,12 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int):
   return config
 
 
-def _per_hop(records: list[dict], hops: dict[str, int]) -> dict[str, float]:
-  out = {}
-  for h in sorted({hops[r["id"]] for r in records}):
-    qs = [r["f1"] for r in records if hops[r["id"]] == h]
-    out[f"{h}-hop"] = sum(qs) / len(qs)
-  return out
-
-
-def _hops(root: str, split: str) -> dict[str, int]:
-  from agentjax.data.demo_world import hops_by_id
-  return hops_by_id(os.path.join(root, "synthworld", f"{split}.jsonl"))
-
-
 def _split_result(root: str, split: str, rows: list[dict]) -> dict:
+  from agentjax.data.demo_world import f1_by_hops, hops_by_id
   n = len(rows)
+  hops = hops_by_id(os.path.join(root, "synthworld", f"{split}.jsonl"))
   return {"f1": sum(q["f1"] for q in rows) / n, "em": sum(q["em"] for q in rows) / n, "n": n,
-          "per_hop": _per_hop(rows, _hops(root, split)),
+          "per_hop": {f"{h}-hop": f1 for h, f1 in f1_by_hops(rows, hops).items()},
           "f1_by_id": {q["id"]: q["f1"] for q in rows}}
 
 

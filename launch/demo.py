@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from agentjax.data.demo_world import (build_demo_world, hops_by_id, paired_gain,  # noqa: E402
-                                      use_demo_world)
+from agentjax.data.demo_world import (build_demo_world, f1_by_hops,  # noqa: E402
+                                      hops_by_id, paired_gain, use_demo_world)
 
 _ROOT = flags.DEFINE_string("root", "runs/demo", "Folder for the world, tokenizer and workdirs.")
 _SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:demo", "SFT config.")
@@ -61,12 +61,13 @@ def by_hops(dev_path: str, before: list[dict], after: list[dict]) -> list[str]:
   """Table rows per hop count: questions, F1 and answers given before the last hop was searched
   (turns <= hops: the shortcut the hasty teacher showed), after SFT and after RL."""
   hops = hops_by_id(dev_path)
+  f1 = [f1_by_hops(result, hops) for result in (before, after)]
   rows = []
   for h in sorted(set(hops.values())):
     cells = []
-    for result in (before, after):
+    for result, f1_at in zip((before, after), f1):
       qs = [q for q in result if hops[q["id"]] == h]
-      cells.append(f"F1 {sum(q['f1'] for q in qs) / max(len(qs), 1):.3f}, answered early "
+      cells.append(f"F1 {f1_at.get(h, 0.0):.3f}, answered early "
                    f"{sum(q['turns'] <= h for q in qs)}")
     rows.append(f"      {h}-hop ({len(qs)} questions): {cells[0]} -> {cells[1]}")
   return rows

@@ -195,3 +195,20 @@ def test_unknown_method_is_refused(tmp_path):
                          f"--root={tmp_path}"], cwd=ROOT, capture_output=True, text=True,
                         timeout=300)
   assert proc.returncode != 0 and "--methods: unknown method 'ppo9'" in proc.stderr
+
+
+def test_demo_world_statistics_against_numpy(tmp_path):
+  from agentjax.data.demo_world import f1_by_hops, hops_by_id, paired_gain
+  split = tmp_path / "dev.jsonl"
+  split.write_text("".join(json.dumps({"id": f"q{i}", "hops": 1 + i % 3}) + "\n"
+                           for i in range(9)))
+  hops = hops_by_id(str(split))
+  assert hops == {f"q{i}": 1 + i % 3 for i in range(9)}
+  rng = np.random.default_rng(2)
+  before, after = rng.uniform(0, 1, 9), rng.uniform(0, 1, 9)
+  rows = [{"id": f"q{i}", "f1": float(f)} for i, f in enumerate(after)]
+  assert f1_by_hops(rows, hops) == pytest.approx({h: after[h - 1::3].mean() for h in (1, 2, 3)})
+  gain, stderr = paired_gain({f"q{i}": float(f) for i, f in enumerate(before)},
+                             {f"q{i}": float(f) for i, f in enumerate(after)})
+  d = after - before
+  assert gain == pytest.approx(d.mean()) and stderr == pytest.approx(d.std(ddof=1) / 3)

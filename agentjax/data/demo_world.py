@@ -60,6 +60,15 @@ def hops_by_id(split_path: str) -> dict[str, int]:
     return {r["id"]: r["hops"] for r in map(json.loads, f)}
 
 
+def f1_by_hops(rows: list[dict], hops: dict[str, int]) -> dict[int, float]:
+  """{hop count: mean F1} of per-question eval rows ({"id", "f1", ...}), `hops` from hops_by_id."""
+  out = {}
+  for h in sorted({hops[r["id"]] for r in rows}):
+    scores = [r["f1"] for r in rows if hops[r["id"]] == h]
+    out[h] = sum(scores) / len(scores)
+  return out
+
+
 def paired_gain(before: dict[str, float], after: dict[str, float]) -> tuple[float, float]:
   """Mean per-question score gain after - before and its standard error (paired: the same
   questions; every id of `before` must be in `after`)."""

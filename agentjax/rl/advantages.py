@@ -154,9 +154,14 @@ def advantage_collapse_fraction(outcome: Array, group_ids: Array, tol: float = 1
   same = same_group(group_ids)
   hi = jnp.max(jnp.where(same, outcome[None, :], -jnp.inf), axis=1)
   lo = jnp.min(jnp.where(same, outcome[None, :], jnp.inf), axis=1)
+  return _share_of_groups(hi - lo <= tol, same)
+
+
+def _share_of_groups(flag: Array, same: Array) -> Array:
+  """Fraction of groups whose flag is set; flag [B] is a per-group property repeated on each
+  member, so trajectory i contributes 1/n_i (each group counts once)."""
   inv_n = 1.0 / jnp.sum(same, axis=1).astype(_F32)
-  collapsed = (hi - lo <= tol).astype(_F32)
-  return jnp.sum(collapsed * inv_n) / jnp.sum(inv_n)
+  return jnp.sum(flag.astype(_F32) * inv_n) / jnp.sum(inv_n)
 
 
 def zero_advantage_fraction(adv: Array, group_ids: Array, loss_mask: Array,
@@ -179,9 +184,7 @@ def zero_advantage_fraction(adv: Array, group_ids: Array, loss_mask: Array,
   row_max = jnp.max(live, axis=1)  # [B]
   same = same_group(group_ids)
   group_max = jnp.max(jnp.where(same, row_max[None, :], 0.0), axis=1)
-  inv_n = 1.0 / jnp.sum(same, axis=1).astype(_F32)
-  zero = (group_max <= tol).astype(_F32)
-  return jnp.sum(zero * inv_n) / jnp.sum(inv_n)
+  return _share_of_groups(group_max <= tol, same)
 
 
 def ig_statistics(ig: Array, num_turns: Array) -> dict[str, Array]:
