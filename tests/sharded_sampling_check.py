@@ -40,7 +40,7 @@ def main():
   params = jax.device_put(single, param_shardings(cfg, mesh))
   with use_mesh(mesh):
     state, gen = run(cfg, params, prompts, lengths, mesh=mesh)
-  spec = tuple(state.cache.keys[0].sharding.spec)  # [B, N, S, D]: batch and KV heads split
+  spec = tuple(state.cache.keys[0].sharding.spec)  # [B, N, D, S]: batch and KV heads split
   assert spec[:2] == (("data", "fsdp"), "tensor"), spec
   assert len(gen.new_tokens.sharding.device_set) == 8
   np.testing.assert_array_equal(np.asarray(gen.new_tokens), np.asarray(ref.new_tokens))

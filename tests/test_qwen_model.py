@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import chex
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 from agentjax.models import masks
 from agentjax.models.qwen import KVCache, Qwen, QwenConfig, abstract_params, init_params
 from agentjax.models.qwen.checkpoint import load_hf
+from agentjax.models.qwen.model import out_major_params
 from tests import hf_fixtures
 
 
@@ -54,6 +56,41 @@ def test_left_padded_batch_rows_match_alone(hf_checkpoint, name):
     # and transformers agrees on the row alone
     ref = hf_fixtures.hf_logits(hf_model, row[None])[0]
     assert np.abs(alone - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("name", sorted(hf_fixtures.HF_CONFIGS))
+def test_out_major_layout_matches_transformers(hf_checkpoint, name):
+  """The sampler's decode layout (kernels [out, in], untied lm_head [V, E]) computes the same
+  logits, with and without a cache, and every kernel really is transposed."""
+  folder, hf_model = hf_checkpoint(name)
+  cfg, params = load_hf(folder)
+  converted = out_major_params(params)
+  layer = converted["layers_0"]
+  e, d = cfg.hidden_size, cfg.head_dim
+  assert layer["self_attn"]["q_proj"]["kernel"].shape == (cfg.num_heads, d, e)
+  assert layer["self_attn"]["o_proj"]["kernel"].shape == (e, cfg.num_heads, d)
+  assert layer["mlp"]["down_proj"]["kernel"].shape == (e, cfg.intermediate_size)
+  if not cfg.tie_word_embeddings:
+    assert converted["lm_head"].shape == (cfg.vocab_size, e)
+  abstract = jax.eval_shape(lambda: Qwen(cfg, out_major=True).init(
+      jax.random.key(0), *[jnp.zeros((1, 1), jnp.int32)] * 2, jnp.ones((1, 1, 1), bool)))
+  chex.assert_trees_all_equal_shapes(converted, nn.meta.unbox(abstract["params"]))
+  ids = np.random.RandomState(5).randint(0, cfg.vocab_size, (2, 9))
+  ref = hf_fixtures.hf_logits(hf_model, ids)
+  valid = jnp.ones(ids.shape, bool)
+  model = Qwen(cfg, out_major=True)
+  logits, _ = model.apply({"params": converted}, jnp.asarray(ids),
+                          masks.positions_from_padding(valid), masks.causal_padding_mask(valid))
+  assert np.abs(np.asarray(logits) - ref).max() <= 1e-4 * np.abs(ref).max()
+  # One token through a cache, projected vocab-major as the decode loop does.
+  cache = KVCache.zeros(cfg, 2, 16)
+  slots = jnp.tile(jnp.arange(9), (2, 1))
+  key_valid = jnp.arange(16)[None] < 9
+  hidden, _ = model.apply({"params": converted}, jnp.asarray(ids), slots,
+                          masks.cache_mask(jnp.broadcast_to(key_valid, (2, 16)), slots),
+                          cache=cache, cache_index=jnp.zeros((2,), jnp.int32), return_hidden=True)
+  last = model.apply({"params": converted}, hidden[:, -1], method=Qwen.logits_vocab_major)
+  assert np.abs(np.asarray(last).T - ref[:, -1]).max() <= 1e-4 * np.abs(ref).max()
 
 
 class CacheDecodeTest(chex.TestCase):
