@@ -251,8 +251,8 @@ class DecoderLayer(nn.Module):
         RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="input_layernorm")(x),
         cos, sin, mask, kv, cache_index)
     x = x + h
-    x = x + MLP(cfg, self.out_major, name="mlp")(RMSNorm(cfg.rms_norm_eps, "norm", pdtype,
-                                         name="post_attention_layernorm")(x))
+    x = x + MLP(cfg, self.out_major, name="mlp")(
+        RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="post_attention_layernorm")(x))
     return constrain(x, ("batch", "length", "embed")), new_kv
 
 
