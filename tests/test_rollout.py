@@ -212,6 +212,27 @@ def test_before_turn_hook_and_two_policies(world):
   assert not loss_mask[0, start:start + len(rubric)].any()
 
 
+def test_decode_layout_made_once_per_policy_per_rollout(world, monkeypatch):
+  """The decode-layout copy of the weights is made once per policy and rollout, not per turn."""
+  from agentjax.agent import rollout
+  tok, backend, agent = world
+  made = []
+
+  def counting(model, params):
+    made.append(model)
+    return real(model, params)
+
+  real = rollout.decode_layout
+  monkeypatch.setattr(rollout, "decode_layout", counting)
+  batch, _ = engine(world).run(agent.params(af.SEARCH), QUESTIONS, jax.random.key(0))
+  assert list(batch.num_turns) == [3] * 4 and len(made) == 1
+  made.clear()
+  policies = {"searcher": agent.params(af.SEARCH), "answerer": agent.params(af.ANSWER)}
+  engine(world, max_turns=3).run(policies, QUESTIONS, jax.random.key(0),
+                                 policy_for_turn=lambda t: "searcher" if t < 2 else "answerer")
+  assert len(made) == 2
+
+
 def test_budget_truncation_and_prompt_too_long(world):
   tok, backend, agent = world
   prompt_len = len(engine(world).prompt_ids(QUESTIONS[0]))

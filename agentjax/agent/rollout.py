@@ -31,8 +31,8 @@ from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, Protocol, g
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
 from agentjax.retrieval import SearchBackend, SearchResponse
-from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket,
-                               decode_bytes, extend, generate, init_state, token_byte_table)
+from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket, decode_bytes,
+                               decode_layout, extend, generate, init_state, token_byte_table)
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
 TurnHook = Callable[[int, Sequence[int], Sequence[str]], Sequence[str | None]]
@@ -200,6 +200,14 @@ class RolloutEngine:
     cfg = self.config
     pick = (lambda turn: params) if policy_for_turn is None else \
         (lambda turn: params[policy_for_turn(turn)])
+    decoders = {}  # policy name -> (model, params) in the decode layout, made once per rollout
+
+    def decoder(turn):
+      name = None if policy_for_turn is None else policy_for_turn(turn)
+      if name not in decoders:
+        decoders[name] = decode_layout(self.model, pick(turn))
+      return decoders[name]
+
     group = cfg.group_size
     rows = len(questions) * group
     group_ids = np.repeat(np.arange(len(questions), dtype=np.int32), group)
@@ -255,7 +263,7 @@ class RolloutEngine:
       t0 = time.perf_counter()
       active = np.zeros(rows, bool)
       active[active_rows] = True
-      state, gen = generate(self.model, policy, state, jnp.asarray(active), jnp.asarray(turn_arr),
+      state, gen = generate(*decoder(turn), state, jnp.asarray(active), jnp.asarray(turn_arr),
                             stop, cfg.sampling, cfg.max_new_tokens)
       new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
       timings["generate_s"] += time.perf_counter() - t0

@@ -29,6 +29,19 @@ class SamplingParams:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
+def _argmax_vocab_major(x: jax.Array) -> jax.Array:
+  """argmax over axis 0 of [V, B] (the first index of the maximum, as jnp.argmax) -> [B] int32.
+
+  As a max, then the smallest index holding it: two plain reductions that XLA:CPU vectorizes,
+  ~4x faster than its variadic argmax reduce over the major axis (5.7 ms a decode step at V =
+  151936, B = 16). A column with a NaN has no index equal to its max and yields V - 1.
+  """
+  top = jnp.max(x, axis=0)
+  index = jax.lax.broadcasted_iota(jnp.int32, x.shape, 0)
+  first = jnp.min(jnp.where(x == top[None], index, x.shape[0]), axis=0)
+  return jnp.minimum(first, x.shape[0] - 1)
+
+
 def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
                  vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
   """Samples one token per row.
@@ -43,11 +56,12 @@ def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
   logits = logits.astype(jnp.float32)
   if vocab_major:
     if params.greedy:
-      tokens = jnp.argmax(logits, axis=0).astype(jnp.int32)
+      tokens = _argmax_vocab_major(logits)
     elif params.top_k > 0 or params.top_p < 1.0:
       return sample_token(rng, logits.T, params)  # the filters work on [B, V]
-    else:
-      tokens = jax.random.categorical(rng, logits / params.temperature, axis=0).astype(jnp.int32)
+    else:  # Gumbel-max, as jax.random.categorical does, with the faster argmax
+      tokens = _argmax_vocab_major(logits / params.temperature
+                                   + jax.random.gumbel(rng, logits.shape, jnp.float32))
     chosen = logits[tokens, jnp.arange(logits.shape[1])]
     return tokens, chosen - jax.nn.logsumexp(logits, axis=0)
   if params.greedy:

@@ -124,18 +124,22 @@ class Generation:
   stop_reason: jax.Array  # [B] int32, one of STOP_* (RUNNING for rows that were not active)
 
 
-def _decode_layout(model: Qwen, params):
-  """The model and parameters the token loop runs with.
+def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
+  """The model and parameters `generate`'s token loop runs with.
 
   On CPU, out-major projection kernels: a decode step multiplies B rows by every kernel, which
-  XLA:CPU does ~1.5x faster with the kernel [out, in] (launch/bench.py decode). The transposed
-  copy is made once per `generate` call, outside the loop; it costs one pass over the weights and
-  their size in memory while the call runs. GPU and TPU matmuls take either layout at the same
-  speed, so there the checkpoint layout is used as is.
+  XLA:CPU does ~1.5x faster with the kernel [out, in] (docs/BENCHMARKS.md, decode). The copy costs
+  one pass over the weights and their size in memory. `generate` makes it once per call, outside
+  its loop; a caller that generates several times with the same parameters (the turns of a
+  rollout) calls this once and passes the result, which `generate` then uses as it is. GPU and
+  TPU matmuls take either layout at the same speed, so there the checkpoint layout is kept.
   """
   if jax.default_backend() != "cpu" or model.out_major:
     return model, params
-  return Qwen(model.cfg, out_major=True), out_major_params(params)
+  return Qwen(model.cfg, out_major=True), _out_major_params(params)
+
+
+_out_major_params = jax.jit(out_major_params)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6, 7), donate_argnums=2)
@@ -145,6 +149,7 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
   """Samples up to max_new tokens per active row, each row stopping on its own.
 
   Args:
+    model, params: the checkpoint layout, or what `decode_layout` made of it.
     active: [B] bool rows that generate in this call.
     turn: [B] int32 turn id recorded for the sampled tokens.
     stop: (StopTable, eos_ids [E] int32, budget: scalar int32 max slots a row may fill).
@@ -153,7 +158,7 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
   cache always holds the whole trajectory.
   """
   table, eos_ids, budget = stop
-  model, params = _decode_layout(model, params)
+  model, params = decode_layout(model, params)
   b, s = state.tokens.shape
   rows = jnp.arange(b)
   budget = jnp.minimum(budget, s)
