@@ -152,6 +152,7 @@ def test_vocab_major_sampling_matches_numpy():
   logits[[7, 40, 299], 2] = 9.0      # a three-way tie for the max: the first index wins
   logits[[0, 5], 4] = 9.0
   logits[299, 5] = 9.0               # the max in the last row
+  logits[[11, 20], 1] = np.nan       # NaN counts as the max, as in np.argmax
   ref_logp = logits - np.log(np.exp(logits - logits.max(0)).sum(0)) - logits.max(0)
   tok, logp = sample_token(jax.random.key(0), jnp.asarray(logits), SamplingParams(greedy=True),
                            vocab_major=True)

@@ -200,7 +200,9 @@ class RolloutEngine:
     cfg = self.config
     pick = (lambda turn: params) if policy_for_turn is None else \
         (lambda turn: params[policy_for_turn(turn)])
-    decoders = {}  # policy name -> (model, params) in the decode layout, made once per rollout
+    # policy name -> (model, params) in the decode layout, made once per rollout. On CPU each is
+    # a second copy of that policy's weights while the rollout runs (extend uses the first).
+    decoders = {}
 
     def decoder(turn):
       name = None if policy_for_turn is None else policy_for_turn(turn)

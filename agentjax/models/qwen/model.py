@@ -293,7 +293,7 @@ class Qwen(nn.Module):
       tokens: [B, Q] int32 token ids.
       positions: [B, Q] int32 position ids (RoPE), explicit so that padding and packing are free.
       attention_mask: [B, Q, K] bool; K = Q without a cache, K = cache length S with one.
-      cache: optional KVCache with buffers [B, N, S, D]; this call's keys/values are written into it.
+      cache: optional KVCache (keys [B, N, D, S], values [B, N, S, D]); this call's keys/values are written into it.
       cache_index: [B] int32, the slot where each row's first token of this call is written.
       return_hidden: return the final-norm hidden states [B, Q, E] instead of logits, so that a
         sampler projects only the positions it samples from (see `logits`).
@@ -367,7 +367,7 @@ def out_major_params(params: Any) -> Any:
       return leaf.T
     if names[-1] != "kernel":
       return leaf
-    in_dims = 2 if "o_proj" in names else 1
+    in_dims = 2 if "o_proj" in names else 1  # each Linear's in_dims (see Attention, MLP)
     return jnp.moveaxis(leaf, tuple(range(in_dims)), tuple(range(-in_dims, 0)))
 
   return jax.tree_util.tree_map_with_path(convert, params)
