@@ -86,6 +86,7 @@ _RUN = flags.DEFINE_string("run", "", "Internal: run one size/method/seed in thi
 _HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the report (default: "
                                 "this machine's CPU and core count).")
 
+
 def _say(msg: str) -> None:
   print(msg, flush=True)
 
@@ -217,13 +218,12 @@ def _spawn(spec: str) -> tuple[str, int | None, float]:
   log = os.path.join(_ROOT.value, spec.replace("/", "_") + ".log")
   cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={_ROOT.value}",
          f"--steps={_STEPS.value}"]
-  env = dict(os.environ)
   core = _FREE_CORES.get() if _PIN.value else None
   if core is not None:
     cmd = ["taskset", "-c", str(core)] + cmd
   try:
     with open(log, "a") as f:  # appended: a resumed run keeps the earlier attempt's output
-      rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, pass_fds=(fd,))
+      rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, pass_fds=(fd,))
   finally:
     os.close(fd)
     if core is not None:
@@ -275,6 +275,12 @@ def _moving(x: list[float], w: int = WINDOW) -> list[float | None]:
   """Mean of the last w values at each index; None until a full window exists (a partial one
   would let a single noisy step count)."""
   return [sum(x[i - w + 1:i + 1]) / w if i >= w - 1 else None for i in range(len(x))]
+
+
+def _grpo_f1(runs: dict) -> dict:
+  """{seed: GRPO's training F1 per step}: what the other methods are paired with, step by step
+  (the same seed sees the same questions at a step)."""
+  return {r["seed"]: [m["f1"] for m in r["curve"]] for r in runs.get("grpo", [])}
 
 
 def _mean_std(xs: list[float]) -> tuple[float, float]:
@@ -330,7 +336,7 @@ def summarize(study: dict, target_gain: float) -> dict:
         by_seed.setdefault(r["seed"], []).append(
             sum(m["f1"] for m in r["curve"][:WINDOW]) / WINDOW)
     targets = {seed: sum(v) / len(v) + target_gain for seed, v in by_seed.items()}
-    grpo = {r["seed"]: [m["f1"] for m in r["curve"]] for r in runs.get("grpo", [])}
+    grpo = _grpo_f1(runs)
     table[size] = {"start": {split: {k: s["start"][split][k] for k in ("f1", "em", "per_hop")}
                              for split in SPLITS},
                    "target_train_f1": targets, "methods": {}}
@@ -432,7 +438,7 @@ def plot(study: dict, out: str) -> list[str]:
                             "GT entropy reduction (nats)")):
     fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
     for ax, (size, s) in zip(axes[0], study.items()):
-      grpo = {r["seed"]: [m["f1"] for m in r["curve"]] for r in s["runs"].get("grpo", [])}
+      grpo = _grpo_f1(s["runs"])
       for method, rs in s["runs"].items():
         if key == "f1_minus_grpo":  # the per-step question mix cancels out
           rs = [r for r in rs if r["seed"] in grpo]

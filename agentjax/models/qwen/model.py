@@ -321,17 +321,19 @@ class Qwen(nn.Module):
       return hidden, new_cache
     return self.logits(hidden), new_cache
 
+  def _head(self) -> tuple[Array, str]:
+    """The LM head matrix and its einsum letters: "ve" for [V, E] (tied embeddings, or the
+    out-major lm_head), "ev" for the checkpoint's untied [E, V]."""
+    if self.cfg.tie_word_embeddings:
+      return self.embed_tokens, "ve"
+    return self.lm_head, "ve" if self.out_major else "ev"
+
   def logits(self, hidden: Array) -> Array:
     """LM head: hidden [..., E] -> logits [..., V] in float32 (accumulated in float32)."""
     dtype = _dtype(self.cfg.dtype)
-    h = hidden.astype(dtype)
-    if self.cfg.tie_word_embeddings:
-      out = jnp.einsum("...e,ve->...v", h, self.embed_tokens.astype(dtype), preferred_element_type=_F32)
-    elif self.out_major:
-      out = jnp.einsum("...e,ve->...v", h, self.lm_head.astype(dtype), preferred_element_type=_F32)
-    else:
-      out = jnp.einsum("...e,ev->...v", h, self.lm_head.astype(dtype), preferred_element_type=_F32)
-    return out
+    head, letters = self._head()
+    return jnp.einsum(f"...e,{letters}->...v", hidden.astype(dtype), head.astype(dtype),
+                      preferred_element_type=_F32)
 
   def logits_vocab_major(self, hidden: Array) -> Array:
     """LM head for a few rows, vocab-major: hidden [B, E] -> logits [V, B] float32.
@@ -340,12 +342,9 @@ class Qwen(nn.Module):
     matrix once at near copy speed, while the [B, V] product runs ~40% slower.
     """
     dtype = _dtype(self.cfg.dtype)
-    h = hidden.astype(dtype)
-    if self.cfg.tie_word_embeddings:
-      return jnp.einsum("ve,be->vb", self.embed_tokens.astype(dtype), h, preferred_element_type=_F32)
-    if self.out_major:
-      return jnp.einsum("ve,be->vb", self.lm_head.astype(dtype), h, preferred_element_type=_F32)
-    return jnp.einsum("ev,be->vb", self.lm_head.astype(dtype), h, preferred_element_type=_F32)
+    head, letters = self._head()
+    return jnp.einsum(f"{letters},be->vb", head.astype(dtype), hidden.astype(dtype),
+                      preferred_element_type=_F32)
 
 
 # --------------------------------------------------------------------------- parameters
