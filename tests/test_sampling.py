@@ -70,6 +70,26 @@ def test_greedy_equals_repeated_argmax_of_full_forwards(preset):
     assert list(np.asarray(state.tokens[b, :len(seq)])) == seq
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_decode_layout_copies_only_the_moved_kernels(tied):
+  """On CPU the decode layout is out_major_params' tree; the leaves it leaves alone (embedding,
+  norms, biases) are the caller's own arrays, not copies."""
+  from agentjax.models.qwen.model import out_major_params
+  from agentjax.sampling import decode_layout
+  cfg = QwenConfig.preset("tiny", tie_word_embeddings=tied)
+  params = init_params(cfg, jax.random.key(0))
+  model, converted = decode_layout(Qwen(cfg), params)
+  assert model.out_major and model.cfg == cfg
+  chex.assert_trees_all_equal(converted, out_major_params(params))
+  shared = jax.tree.map(lambda a, b: a is b, params, converted)
+  flat = {jax.tree_util.keystr(k): v for k, v in jax.tree_util.tree_leaves_with_path(shared)}
+  assert flat["['embed_tokens']"] and flat["['layers_0']['input_layernorm']['scale']"]
+  assert flat["['layers_0']['self_attn']['q_proj']['bias']"]
+  assert not flat["['layers_0']['mlp']['up_proj']['kernel']"]
+  assert sum(flat.values()) == len(flat) - 7 * cfg.num_layers - (not tied)
+  assert decode_layout(model, converted)[1] is converted   # already out-major: used as it is
+
+
 class LogprobTest(chex.TestCase):
 
   def test_sampled_logprobs_equal_teacher_forced(self):

@@ -200,8 +200,9 @@ class RolloutEngine:
     cfg = self.config
     pick = (lambda turn: params) if policy_for_turn is None else \
         (lambda turn: params[policy_for_turn(turn)])
-    # policy name -> (model, params) in the decode layout, made once per rollout. On CPU each is
-    # a second copy of that policy's weights while the rollout runs (extend uses the first).
+    # policy name -> (model, params) in the decode layout, made once per rollout. On CPU each
+    # holds a second copy of that policy's projection kernels while the rollout runs (extend
+    # uses the checkpoint layout); the embedding and norms are shared.
     decoders = {}
 
     def decoder(turn):

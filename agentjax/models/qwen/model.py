@@ -361,15 +361,22 @@ def out_major_params(params: Any) -> Any:
   """
 
   def convert(path, leaf):
-    names = [getattr(k, "key", None) for k in path]
-    if names[-1] == "lm_head":
-      return leaf.T
-    if names[-1] != "kernel":
-      return leaf
-    in_dims = 2 if "o_proj" in names else 1  # each Linear's in_dims (see Attention, MLP)
-    return jnp.moveaxis(leaf, tuple(range(in_dims)), tuple(range(-in_dims, 0)))
+    move = out_major_move(path, leaf.ndim)
+    return leaf if move is None else jnp.moveaxis(leaf, *move)
 
   return jax.tree_util.tree_map_with_path(convert, params)
+
+
+def out_major_move(path, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+  """The jnp.moveaxis (source, destination) that `out_major_params` applies to the parameter at
+  `path` (a key path), or None for a parameter it leaves as it is."""
+  names = [getattr(k, "key", None) for k in path]
+  if names[-1] == "lm_head":
+    return (0,), (1,)
+  if names[-1] != "kernel":
+    return None
+  in_dims = 2 if "o_proj" in names else 1  # each Linear's in_dims (see Attention, MLP)
+  return tuple(range(in_dims)), tuple(range(ndim - in_dims, ndim))
 
 
 def _dummy_inputs():
