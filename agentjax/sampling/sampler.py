@@ -129,10 +129,11 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
 
   On CPU, out-major projection kernels: a decode step multiplies B rows by every kernel, which
   XLA:CPU does ~1.5x faster with the kernel [out, in] (docs/BENCHMARKS.md, decode). The copy costs
-  one pass over the weights and their size in memory. `generate` makes it once per call, outside
-  its loop; a caller that generates several times with the same parameters (the turns of a
-  rollout) calls this once and passes the result, which `generate` then uses as it is. GPU and
-  TPU matmuls take either layout at the same speed, so there the checkpoint layout is kept.
+  one pass over the projection kernels and their size in memory (the embedding and norms are
+  shared, not copied). `generate` makes it once per call, outside its loop; a caller that
+  generates several times with the same parameters (the turns of a rollout) calls this once and
+  passes the result, which `generate` then uses as it is. GPU and TPU matmuls take either layout
+  at the same speed, so there the checkpoint layout is kept.
   """
   if jax.default_backend() != "cpu" or model.out_major:
     return model, params
@@ -141,7 +142,7 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
   # tied embedding alone is 0.5 GB for the 0.5B model).
   with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
   leaves = [leaf for _, leaf in with_paths]
-  moves = {i: out_major_move(path, leaf.ndim) for i, (path, leaf) in enumerate(with_paths)}
+  moves = {i: out_major_move(path, jnp.ndim(leaf)) for i, (path, leaf) in enumerate(with_paths)}
   moves = {i: move for i, move in moves.items() if move is not None}
   moved = _move_axes(tuple(moves.values()), [leaves[i] for i in moves])
   for i, leaf in zip(moves, moved):
