@@ -11,7 +11,5 @@ from agentjax.sampling.text import decode_bytes, token_byte_table
 __all__ = [
     "SamplingParams", "sample_token", "STOP_BUDGET", "STOP_EOS", "STOP_MAX_NEW", "STOP_REASONS",
     "STOP_STRING", "DecodeState", "Generation", "bucket", "decode_layout", "extend", "generate",
-    "init_state",
-    "state_logical_axes",
-    "StopTable", "push_and_match", "decode_bytes", "token_byte_table",
+    "init_state", "state_logical_axes", "StopTable", "push_and_match", "decode_bytes", "token_byte_table",
 ]

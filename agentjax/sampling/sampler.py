@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from agentjax.models import masks
-from agentjax.models.qwen.model import KVCache, Qwen, out_major_move
+from agentjax.models.qwen.model import KVCache, Qwen, out_major_params
 from agentjax.sampling.sample import SamplingParams, sample_token
 from agentjax.parallel import logical_to_sharding
 from agentjax.sampling.stops import StopTable, push_and_match
@@ -137,22 +137,7 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
   """
   if jax.default_backend() != "cpu" or model.out_major:
     return model, params
-  # Only the kernels that move are computed; the other leaves (the embedding, norms, biases) stay
-  # the caller's arrays, since a jit output is a fresh buffer even when it equals an input (the
-  # tied embedding alone is 0.5 GB for the 0.5B model).
-  with_paths, treedef = jax.tree_util.tree_flatten_with_path(params)
-  leaves = [leaf for _, leaf in with_paths]
-  moves = {i: out_major_move(path, jnp.ndim(leaf)) for i, (path, leaf) in enumerate(with_paths)}
-  moves = {i: move for i, move in moves.items() if move is not None}
-  moved = _move_axes(tuple(moves.values()), [leaves[i] for i in moves])
-  for i, leaf in zip(moves, moved):
-    leaves[i] = leaf
-  return Qwen(model.cfg, out_major=True), jax.tree.unflatten(treedef, leaves)
-
-
-@functools.partial(jax.jit, static_argnums=0)
-def _move_axes(moves: tuple, leaves: list) -> list:
-  return [jnp.moveaxis(leaf, *move) for move, leaf in zip(moves, leaves)]
+  return Qwen(model.cfg, out_major=True), out_major_params(params)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6, 7), donate_argnums=2)

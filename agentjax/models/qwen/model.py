@@ -353,30 +353,25 @@ class Qwen(nn.Module):
 def out_major_params(params: Any) -> Any:
   """Parameters for Qwen(cfg, out_major=True): every projection kernel [*in, *out] becomes
   [*out, *in] (o_proj has two in-dims, heads and head_dim), an untied lm_head [E, V] becomes
-  [V, E]; everything else is shared.
+  [V, E]; every other leaf is returned as it is (the same array, not a copy), so call this
+  outside jit: a jit output is a fresh buffer even when it equals an input, and the tied
+  embedding alone is 0.5 GB for the 0.5B model.
 
   A decode step multiplies a few rows by each kernel; XLA:CPU does that ~1.5x faster with the
   kernel out-major (measured in launch/bench.py decode). The sampler converts once per `generate`
-  call, outside its token loop.
+  call, outside its token loop (`sampling.decode_layout`).
   """
 
   def convert(path, leaf):
-    move = out_major_move(path, leaf.ndim)
-    return leaf if move is None else jnp.moveaxis(leaf, *move)
+    names = [getattr(k, "key", None) for k in path]
+    if names[-1] == "lm_head":
+      return leaf.T
+    if names[-1] != "kernel":
+      return leaf
+    in_dims = 2 if "o_proj" in names else 1  # each Linear's in_dims (see Attention, MLP)
+    return jnp.moveaxis(leaf, tuple(range(in_dims)), tuple(range(-in_dims, 0)))
 
   return jax.tree_util.tree_map_with_path(convert, params)
-
-
-def out_major_move(path, ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
-  """The jnp.moveaxis (source, destination) that `out_major_params` applies to the parameter at
-  `path` (a key path), or None for a parameter it leaves as it is."""
-  names = [getattr(k, "key", None) for k in path]
-  if names[-1] == "lm_head":
-    return (0,), (1,)
-  if names[-1] != "kernel":
-    return None
-  in_dims = 2 if "o_proj" in names else 1  # each Linear's in_dims (see Attention, MLP)
-  return tuple(range(in_dims)), tuple(range(ndim - in_dims, ndim))
 
 
 def _dummy_inputs():
