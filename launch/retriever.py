@@ -8,7 +8,8 @@ r"""A BM25 retrieval server speaking the Search-R1 HTTP API, for search-agent ro
 Trainers then use make_backend("http", url="http://127.0.0.1:8000/retrieve"). The corpus is
 FlashRAG JSONL ({"id", "contents"} per line); the BM25 index is built on first start and cached
 (--index_dir, default ~/.cache/agentjax/bm25), so later starts only load it. Binds 127.0.0.1
-unless --host says otherwise. API and status codes: agentjax/retrieval/server.py.
+unless --host says otherwise. API, status codes and the limits on bad or stalled clients
+(--max_body_bytes, --read_timeout_s): agentjax/retrieval/server.py.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0 exposes it to
 flags.DEFINE_integer("port", 8000, "Port to bind (0: any free port, printed at start).")
 flags.DEFINE_integer("topk", 3, "Documents per query when a request gives no topk.")
 flags.DEFINE_integer("max_topk", 100, "Largest topk a request may ask for.")
+flags.DEFINE_integer("max_queries", 4096, "Most queries in one request.")
+flags.DEFINE_integer("max_body_bytes", 16 << 20, "Largest request body (413 above it).")
+flags.DEFINE_float("read_timeout_s", 30.0, "Seconds any read or write of a connection may block; "
+                   "a client that stalls longer loses its connection (searches are not limited).")
 flags.DEFINE_float("k1", 1.5, "BM25 k1.")
 flags.DEFINE_float("b", 0.75, "BM25 b.")
 flags.DEFINE_bool("stopwords", True, "Remove English stopwords (corpus and queries).")
@@ -49,7 +54,8 @@ def main(argv):
   logging.info("BM25 index %s at %s (%d documents)", "built" if backend.built else "loaded",
                backend.index_path, backend.num_docs)
   server = make_server(backend, host=FLAGS.host, port=FLAGS.port, default_topk=FLAGS.topk,
-                       max_topk=FLAGS.max_topk)
+                       max_topk=FLAGS.max_topk, max_queries=FLAGS.max_queries,
+                       max_body_bytes=FLAGS.max_body_bytes, read_timeout_s=FLAGS.read_timeout_s)
   print(f"serving {backend.num_docs} documents at {server.url}", flush=True)
   try:
     server.serve_forever()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import socketserver
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -137,3 +138,57 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
 
   def log_message(self, *args) -> None:
     pass
+
+
+def chunked(body: bytes, chunk_size: int = 512) -> bytes:
+  """`body` in HTTP/1.1 chunked transfer coding (chunks of chunk_size, then the last chunk)."""
+  chunks = [body[i:i + chunk_size] for i in range(0, len(body), chunk_size)]
+  return b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+
+
+class RawResponseServer(socketserver.ThreadingTCPServer):
+  """Answers every request with the same raw bytes (status line, headers, body, as given).
+
+  For answers http.server does not produce: a Content-Length that lies, a chunked body.
+  With hold_open the connection stays open after the bytes are sent until `release` is set
+  (teardown) or 10 s pass; `requests` counts the requests read.
+  """
+
+  daemon_threads = True
+  block_on_close = False
+
+  def __init__(self, response: bytes, hold_open: bool = False):
+    self.response = response
+    self.hold_open = hold_open
+    self.requests = 0
+    self.release = threading.Event()
+    self._lock = threading.Lock()
+    super().__init__(("127.0.0.1", 0), _RawHandler)
+
+  @property
+  def url(self) -> str:
+    return f"http://127.0.0.1:{self.server_address[1]}/retrieve"
+
+
+class _RawHandler(socketserver.StreamRequestHandler):
+  server: RawResponseServer
+  timeout = 10  # a client that stalls never keeps this thread past the test
+
+  def handle(self) -> None:
+    length = 0
+    try:
+      for _ in range(100):  # request line and headers, up to the blank line
+        line = self.rfile.readline(65537)
+        if line in (b"\r\n", b"\n", b""):
+          break
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+          length = int(value)
+      self.rfile.read(length)
+      with self.server._lock:
+        self.server.requests += 1
+      self.wfile.write(self.server.response)
+      if self.server.hold_open:
+        self.server.release.wait(10)
+    except OSError:  # the client gave up first
+      pass

@@ -5,20 +5,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import selectors
 import socket
 import subprocess
 import sys
 import time
+import types
 import urllib.error
+import urllib.parse
 import urllib.request
 
 import numpy as np
 import pytest
 
 from agentjax.retrieval import (BM25Backend, CorpusError, Document, HttpSearchBackend,
-                                SearchBackend, SearchResponse, load_corpus, make_backend,
-                                make_server, start_in_thread)
+                                SearchBackend, SearchResponse, SearchStats, load_corpus,
+                                make_backend, make_server, start_in_thread)
+from agentjax.retrieval import http as http_client
 from tests import retrieval_fixtures as fx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -247,13 +251,21 @@ def test_server_client_error_is_not_retried(bm25, serve):
   assert client.stats.retries == 0 and client.stats.failed_queries == 2
 
 
-def test_retriever_down_returns_errors_with_bounded_retries():
-  client = _client(f"http://127.0.0.1:{_free_port()}/retrieve", max_retries=3)
-  start = time.monotonic()
+def test_retriever_down_returns_errors_naming_url_with_bounded_retries(monkeypatch):
+  # A closed port: every attempt is refused at once; the backoffs are recorded, not slept.
+  sleeps = []
+  monkeypatch.setattr(http_client, "time", types.SimpleNamespace(perf_counter=time.perf_counter,
+                                                                 sleep=sleeps.append))
+  url = f"http://127.0.0.1:{_free_port()}/retrieve"
+  client = _client(url, max_retries=3, backoff_s=0.25, max_backoff_s=0.6)
   response = client.search(["a", "b", "c"], topk=3)
-  assert time.monotonic() - start < 5
   assert response.documents == [[], [], []] and response.num_failed == 3
-  assert all("after 4 attempts" in e and "connection" in e for e in response.errors)
+  assert all(url in e and "after 4 attempts" in e and "Connection refused" in e
+             for e in response.errors), response.errors[0]
+  # Retry r waits min(max_backoff_s, backoff_s * 2^(r-1)) times a jitter factor in [0.5, 1].
+  nominal = np.minimum(0.6, 0.25 * 2.0 ** np.arange(3))
+  assert len(sleeps) == 3
+  assert np.all(np.asarray(sleeps) >= 0.5 * nominal) and np.all(np.asarray(sleeps) <= nominal)
   stats = client.stats.as_dict()
   assert stats | {"seconds": 0} == {
       "calls": 1, "queries": 3, "failed_queries": 3, "retries": 3, "seconds": 0}
@@ -262,9 +274,8 @@ def test_retriever_down_returns_errors_with_bounded_retries():
 def test_retriever_too_slow_times_out(serve):
   server = serve(fx.ScriptedServer([(200, fx.search_r1_body([[]]), 5.0)]))
   client = _client(server.url, timeout_s=0.2, max_retries=1)
-  start = time.monotonic()
   response = client.search(["slow query"], topk=2)
-  assert time.monotonic() - start < 2.0
+  # Both attempts gave up on their own (the scripted answer comes only after 5 s, at teardown).
   assert response.documents == [[]] and "timed out" in response.errors[0]
   assert server.requests == 2 and client.stats.failed_queries == 1
 
@@ -309,14 +320,177 @@ def test_results_without_scores_get_zero(serve):
   assert response.documents[0][0].title == "\"Seven\""
 
 
+# --- the server under bad input (raw sockets) -----------------------------------------------
+
+
+def _recv_all(sock: socket.socket) -> bytes:
+  """Everything the peer sends until it closes (a reset after its answer also ends it).
+
+  Bounded by the socket's timeout: a server that never closes raises socket.timeout.
+  """
+  data = b""
+  while True:
+    try:
+      chunk = sock.recv(65536)
+    except ConnectionResetError:  # closed with our unread bytes in its buffer: the answer is in
+      return data
+    if not chunk:
+      return data
+    data += chunk
+
+
+def _raw_exchange(server, request: bytes) -> tuple[int, dict, bytes]:
+  """Sends `request` as it is, ends our side, returns (status, JSON body, raw reply)."""
+  with socket.create_connection(server.server_address[:2], timeout=10) as sock:
+    sock.sendall(request)
+    sock.shutdown(socket.SHUT_WR)
+    raw = _recv_all(sock)
+  head, _, body = raw.partition(b"\r\n\r\n")
+  assert head.startswith(b"HTTP/"), raw[:200]
+  return int(head.split()[1]), json.loads(body), raw
+
+
+def _head(*headers: str) -> bytes:
+  return ("\r\n".join(["POST /retrieve HTTP/1.1", "Host: 127.0.0.1", *headers]) +
+          "\r\n\r\n").encode()
+
+
+class _CountingBackend:
+  """A SearchBackend that counts search() calls and finds nothing."""
+
+  def __init__(self):
+    self.stats = SearchStats()
+    self.calls = 0
+
+  def search(self, queries, topk):
+    self.calls += 1
+    return SearchResponse([[] for _ in queries], [None] * len(queries))
+
+
+# A valid request body of 2 KiB, twice the 1 KiB limit used below.
+BIG_BODY = json.dumps({"queries": ["x" * 2000]}).encode()
+
+
+@pytest.mark.parametrize("headers, body, status, message", [
+    # A negative length used to read the body to EOF, past max_body_bytes.
+    pytest.param(["Content-Length: -1"], BIG_BODY, 400, "Content-Length", id="negative"),
+    pytest.param(["Content-Length: -2048"], BIG_BODY, 400, "Content-Length", id="negative-big"),
+    # Not a plain decimal: int() would accept "+20" and "1_0".
+    pytest.param(["Content-Length: abc"], BIG_BODY, 400, "'abc'", id="non-numeric"),
+    pytest.param(["Content-Length: 1_0"], BIG_BODY, 400, "'1_0'", id="underscore"),
+    pytest.param(["Content-Length: +20"], BIG_BODY, 400, "'+20'", id="plus-sign"),
+    pytest.param(["Content-Length: 0x10"], BIG_BODY, 400, "'0x10'", id="hex"),
+    pytest.param(["Content-Length: "], BIG_BODY, 400, "Content-Length", id="empty"),
+    # Two lengths that disagree: the server must not pick one (request smuggling).
+    pytest.param(["Content-Length: 16", "Content-Length: 2048"], BIG_BODY, 400,
+                 "conflicting", id="conflicting"),
+    # A body that ends before its announced length.
+    pytest.param(["Content-Length: 500"], b'{"queries": []}', 400, "15 of 500", id="short-body"),
+    # Missing, or chunked (which this server does not read).
+    pytest.param([], BIG_BODY, 411, "Content-Length", id="missing"),
+    pytest.param(["Transfer-Encoding: chunked"], fx.chunked(BIG_BODY), 411, "chunked",
+                 id="chunked"),
+    # Above the limit: refused before the body is read.
+    pytest.param([f"Content-Length: {len(BIG_BODY)}"], BIG_BODY, 413, "1024", id="oversized"),
+    pytest.param(["Content-Length: 99999999999999999999999999"], BIG_BODY, 413, "1024",
+                 id="oversized-26-digits"),
+    pytest.param(["Content-Length: " + "9" * 5000], BIG_BODY, 413, "5000-digit",
+                 id="oversized-5000-digits"),  # int() refuses 4300+ digits
+])
+def test_server_rejects_bad_content_length(serve, headers, body, status, message):
+  backend = _CountingBackend()
+  server = serve(make_server(backend, port=0, max_body_bytes=1024, read_timeout_s=5.0))
+  got_status, payload, raw = _raw_exchange(server, _head(*headers) + body)
+  assert (got_status, backend.calls) == (status, 0), raw[:300]
+  assert message in payload["error"], payload
+  assert len(re.findall(rb"HTTP/1\.[01] \d{3} ", raw)) == 1  # one answer, then closed
+  # The server keeps serving well-formed requests.
+  ok = json.dumps({"queries": ["a"]}).encode()
+  assert _raw_exchange(server, _head(f"Content-Length: {len(ok)}") + ok)[:2] == (
+      200, {"result": [[]]})
+
+
+def test_server_closes_stalled_connections_and_keeps_serving(bm25, serve):
+  server = serve(make_server(bm25, port=0, read_timeout_s=0.5))
+  stalls = {"nothing sent": b"",
+            "headers unfinished": b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\n",
+            "body unfinished": _head("Content-Length: 100") + b'{"queries": '}
+  sockets = {}
+  try:
+    for name, sent in stalls.items():
+      sockets[name] = socket.create_connection(server.server_address[:2], timeout=10)
+      sockets[name].sendall(sent)
+    # Others are served while those connections stall.
+    assert _client(server.url).search(["Xandrith"], topk=1).documents[0][0].id == "doc-26"
+    replies = {name: _recv_all(sock) for name, sock in sockets.items()}  # returns on close
+  finally:
+    for sock in sockets.values():
+      sock.close()
+  assert replies["nothing sent"] == b"" and replies["headers unfinished"] == b""
+  status_line, _, body = replies["body unfinished"].partition(b"\r\n")
+  assert b" 408 " in status_line and b"0.5" in body, replies["body unfinished"]
+  assert _client(server.url).search(["Xandrith"], topk=1).errors == [None]
+
+
+def test_server_limits_must_be_positive(bm25):
+  for field in ("read_timeout_s", "max_body_bytes", "max_queries", "max_topk", "default_topk"):
+    with pytest.raises(ValueError, match=field):
+      make_server(bm25, port=0, **{field: 0})
+
+
+# --- client response cap --------------------------------------------------------------------
+
+
+def test_client_refuses_response_over_max_response_bytes(serve):
+  body = fx.search_r1_body([[DOC] * 20])
+  assert len(body) > 1000
+  server = serve(fx.ScriptedServer([(200, body, 0.0)]))
+  response = _client(server.url, max_response_bytes=1000).search(["q"], topk=3)
+  assert response.documents == [[]]
+  assert "max_response_bytes=1000" in response.errors[0] and server.url in response.errors[0]
+  assert server.requests == 1  # the same request would get the same answer: not retried
+  # Under the cap the same answer is read.
+  assert _client(server.url, max_response_bytes=len(body)).search(["q"], 1).errors == [None]
+
+
+def test_client_refuses_announced_length_over_cap_without_reading(serve):
+  # The server announces 1 TB, sends a few bytes and keeps the connection open: a client that
+  # believed it would wait (and buffer) for the rest.
+  server = serve(fx.RawResponseServer(
+      b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+      b"Content-Length: 1000000000000\r\n\r\n{\"result\": [", hold_open=True))
+  client = _client(server.url, timeout_s=5.0, max_response_bytes=1 << 20)
+  response = client.search(["q"], topk=3)
+  assert response.documents == [[]] and "1000000000000" in response.errors[0]
+  assert "max_response_bytes=1048576" in response.errors[0] and server.requests == 1
+
+
+def test_client_caps_chunked_response_without_length(serve):
+  body = fx.search_r1_body([[DOC] * 50])
+  server = serve(fx.RawResponseServer(
+      b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+      b"Connection: close\r\n\r\n" + fx.chunked(body)))
+  response = _client(server.url, max_response_bytes=1000).search(["q"], topk=3)
+  assert response.documents == [[]] and "max_response_bytes=1000" in response.errors[0]
+  full = _client(server.url, max_response_bytes=len(body)).search(["q"], topk=3)
+  assert full.errors == [None] and full.documents == [[Document("7", DOC["contents"], 1.0),
+                                                       Document("7", DOC["contents"], 0.5),
+                                                       Document("7", DOC["contents"], 1 / 3)]]
+
+
+def test_client_max_response_bytes_must_be_positive():
+  with pytest.raises(ValueError, match="max_response_bytes"):
+    HttpSearchBackend("http://127.0.0.1:9/retrieve", max_response_bytes=0)
+
+
 # --- launcher -------------------------------------------------------------------------------
 
 
 def test_launcher_serves_bm25_over_http(corpus_path, tmp_path):
   proc = subprocess.Popen(
       [sys.executable, "launch/retriever.py", f"--corpus={corpus_path}", "--port=0",
-       f"--index_dir={tmp_path}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-      text=True)
+       f"--index_dir={tmp_path}", "--read_timeout_s=0.5"], cwd=ROOT, stdout=subprocess.PIPE,
+      stderr=subprocess.DEVNULL, text=True)
   try:
     selector = selectors.DefaultSelector()
     selector.register(proc.stdout, selectors.EVENT_READ)
@@ -326,6 +500,10 @@ def test_launcher_serves_bm25_over_http(corpus_path, tmp_path):
     client = _client(line.split()[-1])
     assert client.health() == {"status": "ok", "num_docs": 30}
     assert client.search(["Xandrith"], topk=1).documents[0][0].id == "doc-26"
+    # --read_timeout_s reaches the server: a connection that sends nothing gets closed.
+    host, port = urllib.parse.urlsplit(client.url).netloc.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+      assert _recv_all(sock) == b""
   finally:
     proc.terminate()
     proc.wait(timeout=10)

@@ -8,8 +8,11 @@ answer bare documents, [{"id": ..., "contents": ...}, ...]; those get score 0.0.
 
 Faults are the retriever's, not the rollout's: connection errors, timeouts, HTTP 5xx and
 unparsable answers are retried with exponential backoff (bounded), then every query of the batch
-gets an error string; search() never raises for them. HTTP 4xx means our request is wrong, so
-it is not retried (but still reported per query, not raised: the rollout goes on).
+gets an error string naming the server's URL; search() never raises for them. HTTP 4xx means
+our request is wrong, and an answer above max_response_bytes would come back the same, so those
+are not retried (but still reported per query, not raised: the rollout goes on). The answer is
+read up to max_response_bytes and no further: a Content-Length announcing more is refused before
+any body byte is read, a body without one is cut off there.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ class HttpSearchBackend:
   Args:
     url: the endpoint, e.g. "http://127.0.0.1:8000/retrieve".
     timeout_s: socket timeout of one attempt (connect, and each read).
+    max_response_bytes: the largest answer read (64 MiB by default: a batch of 4096 queries
+      with top-10 passages of ~1 KB is about 40 MiB of JSON).
     max_retries: attempts after the first; a failing batch costs at most 1 + max_retries requests.
     backoff_s, max_backoff_s: the wait before retry r (1-based) is
       min(max_backoff_s, backoff_s * 2 ** (r - 1)), scaled by a random factor in [0.5, 1] so that
@@ -90,11 +95,15 @@ class HttpSearchBackend:
   """
 
   def __init__(self, url: str, timeout_s: float = 10.0, max_retries: int = 3,
-               backoff_s: float = 0.5, max_backoff_s: float = 8.0):
+               backoff_s: float = 0.5, max_backoff_s: float = 8.0,
+               max_response_bytes: int = 64 << 20):
     if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
       raise ValueError(f"`url` must be an http(s) URL, got {url!r}")
     if timeout_s <= 0:
       raise ValueError(f"`timeout_s` must be > 0, got {timeout_s}")
+    if isinstance(max_response_bytes, bool) or not isinstance(max_response_bytes, int) or (
+        max_response_bytes <= 0):
+      raise ValueError(f"`max_response_bytes` must be an integer > 0, got {max_response_bytes!r}")
     if max_retries < 0 or backoff_s < 0 or max_backoff_s < 0:
       raise ValueError("`max_retries`, `backoff_s` and `max_backoff_s` must be >= 0")
     self.url = url
@@ -102,10 +111,23 @@ class HttpSearchBackend:
     self.max_retries = int(max_retries)
     self.backoff_s = float(backoff_s)
     self.max_backoff_s = float(max_backoff_s)
+    self.max_response_bytes = max_response_bytes
     self.stats = SearchStats()
     # No proxies: retrievers run on the local network, and an http_proxy set for the hub would
     # otherwise capture requests to them.
     self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+  def _read_capped(self, response: http.client.HTTPResponse) -> bytes:
+    """The response body, or _FatalError if it is (or announces to be) above the cap."""
+    # http.client parsed Content-Length (None if absent, chunked, or not a number).
+    announced = getattr(response, "length", None)
+    if announced is not None and announced > self.max_response_bytes:
+      raise _FatalError(f"response of {announced} bytes (Content-Length) exceeds "
+                        f"max_response_bytes={self.max_response_bytes}")
+    raw = response.read(self.max_response_bytes + 1)
+    if len(raw) > self.max_response_bytes:
+      raise _FatalError(f"response exceeds max_response_bytes={self.max_response_bytes}")
+    return raw
 
   def _post(self, body: bytes, num_queries: int) -> list[list[Document]]:
     """One attempt; raises _RetryableError or _FatalError with a short reason."""
@@ -113,11 +135,11 @@ class HttpSearchBackend:
                                      headers={"Content-Type": "application/json"})
     try:
       with self._opener.open(request, timeout=self.timeout_s) as response:
-        raw = response.read()
+        raw = self._read_capped(response)
     except urllib.error.HTTPError as e:
       detail = ""
-      try:
-        detail = json.loads(e.read()).get("error", "")
+      try:  # only the start of an error page: its reason is cut to 200 characters anyway
+        detail = json.loads(e.read(4096)).get("error", "")
       except Exception:  # noqa: BLE001 -- the status alone is reason enough
         pass
       reason = f"HTTP {e.code}" + (f": {str(detail)[:200]}" if detail else "")
@@ -172,7 +194,8 @@ class HttpSearchBackend:
     tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
     self.stats.record(queries=len(queries), failed_queries=len(queries), retries=attempts - 1,
                       seconds=time.perf_counter() - start)
-    return SearchResponse.failed(len(queries), f"retriever error after {tries}: {reason}")
+    return SearchResponse.failed(len(queries),
+                                 f"retriever {self.url} failed after {tries}: {reason}")
 
   def health(self) -> dict[str, Any] | None:
     """GET <server>/health once (no retries): its JSON object, or None if unreachable/garbage."""
@@ -181,7 +204,7 @@ class HttpSearchBackend:
     url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, path + "/health", "", ""))
     try:
       with self._opener.open(url, timeout=self.timeout_s) as response:
-        payload = json.loads(response.read())
+        payload = json.loads(self._read_capped(response))
     except Exception:  # noqa: BLE001 -- any failure means "not healthy"
       return None
     return payload if isinstance(payload, dict) else None

@@ -6,6 +6,19 @@
     400 -> {"error": "..."} naming the bad field; 500 -> {"error": "..."} if the backend failed.
   GET /health     200 -> {"status": "ok", "num_docs": N}
 
+A bad length is refused before any body byte is read; after any of these answers the connection
+is closed (the body, unread or incomplete, cannot be told from a next request):
+  400  Content-Length not a plain non-negative decimal ("-1", "+5", "1_0", "0x10", ""), two that
+       disagree, or a body that ends before its announced length;
+  411  no Content-Length (chunked request bodies are not supported);
+  413  Content-Length above max_body_bytes;
+  408  the body did not arrive within read_timeout_s.
+Every socket operation of a connection times out after read_timeout_s, so a client that connects
+and stalls (before or inside its request, or by not reading its answer) loses its connection and
+its thread within that time; other clients are served meanwhile (one thread per connection). A
+client that trickles bytes faster than that is not cut off: this server is meant for a trusted
+local network (it binds 127.0.0.1 unless told otherwise), not to face the internet.
+
 `return_scores` defaults to false as in Search-R1's server; HttpSearchBackend always asks for
 scores. launch/retriever.py runs this over a BM25Backend; tests start it in-process on port 0.
 """
@@ -14,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -23,8 +37,18 @@ from agentjax.retrieval.base import SearchBackend
 _log = logging.getLogger(__name__)
 
 
+# A Content-Length value: ASCII digits only (int() would also take "+5", " 1_0 " and "-1").
+_DECIMAL = re.compile(r"[0-9]+")
+# A length with more digits is refused as too large without int() (which refuses 4300+ digits).
+_MAX_LENGTH_DIGITS = 18
+
+
 class RequestError(ValueError):
-  """A client mistake, answered with HTTP 400 and this message."""
+  """A client mistake, answered with HTTP `status` (400 unless said otherwise) and this message."""
+
+  def __init__(self, message: str, status: int = 400):
+    super().__init__(message)
+    self.status = status
 
 
 class RetrievalServer(ThreadingHTTPServer):
@@ -35,12 +59,13 @@ class RetrievalServer(ThreadingHTTPServer):
   block_on_close = False
 
   def __init__(self, address: tuple[str, int], backend: SearchBackend, default_topk: int,
-               max_topk: int, max_queries: int, max_body_bytes: int):
+               max_topk: int, max_queries: int, max_body_bytes: int, read_timeout_s: float):
     self.backend = backend
     self.default_topk = default_topk
     self.max_topk = max_topk
     self.max_queries = max_queries
     self.max_body_bytes = max_body_bytes
+    self.read_timeout_s = read_timeout_s
     super().__init__(address, _Handler)
 
   @property
@@ -48,6 +73,34 @@ class RetrievalServer(ThreadingHTTPServer):
     """The /retrieve endpoint at the bound address (useful with port 0)."""
     host, port = self.server_address[:2]
     return f"http://{host}:{port}/retrieve"
+
+
+def body_length(headers: Any, max_body_bytes: int) -> int:
+  """The request body's length from its headers; RequestError (400/411/413) if unusable.
+
+  Args:
+    headers: the request's headers (an email.message.Message, as http.server parses them).
+    max_body_bytes: the largest body accepted.
+  """
+  if headers.get("Transfer-Encoding") is not None:
+    raise RequestError("chunked (Transfer-Encoding) request bodies are not supported; "
+                       "send a Content-Length header", status=411)
+  values = [v.strip() for v in headers.get_all("Content-Length") or []]
+  if not values:
+    raise RequestError("a Content-Length header is required", status=411)
+  for value in values:
+    if not _DECIMAL.fullmatch(value):
+      raise RequestError(f"header Content-Length must be a non-negative decimal integer, "
+                         f"got {value[:40]!r}")
+  digits = {v.lstrip("0") or "0" for v in values}
+  if len(digits) > 1:
+    raise RequestError(f"conflicting Content-Length headers {sorted(v[:40] for v in values)}")
+  (value,) = digits
+  if len(value) > _MAX_LENGTH_DIGITS or int(value) > max_body_bytes:
+    shown = value if len(value) <= 40 else f"a {len(value)}-digit number of"
+    raise RequestError(f"request body of {shown} bytes (Content-Length) exceeds the limit of "
+                       f"{max_body_bytes} (max_body_bytes)", status=413)
+  return int(value)
 
 
 def parse_request(body: bytes, default_topk: int, max_topk: int,
@@ -80,13 +133,28 @@ def parse_request(body: bytes, default_topk: int, max_topk: int,
 class _Handler(BaseHTTPRequestHandler):
   server: RetrievalServer
 
-  def _reply(self, status: int, payload: Any) -> None:
+  def setup(self) -> None:
+    # StreamRequestHandler.setup applies `timeout` to the connection's socket: every read and
+    # write, including waiting for the request line and headers, gives up after it.
+    self.timeout = self.server.read_timeout_s
+    super().setup()
+
+  def _reply(self, status: int, payload: Any, close: bool = False) -> None:
+    """Sends `payload` as JSON; `close` ends the connection after it (unread bytes left)."""
+    if close:
+      self.close_connection = True
     body = json.dumps(payload).encode()
-    self.send_response(status)
-    self.send_header("Content-Type", "application/json")
-    self.send_header("Content-Length", str(len(body)))
-    self.end_headers()
-    self.wfile.write(body)
+    try:
+      self.send_response(status)
+      self.send_header("Content-Type", "application/json")
+      self.send_header("Content-Length", str(len(body)))
+      if close:
+        self.send_header("Connection", "close")
+      self.end_headers()
+      self.wfile.write(body)
+    except OSError as e:  # the client went away (or stopped reading): nobody to answer
+      self.close_connection = True
+      _log.debug("%s - could not send the %d answer: %r", self.address_string(), status, e)
 
   def do_GET(self) -> None:  # noqa: N802 -- http.server's naming
     if self.path.split("?")[0] != "/health":
@@ -96,19 +164,30 @@ class _Handler(BaseHTTPRequestHandler):
   def do_POST(self) -> None:  # noqa: N802
     if self.path.split("?")[0] != "/retrieve":
       return self._reply(404, {"error": f"no such endpoint {self.path!r} (POST /retrieve)"})
+    # Everything about the body is checked before reading it; a refused request leaves its body
+    # unread, so the connection cannot carry another request and is closed.
     try:
-      length = int(self.headers.get("Content-Length", ""))
-    except ValueError:
-      return self._reply(411, {"error": "a Content-Length header is required"})
-    if length > self.server.max_body_bytes:
-      return self._reply(413, {"error": f"request body of {length} bytes exceeds the limit of "
-                                        f"{self.server.max_body_bytes}"})
+      length = body_length(self.headers, self.server.max_body_bytes)
+    except RequestError as e:
+      _log.info("%s - refused: %s", self.address_string(), e)
+      return self._reply(e.status, {"error": str(e)}, close=True)
+    try:
+      body = self.rfile.read(length)
+    except TimeoutError:
+      return self._reply(408, {"error": f"request body not received within read_timeout_s="
+                                        f"{self.server.read_timeout_s:g}s"}, close=True)
+    except OSError as e:  # the client reset the connection: nobody to answer
+      self.close_connection = True
+      _log.debug("%s - connection lost while reading the body: %r", self.address_string(), e)
+      return None
+    if len(body) != length:  # the client closed its side early
+      return self._reply(400, {"error": f"request body ended after {len(body)} of {length} "
+                                        f"bytes (Content-Length)"}, close=True)
     try:
       queries, topk, return_scores = parse_request(
-          self.rfile.read(length), self.server.default_topk, self.server.max_topk,
-          self.server.max_queries)
+          body, self.server.default_topk, self.server.max_topk, self.server.max_queries)
     except RequestError as e:
-      return self._reply(400, {"error": str(e)})
+      return self._reply(e.status, {"error": str(e)})
     try:
       response = self.server.backend.search(queries, topk)
     except Exception as e:  # noqa: BLE001 -- the client gets a 500 (and retries), we keep serving
@@ -131,14 +210,31 @@ class _Handler(BaseHTTPRequestHandler):
 
 def make_server(backend: SearchBackend, host: str = "127.0.0.1", port: int = 8000,
                 default_topk: int = 3, max_topk: int = 100, max_queries: int = 4096,
-                max_body_bytes: int = 16 << 20) -> RetrievalServer:
+                max_body_bytes: int = 16 << 20, read_timeout_s: float = 30.0) -> RetrievalServer:
   """A bound (not yet serving) retrieval server; port 0 picks a free port (see `server.url`).
 
+  Args:
+    backend: what answers the searches.
+    host, port: where to bind; the default host keeps the server off the network.
+    default_topk: documents per query when a request gives no topk; max_topk: the largest topk.
+    max_queries: the most queries in one request.
+    max_body_bytes: the largest request body (413 above it, refused before reading).
+    read_timeout_s: how long any socket read or write of a connection may block; a client that
+      stalls that long loses its connection (408 if it stalled inside its body). Searches
+      themselves are not limited by it.
+
   Serve with `server.serve_forever()` or `start_in_thread(server)`; stop with
-  `server.shutdown(); server.server_close()`.
+  `server.shutdown(); server.server_close()`. Raises ValueError naming a limit that is not > 0.
   """
+  limits = {"default_topk": default_topk, "max_topk": max_topk, "max_queries": max_queries,
+            "max_body_bytes": max_body_bytes, "read_timeout_s": read_timeout_s}
+  for name, value in limits.items():
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+      raise ValueError(f"`{name}` must be a number > 0, got {value!r}")
+  if default_topk > max_topk:
+    raise ValueError(f"`default_topk` ({default_topk}) must be <= `max_topk` ({max_topk})")
   return RetrievalServer((host, port), backend, default_topk, max_topk, max_queries,
-                         max_body_bytes)
+                         max_body_bytes, float(read_timeout_s))
 
 
 def start_in_thread(server: RetrievalServer, poll_interval: float = 0.05) -> threading.Thread:
