@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from agentjax.compiles import CompileCounter
-from agentjax.agent import RolloutConfig, RolloutEngine, SEARCH_R1, TOOL_CALL, transcripts_of
+from agentjax.agent import (INVALID, SEARCH, SEARCH_R1, TOOL_CALL, Action, RolloutConfig,
+                            RolloutEngine, transcripts_of)
 from agentjax.retrieval import HttpSearchBackend, make_backend
 from agentjax.sampling import SamplingParams
 from tests import agent_fixtures as af
@@ -82,6 +83,8 @@ def test_scripted_trajectory_token_by_token(world):
   assert_consistent(batch)
   assert list(batch.group_ids) == [0, 0, 1, 1]
   assert metrics["search_failures"] == 0 and metrics["format_errors"] == 0
+  assert metrics["search_queries"] == 12.0 and metrics["search_last_error"] is None
+  assert not batch.format_valid.any()  # never answered: malformed by the protocol's rule
   text = transcripts_of(batch, eng.byte_table)[0]
   assert text.count("<information>Doc 1(Title: \"Zorvath\")") == 3
 
@@ -98,7 +101,7 @@ def test_sampled_branching_gives_ragged_turns_and_answers(world):
       answer = agent.ids(af.ANSWER)
       assert list(np.asarray(batch.tokens[b, last - len(answer):last])) == answer
     else:
-      assert batch.num_turns[b] == 4 and batch.truncated[b]
+      assert batch.num_turns[b] == 4 and batch.truncated[b] and not batch.format_valid[b]
   loss_mask, turn_id = jax.device_get((batch.loss_mask, batch.turn_id))
   # 3 sampled tokens of think and 3 of the action in every turn
   np.testing.assert_array_equal(loss_mask.sum(1), 6 * batch.num_turns)
@@ -113,7 +116,11 @@ def test_invalid_actions_and_eos(world):
   text = transcripts_of(batch, eng.byte_table)[0]
   assert text.count("My previous action is invalid") == 3
   assert list(batch.num_format_errors) == [3, 3] and not batch.format_valid.any()
-  assert metrics["format_errors"] == 6
+  assert metrics["format_errors"] == 6 and metrics["search_queries"] == 0
+  # What the model writes in a query is cleaned before the retriever sees it; a query of only
+  # control / bidi characters is an invalid action (the engine parses with the protocol).
+  assert eng.parse("<search>\u202e\x00\x1b\n</search>").kind == INVALID
+  assert eng.parse("<search>\u2066Orsk\x07\u2069</search>") == Action(SEARCH, "Orsk")
   # A model that ends its turn (EOS) without an action stops there.
   assert_consistent(batch)
   # A turn that ends (EOS) without an action is invalid too: the agent is told and goes on.
@@ -140,6 +147,10 @@ def test_retriever_down_gives_error_observation(world):
   assert text.count("<information>Search failed: ") == 2
   assert list(batch.num_search_failures) == [2, 2] and metrics["search_failures"] == 4
   assert down.stats.failed_queries == 4
+  # What the trainer's retriever-down rule reads: queries sent, and the last error.
+  assert metrics["search_queries"] == 4.0
+  assert isinstance(metrics["search_last_error"], str) and metrics["search_last_error"]
+  assert metrics["search_last_error"] in text
   assert_consistent(batch)
 
 
@@ -161,8 +172,11 @@ def test_backend_bug_does_not_crash_the_rollout(world, short):
   tok, _, agent = world
   eng = engine(world, backend=BrokenBackend(short), max_turns=2)
   batch, metrics = eng.run(agent.params(af.SEARCH), QUESTIONS, jax.random.key(0))
-  assert metrics["search_failures"] == 8
+  assert metrics["search_failures"] == 8 and metrics["search_queries"] == 8.0
   assert "search backend error" in transcripts_of(batch, eng.byte_table)[3]
+  assert metrics["search_last_error"].startswith("search backend error: ")
+  if not short:
+    assert "index file vanished" in metrics["search_last_error"]
   assert_consistent(batch)
 
 

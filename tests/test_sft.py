@@ -18,6 +18,7 @@ from agentjax.agent.protocol import SEARCH_R1, TOOL_CALL
 from agentjax.models import masks
 from agentjax.models.qwen import Qwen, QwenConfig, init_params
 from agentjax.models.tokenizer import load_tokenizer
+from agentjax.train import sft
 from agentjax.train.sft import (make_optimizer, make_schedule, make_sft_step, pack_batch,
                                 run_sft, sft_loss, tokenize_demo)
 
@@ -97,6 +98,48 @@ def test_tokenize_demo_without_chat_template_and_protocol_check(tokenizer, demos
   assert ids[-1] == tokenizer.eos_token_id and mask[-1]
   with pytest.raises(ValueError, match="protocol 'search_r1', not 'tool_call'"):
     tokenize_demo(tokenizer, demo, protocol=TOOL_CALL)
+
+
+def _edited(demo, k=None, field="text", value=None, **top):
+  """A deep copy of the demo with segments[k][field] = value and top-level fields replaced."""
+  out = json.loads(json.dumps(demo))
+  if k is not None:
+    out["segments"][k][field] = value
+  out.update(top)
+  return out
+
+
+def test_malformed_demos_are_refused_by_the_protocols_rule(tokenizer, demos):
+  """SFT demos obey the one format rule (agent.protocol, as rollouts and the format penalty do);
+  the error names the demo and the field."""
+  for i, demo in enumerate(demos):  # every generated demo is well-formed
+    sft.check_demo(demo, SEARCH_R1, index=i)
+  demo = next(d for d in demos if d["hops"] == 2)  # search, obs, search, obs, answer
+  name = f"id {demo['id']!r}"
+  think = "<think>t</think>\n"
+  cases = [
+      (_edited(demo, 4, value=think + "<answer> \u202e\t</answer>"),
+       r"segments\[4\]\.text \(turn 3\).*empty answer"),
+      (_edited(demo, 2, value=think + "<search>\x00\x1b\u2066\u2069</search>"),
+       r"segments\[2\]\.text \(turn 2\).*empty query"),
+      (_edited(demo, 0, value=think + "<answer>Orsk</answer>"),
+       r"segments\[0\]\.text \(turn 1\).*answer before the last turn"),
+      (_edited(demo, 0, value=think + "I will look it up."),
+       r"segments\[0\]\.text \(turn 1\).*no complete <search> or <answer>"),
+      (_edited(demo, segments=demo["segments"][:3]),
+       r"segments\[2\]\.text \(turn 2\).*last turn is not an <answer>"),
+      (_edited(demo, segments=demo["segments"][:4]), r"field 'segments' ends with an observation"),
+      (_edited(demo, 1, field="role", value="assistant"), r"segments\[1\]\.role is 'assistant'"),
+      (_edited(demo, 3, value="Doc 1(Title: x) y"), r"segments\[3\]\.text is not a search_r1"),
+      (_edited(demo, question=" "), r"field 'question'"),
+      (_edited(demo, segments=[]), r"field 'segments'"),
+  ]
+  for bad, why in cases:
+    with pytest.raises(ValueError, match=f"demo \\({name}\\): {why}"):
+      tokenize_demo(tokenizer, bad)
+  # Over a list, the error names the demo's index too.
+  with pytest.raises(ValueError, match=rf"demo 1 \({name}\): segments\[4\]"):
+    sft.tokenize_demos(tokenizer, [demo, cases[0][0]])
 
 
 def test_pack_batch_pads_right_and_truncates():

@@ -10,6 +10,26 @@ Both answer with <answer> ... </answer>. A protocol parses one turn's generated 
 Action and renders observations as text; it never raises on model output: anything malformed is
 an Action of kind "invalid" with the reason, and the agent gets the standard invalid-action
 observation. Model text is only parsed, never executed.
+
+This module is agentjax's ONE definition of a well-formed trajectory (`trajectory_error`,
+`Protocol.format_error`): the rollout's `format_valid` (hence the format penalty and eval) and
+the SFT demonstration checks all use it. The rule, per turn (`Protocol.parse`):
+
+  * a turn is well-formed iff it holds a complete action: a <search>/<tool_call> or an <answer>,
+    whichever closes first. The turn ends there (the rollout stops generating at that closing
+    tag; what the token that completed it carried past it is ignored).
+  * <think> is not required, and free text around the action is allowed (as in Search-R1's own
+    action parser): the rule is about what the environment must act on, not about style.
+  * a query is cleaned before anything else looks at it (`clean_text`: control characters and
+    bidi formatting characters removed, surrounding whitespace stripped) and must then be
+    non-empty, at most `max_query_chars` long, valid UTF-8 and free of protocol tags.
+  * a tool call is JSON {"name": "search", "arguments": {"query": "<string>"}} ("arguments" may
+    itself be a JSON string); any other tool name, or a non-string query (a list included), is
+    invalid.
+  * an answer is the cleaned content of the first <answer>...</answer>, which must be non-empty
+    (whitespace around it is fine) and hold no protocol tags.
+
+and per trajectory: every turn is well-formed, and the last turn, only the last, is an answer.
 """
 
 from __future__ import annotations
@@ -54,6 +74,24 @@ def format_documents(docs: Sequence[Document]) -> str:
 
 _BAD_TEXT = "\ufffd"  # what invalid UTF-8 decodes to
 
+# Bidi formatting characters: embeddings and overrides (U+202A-U+202E), isolates (U+2066-U+2069)
+# and the marks (U+200E, U+200F, U+061C). They make a logged query read differently from what was
+# sent, and mean nothing to a retriever.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+                          "\u200e\u200f\u061c")
+# Unicode category Cc is exactly U+0000-U+001F and U+007F-U+009F. Whitespace controls (tab,
+# newline, CR, ...) become a space so the words they separated stay apart; the others are dropped.
+_CC = [chr(c) for c in (*range(0x20), *range(0x7f, 0xa0))]
+_CLEAN = str.maketrans({**{c: (" " if c.isspace() else None) for c in _CC},
+                        **{c: None for c in BIDI_CONTROLS}})
+
+
+def clean_text(text: str) -> str:
+  """Model text as it may reach the retriever (or count as an answer): control characters
+  (category Cc) and bidi formatting characters removed, whitespace controls replaced by a space,
+  leading and trailing whitespace stripped. Empty when nothing else was there."""
+  return text.translate(_CLEAN).strip()
+
 
 def _json_query(body: str) -> tuple[str, str | None]:
   """(query, None) from a search tool call in JSON, or ("", why it is unusable)."""
@@ -76,9 +114,9 @@ def _json_query(body: str) -> tuple[str, str | None]:
 
 
 def _check_query(query: str, max_chars: int) -> str | None:
-  """Why a query cannot be sent, or None."""
-  if not query.strip():
-    return "empty query"
+  """Why a (cleaned) query cannot be sent, or None."""
+  if not query:
+    return "empty query (after removing control and bidi characters)"
   if len(query) > max_chars:
     return f"query longer than {max_chars} characters"
   if _BAD_TEXT in query:
@@ -121,8 +159,9 @@ class Protocol:
       return Action(INVALID, f"nested {open_tag} tags")
     body = head[start + len(open_tag):]
     query, why = _json_query(body) if self.query_in_json else (body, None)
+    query = clean_text(query)
     why = why or _check_query(query, self.max_query_chars)
-    return Action(INVALID, why) if why else Action(SEARCH, query.strip())
+    return Action(INVALID, why) if why else Action(SEARCH, query)
 
   def _answer_or_none(self, text: str) -> Action | None:
     m = re.search(r"<answer>(.*?)</answer>", text, re.S)
@@ -132,12 +171,28 @@ class Protocol:
     if re.search(r"</?(answer|search|tool_call)>", m.group(1)) or \
         before.count(f"<{self.call_tag}>") > before.count(f"</{self.call_tag}>"):
       return Action(INVALID, "nested tags in answer")
-    return Action(ANSWER, m.group(1).strip())
+    answer = clean_text(m.group(1))
+    return Action(ANSWER, answer) if answer else Action(INVALID, "empty answer")
 
   def _first_close(self, text: str, tags: Sequence[str]) -> str | None:
     """Which of the closing tags comes first in the text."""
     found = [(text.find(f"</{t}>"), t) for t in tags if f"</{t}>" in text]
     return min(found)[1] if found else None
+
+  def format_error(self, turns: Sequence[str]) -> str | None:
+    """Why the trajectory whose turns generated these texts is malformed, or None.
+
+    Args:
+      turns: each turn's generated text, in order (the model's text only: observations are the
+        environment's and are not part of the format).
+    Returns:
+      None when well-formed, else "turn <n>: <reason>" (n counts from 1) or "no turns".
+    """
+    found = trajectory_error([self.parse(t) for t in turns])
+    if found is None:
+      return None
+    turn, why = found
+    return why if turn < 0 else f"turn {turn + 1}: {why}"
 
   def observation(self, docs: Sequence[Document]) -> tuple[str, str, str]:
     """(prefix, body, suffix) of a search result; the body is what truncation may cut."""
@@ -148,6 +203,29 @@ class Protocol:
 
   def invalid_observation(self) -> str:
     return self.invalid_message
+
+
+def trajectory_error(actions: Sequence[Action]) -> tuple[int, str] | None:
+  """The well-formedness rule of a whole trajectory, over its turns' parsed actions.
+
+  Well-formed iff there is at least one turn, no turn's action is invalid, and the last turn,
+  only the last, is an answer (a trajectory cut off by the token budget or by max_turns never
+  answered, so it is malformed).
+
+  Returns:
+    None when well-formed, else (index of the first offending turn, or -1 for "no turns", and the
+    reason).
+  """
+  if not actions:
+    return -1, "no turns"
+  for t, action in enumerate(actions):
+    if action.kind == INVALID:
+      return t, action.content or "invalid action"
+    if action.kind == ANSWER and t < len(actions) - 1:
+      return t, "answer before the last turn"
+  if actions[-1].kind != ANSWER:
+    return len(actions) - 1, "the last turn is not an <answer>"
+  return None
 
 
 SEARCH_R1 = Protocol(

@@ -27,7 +27,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol
+from agentjax.agent.protocol import (ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol,
+                                     trajectory_error)
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
 from agentjax.retrieval import SearchBackend, SearchResponse
@@ -106,7 +107,8 @@ class TrajectoryBatch:
                            #   each turn t's observation (t); entries past num_turns repeat the last
   num_turns: np.ndarray    # [B] int32
   answered: np.ndarray     # [B] bool, ended with an <answer>
-  format_valid: np.ndarray # [B] bool, answered with no invalid action on the way
+  format_valid: np.ndarray # [B] bool, well-formed (agent.protocol.trajectory_error): answered,
+                           #   with no invalid action on the way
   truncated: np.ndarray    # [B] bool, hit max_turns or the token budget without answering
   group_ids: np.ndarray    # [B] int32, index of the question
   num_format_errors: np.ndarray    # [B] int32 invalid actions
@@ -185,7 +187,7 @@ class RolloutEngine:
 
   def run(self, params: Any, questions: Sequence[str], rng: jax.Array,
           policy_for_turn: Callable[[int], str] | None = None
-          ) -> tuple[TrajectoryBatch, dict[str, float]]:
+          ) -> tuple[TrajectoryBatch, dict[str, Any]]:
     """Rolls out group_size trajectories per question.
 
     Args:
@@ -195,7 +197,9 @@ class RolloutEngine:
       policy_for_turn: turn -> name of the parameters that generate that turn (and encode its
         observation). Default: the single `params` for every turn.
     Returns:
-      (TrajectoryBatch, metrics: seconds per phase, counts).
+      (TrajectoryBatch, metrics): floats (seconds per phase, counts; "search_queries" is the
+      number of queries sent to the retriever) and "search_last_error", the last error the
+      retriever gave in this rollout (str), or None when it gave none.
     """
     cfg = self.config
     pick = (lambda turn: params) if policy_for_turn is None else \
@@ -240,7 +244,9 @@ class RolloutEngine:
     format_errors = np.zeros(rows, np.int32)
     search_failures = np.zeros(rows, np.int32)
     answers = np.array([""] * rows, dtype=object)
+    actions: list[list[Action]] = [[] for _ in range(rows)]  # each row's parsed turns
     sampled_tokens = 0
+    search_queries, search_last_error = 0, None
     stop = (self.stop_table, self.eos_ids, jnp.int32(budget))
 
     for turn in range(cfg.max_turns):
@@ -283,6 +289,7 @@ class RolloutEngine:
           truncated[b] = done[b] = True
           continue
         action = self.parse(text)
+        actions[b].append(action)
         if action.kind == ANSWER:
           answers[b], answered[b], done[b] = action.content, True, True
         elif action.kind == SEARCH:
@@ -295,9 +302,11 @@ class RolloutEngine:
         t0 = time.perf_counter()
         response = self.search([q for _, q in searches])
         timings["search_s"] += time.perf_counter() - t0
+        search_queries += len(searches)
         for (b, _), docs, error in zip(searches, response.documents, response.errors):
           if error is not None:
             search_failures[b] += 1
+            search_last_error = str(error)
             observations[b] = self.observation_ids(*self.protocol.error_observation(error))
           else:
             observations[b] = self.observation_ids(*self.protocol.observation(docs))
@@ -328,13 +337,15 @@ class RolloutEngine:
         tokens=state.tokens, positions=jnp.where(state.valid, slots, 0), valid=state.valid,
         loss_mask=state.sampled, logprobs=state.logprobs, turn_id=state.turn_id,
         turn_ends=turn_ends, num_turns=num_turns, answered=answered,
-        format_valid=answered & (format_errors == 0), truncated=truncated & ~answered,
+        format_valid=np.array([trajectory_error(a) is None for a in actions], bool),
+        truncated=truncated & ~answered,
         group_ids=group_ids, num_format_errors=format_errors,
         num_search_failures=search_failures, answers=answers)
     metrics = dict(timings, sampled_tokens=float(sampled_tokens),
                    turns_mean=float(num_turns.mean()), answered=float(answered.mean()),
                    format_errors=float(format_errors.sum()),
                    search_failures=float(search_failures.sum()),
+                   search_queries=float(search_queries), search_last_error=search_last_error,
                    truncated=float(batch.truncated.mean()))
     return batch, metrics
 

@@ -1,6 +1,7 @@
-"""RL kernels: outcome rewards and format checks (host side), advantage estimators, policy losses.
+"""RL kernels: outcome rewards (host side), advantage estimators, policy losses.
 
-  rewards     normalize_answer, exact_match, f1_score, outcome_rewards, check_format, ...
+  rewards     normalize_answer, exact_match, f1_score, outcome_rewards (the format rule itself is
+              agentjax.agent.protocol's: TrajectoryBatch.format_valid)
   advantages  ADVANTAGE_ESTIMATORS registry: grpo, drgrpo, gspo, rloo, reinforce++,
               reinforce++_baseline, igpo, cw_grpo; turn_to_token; collapse / IG statistics
   losses      POLICY_LOSSES registry: ppo, gspo; aggregate_loss, kl_penalty
@@ -55,13 +56,8 @@ from agentjax.rl.losses import (
     register_policy_loss,
 )
 from agentjax.rl.rewards import (
-    ASSISTANT_MARKER,
-    USER_MARKER,
-    check_format,
     exact_match,
-    extract_answer,
     f1_score,
-    format_reason,
     normalize_answer,
     outcome_rewards,
 )
@@ -69,11 +65,11 @@ from agentjax.rl.rewards import (
 __all__ = [
     "ALIAS_MODES", "ANSWER_TEMPLATES", "PackedScores", "Probes", "build_probes",
     "information_gain", "packed_mask", "score_naive", "score_packed",
-    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "ASSISTANT_MARKER", "BATCH_FIELDS", "KL_ESTIMATORS",
-    "POLICY_LOSSES", "USER_MARKER", "advantage_collapse_fraction", "aggregate_loss",
-    "check_format", "contribution_weighted_advantages", "cw_grpo_advantages",
-    "discounted_turn_returns", "drgrpo_advantages", "exact_match", "extract_answer", "f1_score",
-    "format_reason", "get_advantage_estimator", "get_policy_loss", "grpo_advantages",
+    "ADVANTAGE_ESTIMATORS", "AGGREGATIONS", "BATCH_FIELDS", "KL_ESTIMATORS",
+    "POLICY_LOSSES", "advantage_collapse_fraction", "aggregate_loss",
+    "contribution_weighted_advantages", "cw_grpo_advantages",
+    "discounted_turn_returns", "drgrpo_advantages", "exact_match", "f1_score",
+    "get_advantage_estimator", "get_policy_loss", "grpo_advantages",
     "grpo_outcome_advantages", "gspo_loss", "gt_entropy_reduction", "ig_statistics",
     "igpo_advantages", "igpo_turn_advantages", "kl_penalty", "normalize_answer",
     "outcome_rewards", "ppo_loss", "register_advantage", "register_policy_loss",

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from agentjax.agent.protocol import SEARCH_R1, Protocol
+from agentjax.agent.protocol import SEARCH_R1, Protocol, trajectory_error
 from agentjax.agent.rollout import encode_text, observation_ids, prompt_ids
 from agentjax.models import masks
 from agentjax.models.logprobs import chunked_token_logprobs
@@ -61,44 +61,109 @@ def _end_of_turn_id(tokenizer: Any, use_chat_template: bool) -> int:
 
 def _observation_ids(tokenizer: Any, text: str, protocol: Protocol) -> list[int]:
   """An observation's ids exactly as the rollout engine builds them (agent.rollout.observation_ids:
-  prefix, body and suffix encoded separately); other text (the invalid-action message) whole."""
+  prefix, body and suffix encoded separately). check_demo has made sure the text is framed by
+  the protocol's prefix and suffix."""
   pre, suf = protocol.observation_prefix, protocol.observation_suffix
-  if len(text) >= len(pre) + len(suf) and text.startswith(pre) and text.endswith(suf):
-    return observation_ids(tokenizer, pre, text[len(pre):len(text) - len(suf)], suf)
-  return encode_text(tokenizer, text)
+  return observation_ids(tokenizer, pre, text[len(pre):len(text) - len(suf)], suf)
+
+
+def _demo_name(demo: Any, index: int | None) -> str:
+  where = "demo" if index is None else f"demo {index}"
+  if isinstance(demo, Mapping) and demo.get("id") is not None:
+    where += f" (id {demo['id']!r})"
+  return where
+
+
+def check_demo(demo: Any, protocol: Protocol = SEARCH_R1, index: int | None = None) -> None:
+  """Raises ValueError, naming the demo (index, id) and the field, unless the demonstration is a
+  trajectory the rollout could produce under `protocol`, well-formed by the protocol's rule.
+
+  The format rule is the one rollouts, the format penalty and eval use
+  (agentjax.agent.protocol.trajectory_error): every assistant segment holds a valid action (a
+  search, or an answer), and the last one, only the last, answers. Around it, the layout a
+  rollout has: "question" a non-empty string; "protocol" (if given) `protocol.name`;
+  "segments" a list of {"role", "text"} alternating assistant / observation, first and last an
+  assistant one; every observation the protocol's rendering of a search result (its prefix ...
+  its suffix), which is what the rollout feeds after a valid search.
+  """
+  where = _demo_name(demo, index)
+  if not isinstance(demo, Mapping):
+    raise ValueError(f"{where}: must be a mapping, got {type(demo).__name__}")
+  if demo.get("protocol", protocol.name) != protocol.name:
+    raise ValueError(f"{where}: field 'protocol': the demo is in protocol {demo['protocol']!r}, "
+                     f"not {protocol.name!r}")
+  question = demo.get("question")
+  if not isinstance(question, str) or not question.strip():
+    raise ValueError(f"{where}: field 'question' must be a non-empty string, got {question!r}")
+  segments = demo.get("segments")
+  if not isinstance(segments, Sequence) or isinstance(segments, str) or not segments:
+    raise ValueError(f"{where}: field 'segments' must be a non-empty list of segments")
+  actions = []
+  for k, seg in enumerate(segments):
+    field = f"segments[{k}]"
+    if not isinstance(seg, Mapping) or not isinstance(seg.get("text"), str):
+      raise ValueError(f"{where}: {field} must be {{'role': ..., 'text': <str>}}, got {seg!r:.80}")
+    role = "assistant" if k % 2 == 0 else "observation"
+    if seg.get("role") != role:
+      raise ValueError(f"{where}: {field}.role is {seg.get('role')!r}, expected {role!r} "
+                       "(segments alternate assistant / observation, starting with assistant)")
+    text = seg["text"]
+    if role == "observation":
+      pre, suf = protocol.observation_prefix, protocol.observation_suffix
+      if not (len(text) >= len(pre) + len(suf) and text.startswith(pre) and text.endswith(suf)):
+        raise ValueError(f"{where}: {field}.text is not a {protocol.name} search result "
+                         f"(it must start with {pre!r} and end with {suf!r})")
+      continue
+    actions.append(protocol.parse(text))
+  if len(segments) % 2 == 0:
+    raise ValueError(f"{where}: field 'segments' ends with an observation; the last segment "
+                     "must be the assistant's answer")
+  found = trajectory_error(actions)
+  if found is not None:
+    turn, why = found
+    raise ValueError(f"{where}: segments[{2 * turn}].text (turn {turn + 1}) is malformed under "
+                     f"protocol {protocol.name!r}: {why}")
 
 
 def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = SEARCH_R1,
-                  use_chat_template: bool = True) -> tuple[list[int], list[bool]]:
+                  use_chat_template: bool = True, index: int | None = None
+                  ) -> tuple[list[int], list[bool]]:
   """A demonstration as (ids, loss_mask), both of one length, laid out as in a rollout.
 
   Args:
     tokenizer: a transformers tokenizer (with a chat template when use_chat_template).
     demo: {"question", "segments": [{"role": "assistant" | "observation", "text"}], and
-      optionally "protocol" (checked against `protocol`)}.
+      optionally "protocol" (checked against `protocol`)}; checked by `check_demo` first.
     protocol: the rollout protocol whose prompt the demo answers.
     use_chat_template: as RolloutConfig.use_chat_template.
+    index: the demo's position in its file, named in errors.
   Returns:
     ids, and loss_mask: True on assistant tokens and the final end-of-turn token; False on the
     prompt and on observations. Observations are not cut to RolloutConfig.max_obs_tokens.
+  Raises:
+    ValueError: a malformed demo (see check_demo), naming the demo and the field.
   """
-  if demo.get("protocol", protocol.name) != protocol.name:
-    raise ValueError(f"demo {demo.get('id')!r} is in protocol {demo['protocol']!r}, "
-                     f"not {protocol.name!r}")
+  check_demo(demo, protocol, index)
   ids = prompt_ids(tokenizer, protocol, demo["question"], use_chat_template)
   mask = [False] * len(ids)
   for seg in demo["segments"]:
     if seg["role"] == "assistant":
       seg_ids = encode_text(tokenizer, seg["text"])
-    elif seg["role"] == "observation":
-      seg_ids = _observation_ids(tokenizer, seg["text"], protocol)
     else:
-      raise ValueError(f"demo {demo.get('id')!r}: unknown segment role {seg['role']!r}")
+      seg_ids = _observation_ids(tokenizer, seg["text"], protocol)
     ids += seg_ids
     mask += [seg["role"] == "assistant"] * len(seg_ids)
   ids.append(_end_of_turn_id(tokenizer, use_chat_template))
   mask.append(True)
   return ids, mask
+
+
+def tokenize_demos(tokenizer: Any, demos: Sequence[Mapping[str, Any]],
+                   protocol: Protocol = SEARCH_R1, use_chat_template: bool = True
+                   ) -> list[Example]:
+  """`tokenize_demo` of each demonstration; an error names the first malformed one by index."""
+  return [tokenize_demo(tokenizer, d, protocol, use_chat_template, index=i)
+          for i, d in enumerate(demos)]
 
 
 def pack_text(tokenizer: Any, texts: Iterable[str], max_len: int) -> list[Example]:
