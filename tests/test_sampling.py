@@ -147,23 +147,6 @@ def test_stop_reasons_eos_and_budget():
   assert not np.asarray(state.valid)[:, 6:].any()
 
 
-def test_top_k_and_top_p_filters():
-  cfg = QwenConfig.preset("tiny")
-  from agentjax.sampling import sample_token
-
-  logits = jax.random.normal(jax.random.key(0), (64, cfg.vocab_size)) * 3
-  top5 = np.argsort(-np.asarray(logits), axis=-1)[:, :5]
-  keys = jax.random.split(jax.random.key(1), 20)
-  for key in keys:
-    tok, logp = sample_token(key, logits, SamplingParams(top_k=5))
-    assert all(t in row for t, row in zip(np.asarray(tok), top5))
-    np.testing.assert_allclose(logp, jax.nn.log_softmax(logits)[jnp.arange(64), tok], atol=1e-5)
-    tok, _ = sample_token(key, logits, SamplingParams(top_p=1e-6))
-    assert (np.asarray(tok) == top5[:, 0]).all()
-  with pytest.raises(ValueError, match="top_p"):
-    SamplingParams(top_p=0.0)
-
-
 def test_vocab_major_sampling_matches_numpy():
   """The decode loop's [V, B] path: greedy is NumPy's argmax (first index on ties), temperature
   sampling follows softmax(logits / T), log-probs are the temperature-1 log-softmax."""
@@ -191,6 +174,137 @@ def test_vocab_major_sampling_matches_numpy():
     freq = np.bincount(np.asarray(toks[:, b]), minlength=3) / 20000
     np.testing.assert_allclose(freq, expect[:, b], atol=0.015)
     np.testing.assert_allclose(logps[:, b], small[np.asarray(toks[:, b]), b], atol=1e-5)
+
+
+# --------------------------------------------------------------------------- top-k / top-p
+
+
+def reference_filter(logits, temperature=1.0, top_k=0, top_p=1.0):
+  """NumPy (float64) temperature -> top-k -> top-p, in transformers' order.
+
+  Args:
+    logits: [B, V].
+  Returns:
+    kept [B, V] bool, probs [B, V] (the renormalized sampling distribution, 0 off the kept set),
+    and margin: the smallest distance between top_p and the mass that decides a kept-by-top-k
+    token (so that float32 rounding cannot flip a decision the test relies on).
+
+  Ties go together: top-k keeps every token >= the k-th largest value (transformers'
+  TopKLogitsWarper removes `scores < topk(scores, k)[..., -1]`); top-p keeps a token iff the mass
+  of strictly more probable tokens is < top_p. Without ties that is TopPLogitsWarper's rule (it
+  drops tokens whose ascending cumulative mass is <= 1 - top_p); on a tie at the nucleus boundary
+  the whole tie group stays, where TopPLogitsWarper keeps the part torch.sort happens to put last.
+  """
+  x = np.asarray(logits, np.float64) / temperature
+  keep = np.ones(x.shape, bool)
+  if top_k:
+    kth = -np.sort(-x, axis=-1)[:, [min(top_k, x.shape[-1]) - 1]]   # [B, 1]
+    keep &= x >= kth
+  margin = np.inf
+  if top_p < 1.0:
+    p = np.where(keep, np.exp(x - x.max(-1, keepdims=True)), 0.0)
+    p /= p.sum(-1, keepdims=True)
+    greater = (p[:, None, :] * (x[:, None, :] > x[:, :, None])).sum(-1)  # [B, V]: mass above v
+    margin = np.abs(greater - top_p)[keep].min()
+    keep &= greater < top_p
+  probs = np.where(keep, np.exp(x - x.max(-1, keepdims=True)), 0.0)
+  return keep, probs / probs.sum(-1, keepdims=True), margin
+
+
+FILTERS = [  # (temperature, top_k, top_p)
+    (1.0, 5, 1.0), (1.0, 0, 0.9), (1.0, 5, 0.9), (0.7, 5, 0.9), (1.6, 0, 0.9), (2.0, 0, 1.0)]
+
+
+def filter_logits_cases():
+  """[B=12, V=40] float32 logits: two rows built with ties on the k = 5 and p = 0.9 boundaries,
+  six on a 0.25 grid (ties everywhere, as bf16 logits have), four continuous (no ties)."""
+  rng = np.random.RandomState(7)
+  v = 40
+  at_k = np.full(v, -3.0)
+  at_k[[3, 17, 8, 30]] = [4.0, 3.5, 3.0, 2.5]
+  at_k[[1, 12, 39]] = 2.0                 # ranks 5, 6, 7 tie: top-5 keeps all three
+  at_p = np.full(v, -30.0)                # probabilities 0.5, 0.32, then four ties of 0.045
+  at_p[[9, 2]] = np.log([0.5, 0.32])
+  at_p[[0, 20, 21, 33]] = np.log(0.045)   # mass above them 0.82 < 0.9: all four kept
+  grid = np.round(rng.randn(6, v) * 1.5 * 4) / 4
+  smooth = rng.randn(4, v) * 1.5
+  return np.concatenate([at_k[None], at_p[None], grid, smooth]).astype(np.float32)
+
+
+def test_filter_logits_matches_numpy_reference_with_ties():
+  """The kept set and the renormalized distribution of every filter equal the NumPy reference
+  exactly, ties at the top-k and nucleus boundaries included; and equal transformers' warpers
+  wherever those are well defined (top-k always, top-p without ties)."""
+  from agentjax.sampling.sample import filter_logits
+
+  logits = filter_logits_cases()
+  params = [SamplingParams(temperature=t, top_k=k, top_p=p) for t, k, p in FILTERS]
+  got = jax.device_get(jax.jit(lambda x: [filter_logits(x, s) for s in params])(logits))
+  for (t, k, p), out in zip(FILTERS, got):
+    keep, probs, margin = reference_filter(logits, t, k, p)
+    # No decision within float32 reach of top_p (a float32 sum of <= 40 terms of <= 1 is off
+    # by < 40 * 2**-24 = 2.4e-6).
+    assert margin > 1e-5, (t, k, p)
+    np.testing.assert_array_equal(np.isfinite(out), keep, err_msg=f"kept set, T={t} k={k} p={p}")
+    np.testing.assert_allclose(out[keep], (logits / np.float32(t))[keep], rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.nn.softmax(out, axis=-1)), probs, atol=1e-6,
+                               err_msg=f"renormalized probabilities, T={t} k={k} p={p}")
+  # The built rows really test the boundaries: 7 kept by top-5, 6 in the 0.9 nucleus.
+  assert reference_filter(logits[:1], 1.0, 5)[0].sum() == 7
+  assert reference_filter(logits[1:2], 1.0, 0, 0.9)[0].sum() == 6
+  assert np.isfinite(got[0][0]).sum() == 7 and np.isfinite(got[1][1]).sum() == 6
+
+  torch = pytest.importorskip("torch")
+  from transformers.generation.logits_process import (TemperatureLogitsWarper,
+                                                      TopKLogitsWarper, TopPLogitsWarper)
+  for (t, k, p), out in zip(FILTERS, got):
+    rows = slice(None) if p == 1.0 else slice(8, None)   # TopP is order-dependent on ties
+    scores = torch.from_numpy(logits[rows])
+    scores = TemperatureLogitsWarper(t)(None, scores)
+    scores = TopKLogitsWarper(k)(None, scores) if k else scores
+    scores = TopPLogitsWarper(p)(None, scores) if p < 1.0 else scores
+    np.testing.assert_array_equal(np.isfinite(out[rows]), np.isfinite(scores.numpy()))
+
+
+def test_sampled_tokens_follow_the_filtered_distribution():
+  """20000 draws per row from fixed keys: every token in the kept set, frequencies consistent
+  with the reference distribution (chi-square, p-value > 1e-6: deterministic under the fixed keys,
+  and a fair sampler fails it once in a million seeds), temperature-1 log-probs."""
+  from scipy import stats
+
+  from agentjax.sampling import sample_token
+
+  logits = filter_logits_cases()[:8]
+  params = [SamplingParams(temperature=t, top_k=k, top_p=p) for t, k, p in FILTERS]
+  keys = jax.random.split(jax.random.key(11), 20000)
+  draw = jax.jit(lambda ks, x: [jax.vmap(lambda key: sample_token(key, x, s))(ks) for s in params])
+  log_softmax = np.asarray(jax.nn.log_softmax(logits, axis=-1))
+  for (t, k, p), (toks, logps) in zip(FILTERS, jax.device_get(draw(keys, logits))):
+    keep, probs, _ = reference_filter(logits, t, k, p)
+    for b in range(len(logits)):
+      assert keep[b, toks[:, b]].all(), (t, k, p, b)
+      np.testing.assert_allclose(logps[:, b], log_softmax[b, toks[:, b]], atol=1e-5)
+      counts = np.bincount(toks[:, b], minlength=logits.shape[1])[keep[b]]
+      expect = probs[b, keep[b]] * len(keys)
+      small = expect < 5  # pool the rare tokens into one bin, as chi-square needs
+      counts = np.append(counts[~small], counts[small].sum())
+      expect = np.append(expect[~small], expect[small].sum())
+      counts, expect = counts[expect > 0], expect[expect > 0]
+      if len(counts) > 1:
+        pvalue = stats.chisquare(counts, expect).pvalue
+        assert pvalue > 1e-6, (t, k, p, b, pvalue)
+
+
+def test_top_p_tiny_is_argmax_and_bad_settings_are_refused():
+  from agentjax.sampling import sample_token
+
+  logits = jax.random.normal(jax.random.key(0), (16, 64)) * 3
+  tok, _ = sample_token(jax.random.key(1), logits, SamplingParams(top_p=1e-6))
+  np.testing.assert_array_equal(np.asarray(tok), np.argmax(np.asarray(logits), axis=-1))
+  with pytest.raises(ValueError, match="top_p"):
+    SamplingParams(top_p=0.0)
+  with pytest.raises(ValueError, match="top_k"):
+    SamplingParams(top_k=-1)
 
 
 # --------------------------------------------------------------------------- stop strings

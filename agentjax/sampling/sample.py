@@ -42,6 +42,46 @@ def _argmax_vocab_major(x: jax.Array) -> jax.Array:
   return jnp.min(jnp.where(hit, index, x.shape[0]), axis=0)
 
 
+def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
+  """The logits that sampling draws from: temperature, then top-k, then top-p (transformers' order).
+
+  Ties are kept or dropped together, so the result depends on the values only, not on where the
+  tokens sit in the vocabulary (bf16 logits tie often):
+    top-k keeps every token >= the k-th largest value (more than k on a tie there), exactly as
+      transformers' TopKLogitsWarper and vLLM;
+    top-p keeps a token iff the mass of the strictly more probable tokens (after top-k,
+      renormalized) is < top_p. Without ties this is TopPLogitsWarper's rule (it removes the
+      tokens whose ascending cumulative mass is <= 1 - top_p); a tie group at the nucleus boundary
+      is kept whole, where TopPLogitsWarper keeps the part that torch.sort happens to put last.
+
+  Args:
+    logits: [B, V] next-token logits.
+    params: the sampling settings (greedy is not looked at).
+  Returns:
+    [B, V] float32: logits / temperature, the filtered-out tokens at -inf. Its softmax is the
+    renormalized sampling distribution.
+  """
+  scaled = logits.astype(jnp.float32) / params.temperature
+  if params.top_k == 0 and params.top_p >= 1.0:
+    return scaled
+  vocab = scaled.shape[-1]
+  # Only the k best are sorted (sorting a 150k vocabulary every step is expensive); each token is
+  # then kept or dropped by comparing its value with one threshold per row, which keeps ties whole.
+  top_vals = jax.lax.top_k(scaled, min(params.top_k, vocab) if params.top_k > 0 else vocab)[0]
+  threshold = top_vals[:, -1:]                                              # [B, 1]
+  if params.top_p < 1.0:
+    # Normalized over everything top-k keeps, including ties of the k-th value beyond the k.
+    log_z = jax.nn.logsumexp(jnp.where(scaled >= threshold, scaled, -jnp.inf), axis=-1,
+                             keepdims=True)
+    probs = jnp.exp(top_vals - log_z)
+    # Mass ranked above each candidate. For the first of a tie group that is the strictly-greater
+    # mass, so when it passes, the threshold (a value) admits the whole group.
+    before = jnp.cumsum(probs, axis=-1) - probs
+    threshold = jnp.min(jnp.where(before < params.top_p, top_vals, jnp.inf), axis=-1,
+                        keepdims=True)
+  return jnp.where(scaled >= threshold, scaled, -jnp.inf)
+
+
 def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
                  vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
   """Samples one token per row.
@@ -66,21 +106,8 @@ def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
     return tokens, chosen - jax.nn.logsumexp(logits, axis=0)
   if params.greedy:
     tokens = jnp.argmax(logits, axis=-1)
-  else:
-    scaled = logits.astype(jnp.float32) / params.temperature
-    neg = jnp.finfo(jnp.float32).min
-    if params.top_k > 0 or params.top_p < 1.0:
-      # Work on the top candidates only: sorting a 150k vocabulary every step is expensive.
-      k = params.top_k if params.top_k > 0 else scaled.shape[-1]
-      top_vals, top_idx = jax.lax.top_k(scaled, min(k, scaled.shape[-1]))  # sorted descending
-      if params.top_p < 1.0:
-        probs = jax.nn.softmax(top_vals, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # mass of strictly better candidates
-        top_vals = jnp.where(before < params.top_p, top_vals, neg)
-      choice = jax.random.categorical(rng, top_vals, axis=-1)
-      tokens = jnp.take_along_axis(top_idx, choice[:, None], axis=-1)[:, 0]
-    else:
-      tokens = jax.random.categorical(rng, scaled, axis=-1)
+  else:  # Gumbel-max over the whole vocabulary; the filtered-out tokens sit at -inf
+    tokens = jax.random.categorical(rng, filter_logits(logits, params), axis=-1)
   tokens = tokens.astype(jnp.int32)
   # log p(token) = logit - logsumexp: avoids materializing a [B, V] log-softmax every step.
   chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
