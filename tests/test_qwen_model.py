@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
@@ -10,8 +12,9 @@ import numpy as np
 import pytest
 
 from agentjax.models import masks
-from agentjax.models.qwen import KVCache, Qwen, QwenConfig, abstract_params, init_params
+from agentjax.models.qwen import KVCache, Qwen, QwenConfig, init_params
 from agentjax.models.qwen.checkpoint import load_hf
+from agentjax.models.qwen.config import PRESETS
 from agentjax.models.qwen.model import out_major_params
 from tests import hf_fixtures
 
@@ -169,19 +172,73 @@ def test_remat_policies_give_the_same_gradients():
     chex.assert_trees_all_close(got, ref, atol=1e-6)
 
 
-@pytest.mark.parametrize("preset", ["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "qwen2.5-7b",
-                                    "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"])
-def test_presets_have_the_released_shapes(preset):
-  """Each preset, written as config.json, builds a transformers model with the same parameter
-  count as ours (on the meta device: no memory), and reads back to the same config."""
-  import torch
-  from transformers import AutoConfig, AutoModelForCausalLM
+# The released checkpoints, written out independently of the preset table. Shapes: the official
+# config.json of each (hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+# num_key_value_heads, head_dim, vocab_size, tie_word_embeddings; "tie embedding" also in the
+# Qwen2.5 and Qwen3 technical reports). Counts: the total published on the Hugging Face model page
+# (safetensors), and the model card's rounded "Number of Parameters" and "(Non-Embedding)" in
+# billions.
+RELEASED = {
+    "qwen2.5-0.5b": dict(config=(896, 4864, 24, 14, 2, 64, 151936, True),
+                         total=494_032_768, card=("0.49", "0.36")),
+    "qwen2.5-1.5b": dict(config=(1536, 8960, 28, 12, 2, 128, 151936, True),
+                         total=1_543_714_304, card=("1.54", "1.31")),
+    "qwen2.5-3b": dict(config=(2048, 11008, 36, 16, 2, 128, 151936, True),
+                       total=3_085_938_688, card=("3.09", "2.77")),
+    "qwen2.5-7b": dict(config=(3584, 18944, 28, 28, 4, 128, 152064, False),
+                       total=7_615_616_512, card=("7.61", "6.53")),
+    "qwen3-0.6b": dict(config=(1024, 3072, 28, 16, 8, 128, 151936, True),
+                       total=596_049_920, card=("0.6", "0.44")),
+    # The page's 2,031,739,904 also counts the copy of the tied embedding that this checkpoint's
+    # file stores as lm_head.weight (exactly vocab * hidden more; the card says 1.7B, tied).
+    "qwen3-1.7b": dict(config=(2048, 6144, 28, 16, 8, 128, 151936, True),
+                       total=2_031_739_904 - 151936 * 2048, card=("1.7", "1.4")),
+    "qwen3-4b": dict(config=(2560, 9728, 36, 32, 8, 128, 151936, True),
+                     total=4_022_468_096, card=("4.0", "3.6")),
+    "qwen3-8b": dict(config=(4096, 12288, 36, 32, 8, 128, 151936, False),
+                     total=8_190_735_360, card=("8.2", "6.95")),
+}
 
-  cfg = QwenConfig.preset(preset)
-  assert QwenConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
-  hf_cfg = AutoConfig.for_model(**cfg.to_hf_dict())
-  with torch.device("meta"):
-    model = AutoModelForCausalLM.from_config(hf_cfg)
-  assert model.num_parameters() == cfg.num_params()
-  sizes = jax.tree.leaves(jax.tree.map(lambda x: int(np.prod(x.shape)), abstract_params(cfg)))
-  assert sum(sizes) == cfg.num_params()
+
+def released_param_count(qwen3, e, f, layers, heads, kv, d, vocab, tied):
+  """Parameters of a Qwen2/Qwen3 decoder from its config.json values (embedding once if tied)."""
+  attn = e * heads * d + 2 * e * kv * d + heads * d * e          # q, k, v, o projections
+  attn += 2 * d if qwen3 else heads * d + 2 * kv * d              # q/k norms, or q/k/v biases
+  layer = attn + 3 * e * f + 2 * e                                # SwiGLU MLP, two RMSNorms
+  return vocab * e + layers * layer + e + (0 if tied else vocab * e)   # + final norm, lm_head
+
+
+def count_params(cfg):
+  """Parameters that init_params creates for cfg, from jax.eval_shape (nothing allocated)."""
+  abstract = jax.eval_shape(functools.partial(init_params, cfg), jax.random.key(0))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(abstract))
+
+
+def test_presets_are_the_released_models():
+  """Every released-model preset has its checkpoint's config.json shapes, and the parameters our
+  model code creates for it (counted with jax.eval_shape: nothing allocated) number exactly the
+  published total, which the model card's rounded figures confirm."""
+  released = sorted(name for name in PRESETS if not name.startswith("tiny"))
+  assert released == sorted(RELEASED)   # a new preset needs its published numbers here
+  for name in released:
+    cfg, want = QwenConfig.preset(name), RELEASED[name]
+    assert QwenConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+    shapes = (cfg.hidden_size, cfg.intermediate_size, cfg.num_layers, cfg.num_heads,
+              cfg.num_kv_heads, cfg.head_dim, cfg.vocab_size, cfg.tie_word_embeddings)
+    assert shapes == want["config"], name
+    assert (cfg.model_type == "qwen3") == name.startswith("qwen3")
+    assert (cfg.qk_norm, cfg.qkv_bias) == ((True, False) if name.startswith("qwen3") else
+                                           (False, True)), name
+    # The model's own parameters at 1 and 2 layers give the outer and per-layer counts (a full
+    # depth trace takes seconds; the depth itself is checked once below).
+    one, two = (count_params(cfg.replace(num_layers=n)) for n in (1, 2))
+    counted = one + (cfg.num_layers - 1) * (two - one)
+    assert counted == want["total"], (name, counted, want["total"])
+    assert released_param_count(name.startswith("qwen3"), *want["config"]) == want["total"], name
+    assert cfg.num_params() == want["total"], name
+    vocab, hidden, tied = cfg.vocab_size, cfg.hidden_size, cfg.tie_word_embeddings
+    non_embedding = want["total"] - vocab * hidden * (1 if tied else 2)
+    for value, card in zip((want["total"], non_embedding), want["card"]):
+      # The cards round some figures and cut others (7.6156B is "7.61B"): within one last digit.
+      assert abs(value / 1e9 - float(card)) < 10.0 ** -len(card.split(".")[1]), (name, value, card)
+  assert count_params(QwenConfig.preset("qwen2.5-0.5b")) == RELEASED["qwen2.5-0.5b"]["total"]
