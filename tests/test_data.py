@@ -9,7 +9,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -76,12 +75,11 @@ def test_generation_is_deterministic_per_seed_and_differs_across_seeds():
   assert a.questions["train"] != c.questions["train"]
 
 
-def test_generation_at_full_size_is_fast():
-  start = time.perf_counter()
+def test_generation_at_full_size():
+  """The demo's size (its speed is measured by `python launch/bench.py synthworld`)."""
   w = SynthWorld.generate(seed=1, n_entities=2000, n_train=4000, n_dev=500, n_test=500)
-  w.corpus()
-  assert time.perf_counter() - start < 5.0
   assert len(w.entities) == 2000 and sum(map(len, w.questions.values())) == 5000
+  assert len(w.corpus()) == 2000
 
 
 def test_names_are_unique_invented_and_pronounceable(world):
