@@ -23,7 +23,7 @@ setup(
         "numpy>=1.26",
         "ml_dtypes>=0.5",
         "transformers>=5.0,<6",
-        "safetensors>=0.5,<1",
+        "safetensors>=0.8,<1",  # bfloat16 slices through the numpy framework (tested: 0.8.0)
         "tokenizers>=0.22,<1",
         "tensorflow-datasets>=4.9.9,<5",
         "importlib_resources>=6",

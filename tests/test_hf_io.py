@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
+import struct
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
+import safetensors.numpy
 
 from agentjax.models.qwen import ConfigError, QwenConfig, init_params
 from agentjax.models.qwen.checkpoint import load_hf, save_hf
-from agentjax.models.safetensors_io import CheckpointError, SafetensorsFile, write_safetensors
+from agentjax.models import safetensors_io
+from agentjax.models.safetensors_io import CheckpointError, SafetensorsFolder
 from agentjax.models.tokenizer import TokenizerError, load_tokenizer
 from tests import hf_fixtures
 from tests.test_qwen_model import forward
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _export_logits_match(cfg, params, tmp_path, **save_kwargs):
@@ -54,9 +62,15 @@ def test_sharded_export_and_overwrite_keeps_folder_whole(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["export"]
 
 
-def test_failed_export_leaves_previous_export_intact(tmp_path):
+@pytest.fixture(scope="module")
+def tiny_model():
+  """(config, params) of the tiny preset, initialized once for the export fault tests."""
   cfg = QwenConfig.preset("tiny")
-  params = init_params(cfg, jax.random.key(10))
+  return cfg, init_params(cfg, jax.random.key(10))
+
+
+def test_failed_export_leaves_previous_export_intact(tmp_path, tiny_model):
+  cfg, params = tiny_model
   out = save_hf(str(tmp_path / "export"), cfg, params)
   before = open(os.path.join(out, "model.safetensors"), "rb").read()
   broken = dict(params)
@@ -65,6 +79,96 @@ def test_failed_export_leaves_previous_export_intact(tmp_path):
     save_hf(out, cfg, broken)
   assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
   assert sorted(os.listdir(tmp_path)) == ["export"]
+
+
+def _replace_then(action, out):
+  """os.replace/os.rename that performs `action` right after moving the export `out` aside."""
+  real = os.replace
+
+  def replace(src, dst, **kwargs):
+    real(src, dst, **kwargs)
+    if os.path.abspath(src) == out:
+      action()
+
+  return replace
+
+
+def test_export_interrupted_between_renames_keeps_previous_export(tmp_path, monkeypatch,
+                                                                  tiny_model):
+  cfg, params = tiny_model
+  out = save_hf(str(tmp_path / "export"), cfg, params)
+  before = open(os.path.join(out, "model.safetensors"), "rb").read()
+
+  def interrupt():
+    raise KeyboardInterrupt("interrupted with only the backup on disk")
+
+  for name in ("replace", "rename"):
+    monkeypatch.setattr(os, name, _replace_then(interrupt, out))
+  with pytest.raises(KeyboardInterrupt):
+    save_hf(out, cfg, params, dtype=np.float16)
+  monkeypatch.undo()
+  assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
+  assert sorted(os.listdir(tmp_path)) == ["export"]
+
+
+# Runs an export of different bytes (float16) over `out` and dies (os._exit: no handler runs) right
+# after the previous export is moved aside: the moment only a backup of it exists.
+_KILLED_EXPORT = """
+import os, sys
+from agentjax.models.qwen import checkpoint
+out = sys.argv[1]
+cfg, params = checkpoint.load_hf(out)
+real = os.replace
+def replace(src, dst, **kwargs):
+  real(src, dst, **kwargs)
+  if os.path.abspath(src) == out:
+    os._exit(9)
+os.replace = os.rename = replace
+checkpoint.save_hf(out, cfg, params, dtype="float16")
+"""
+
+
+def test_export_killed_between_renames_is_recovered(tmp_path, tiny_model):
+  from agentjax.models.qwen.checkpoint import recover_export
+
+  cfg, params = tiny_model
+  first = tmp_path / "run1"
+  out = save_hf(str(first / "export"), cfg, params)
+  before = open(os.path.join(out, "model.safetensors"), "rb").read()
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  proc = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, out], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 9, proc.stderr[-3000:]
+  assert not os.path.exists(out) and len(os.listdir(first)) >= 2  # the backup and the new one
+  second = tmp_path / "run2"
+  shutil.copytree(first, second)
+
+  # At start-up (the trainer calls this), the backup is restored and the dead write removed.
+  assert recover_export(out) == out
+  assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
+  assert sorted(os.listdir(first)) == ["export"]
+  recover_export(out)  # a complete export is never touched
+  assert open(os.path.join(out, "model.safetensors"), "rb").read() == before
+
+  # save_hf recovers first too: a failing export after the crash still leaves the first one.
+  out2 = str(second / "export")
+  broken = dict(params)
+  del broken["norm"]
+  with pytest.raises(KeyError):
+    save_hf(out2, cfg, broken)
+  assert open(os.path.join(out2, "model.safetensors"), "rb").read() == before
+  assert sorted(os.listdir(second)) == ["export"]
+
+
+def test_recover_export_restores_the_backup_of_earlier_versions(tmp_path):
+  from agentjax.models.qwen.checkpoint import recover_export
+
+  # What earlier versions of save_hf left when killed between their renames: only <path>.old.
+  legacy = tmp_path / "export.old"
+  legacy.mkdir()
+  (legacy / "config.json").write_text("{}")
+  out = recover_export(str(tmp_path / "export"))
+  assert sorted(os.listdir(tmp_path)) == ["export"] and os.listdir(out) == ["config.json"]
 
 
 def test_load_sharded_and_bfloat16_checkpoints(tmp_path, hf_checkpoint):
@@ -115,10 +219,9 @@ def _copy(folder, tmp_path):
 
 def _edit_tensors(folder, edit):
   path = os.path.join(folder, "model.safetensors")
-  st = SafetensorsFile(path)
-  tensors = {name: np.array(st.tensor(name)) for name in st.names()}
+  tensors = safetensors.numpy.load_file(path)
   edit(tensors)
-  write_safetensors(path, tensors)
+  safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
 
 
 def _edit_config(folder, edit):
@@ -138,16 +241,33 @@ BAD_TENSORS = {
     "misshaped": (lambda t: t.__setitem__("model.layers.0.self_attn.k_proj.weight",
                                           np.zeros((3, 64), np.float32)),
                   r"tensor 'model.layers.0.self_attn.k_proj.weight' has shape \[3, 64\], expected \[32, 64\]"),
+    "integer": (lambda t: t.__setitem__("model.layers.0.self_attn.k_proj.weight",
+                                        np.zeros((32, 64), np.int32)),
+                "tensor 'model.layers.0.self_attn.k_proj.weight' has non-float dtype I32"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_TENSORS))
-def test_bad_tensor_names_the_tensor(hf_checkpoint, tmp_path, case):
+def test_bad_tensor_names_the_tensor(hf_checkpoint, tmp_path, monkeypatch, case):
   folder, _ = hf_checkpoint("qwen2-tied-gqa2")
   bad = _copy(folder, tmp_path)
   edit, message = BAD_TENSORS[case]
   _edit_tensors(bad, edit)
+
+  def read(*args):
+    raise AssertionError("tensor data read before the headers were validated")
+
+  monkeypatch.setattr(safetensors_io.Tensor, "__getitem__", read)
   with pytest.raises(CheckpointError, match=message):
+    load_hf(bad)
+
+
+def test_index_naming_a_file_outside_the_folder_is_refused(hf_checkpoint, tmp_path):
+  folder, _ = hf_checkpoint("qwen2-tied-gqa2")
+  bad = _copy(folder, tmp_path)
+  with open(os.path.join(bad, "model.safetensors.index.json"), "w") as f:
+    json.dump({"weight_map": {"model.norm.weight": "../ckpt/model.safetensors"}}, f)
+  with pytest.raises(CheckpointError, match="'../ckpt/model.safetensors', not a file name"):
     load_hf(bad)
 
 
@@ -177,14 +297,44 @@ def test_qwen3_attention_bias_is_refused():
     QwenConfig.from_hf_dict({**hf, "attention_bias": True})
 
 
-def test_corrupt_header_entry_names_the_tensor(tmp_path):
-  import struct
+def _raw_safetensors(header, data: bytes, header_len: int | None = None) -> bytes:
+  """A file built byte by byte: 8-byte little-endian header length, header, data."""
+  blob = header if isinstance(header, bytes) else json.dumps(header).encode()
+  return struct.pack("<Q", len(blob) if header_len is None else header_len) + blob + data
 
-  header = json.dumps({"w": {"dtype": "F32", "data_offsets": [0, 4]}}).encode()
-  path = tmp_path / "model.safetensors"
-  path.write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 4)
-  with pytest.raises(CheckpointError, match="tensor 'w' has a corrupt header entry"):
-    SafetensorsFile(str(path))
+
+_F32x2 = {"dtype": "F32", "shape": [2]}
+# Files the safetensors library refuses. The hand-written parser this project used before accepted
+# the first three: overlapping tensors, a negative offset (it returned the header's own bytes as
+# weights) and unused bytes between tensors.
+HOSTILE_FILES = {
+    "overlapping": lambda: _raw_safetensors(
+        {"a": {**_F32x2, "data_offsets": [0, 8]}, "b": {**_F32x2, "data_offsets": [4, 12]}},
+        b"\0" * 12),
+    "negative_offset": lambda: _raw_safetensors({"w": {**_F32x2, "data_offsets": [-8, 0]}}, b""),
+    "gap_between_tensors": lambda: _raw_safetensors(
+        {"a": {**_F32x2, "data_offsets": [0, 8]}, "b": {**_F32x2, "data_offsets": [12, 20]}},
+        b"\0" * 20),
+    "truncated": lambda: _raw_safetensors({"w": {**_F32x2, "data_offsets": [0, 8]}}, b"\0" * 4),
+    "header_longer_than_file": lambda: _raw_safetensors(
+        {"w": {**_F32x2, "data_offsets": [0, 8]}}, b"\0" * 8, header_len=1 << 20),
+    "non_json_header": lambda: _raw_safetensors(b"{not json}", b""),
+    "entry_without_shape": lambda: _raw_safetensors({"w": {"dtype": "F32", "data_offsets": [0, 4]}},
+                                                    b"\0" * 4),
+    "shorter_than_length_field": lambda: b"\1\0\0",
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_FILES))
+def test_hostile_safetensors_file_is_refused_naming_the_file(tmp_path, case):
+  folder = tmp_path / "ckpt"
+  folder.mkdir()
+  path = folder / "model.safetensors"
+  path.write_bytes(HOSTILE_FILES[case]())
+  with pytest.raises(CheckpointError, match=re.escape(f"{path}: not a valid safetensors file")):
+    tensors = SafetensorsFolder(str(folder))
+    for name in tensors:  # a reader that accepted the header must not hand out any data either
+      np.asarray(tensors[name][:])
 
 
 def test_corrupt_and_pickle_only_folders(hf_checkpoint, tmp_path):

@@ -1,9 +1,18 @@
-"""Reading and writing Hugging Face safetensors folders, memory-mapped, without torch or pickle.
+"""Hugging Face safetensors folders, read and written through the `safetensors` library.
 
-We parse the safetensors format directly (an 8-byte little-endian header length, a JSON header of
-{name: {dtype, shape, data_offsets}}, then raw little-endian bytes) so that:
-  * tensors are numpy views of a memory map: a loader reads only the slice one device shard needs;
-  * bfloat16 works (numpy-based readers reject it) through ml_dtypes.
+The library parses and validates each file's header when it is opened (offsets inside the file,
+no overlap or gap between tensors, sizes that match shape and dtype) and reads a tensor only when
+it is sliced: `safe_open(path, framework="numpy").get_slice(name)[rows, cols]` copies just that
+block out of the memory-mapped file, so a loader reads only the part one device shard needs.
+
+bfloat16: the library's numpy framework looks dtypes up by name, and numpy knows "bfloat16" only
+once ml_dtypes is imported (without it, reading a BF16 tensor raises "data type 'bfloat16' not
+understood"); this module imports ml_dtypes for that reason. Writing goes through
+`safetensors.numpy.save_file`, which maps ml_dtypes.bfloat16 to BF16 itself.
+
+What this module adds to the library: folders (model.safetensors, or shards listed by
+model.safetensors.index.json), shards written one at a time as tensors are gathered, and errors
+that name the file and the tensor.
 """
 
 from __future__ import annotations
@@ -11,89 +20,58 @@ from __future__ import annotations
 import glob
 import json
 import os
-import struct
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
-import ml_dtypes
+import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy for the library's numpy framework)
 import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
 
-_CODE_TO_DTYPE = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-}
-_DTYPE_TO_CODE = {v: k for k, v in _CODE_TO_DTYPE.items()}
-FLOAT_DTYPES = frozenset(_CODE_TO_DTYPE[c] for c in ("F64", "F32", "F16", "BF16"))
+# Safetensors dtype codes of the floating types a model may be loaded from.
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16"})
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
+# transformers refuses files whose metadata lacks a known format.
+_METADATA = {"format": "pt"}
 
 
 class CheckpointError(ValueError):
   """A checkpoint folder or file that cannot be read as the model; the message names the tensor."""
 
 
-class SafetensorsFile:
-  """One .safetensors file: header parsed eagerly, data memory-mapped lazily."""
+class Tensor:
+  """One tensor of an open safetensors file: shape and dtype from the header, data on slicing.
 
-  def __init__(self, path: str):
-    self.path = path
+  `tensor[index]` (basic slices only) returns a numpy array holding just that block;
+  `np.asarray(tensor)` reads the whole tensor.
+  """
+
+  def __init__(self, path: str, name: str, view: Any):
+    self.path, self.name, self._view = path, name, view
+    self.shape: tuple[int, ...] = tuple(view.get_shape())
+    self.dtype: str = view.get_dtype()  # the safetensors code, e.g. "BF16"
+
+  def __getitem__(self, index: Any) -> np.ndarray:
     try:
-      size = os.path.getsize(path)
-      with open(path, "rb") as f:
-        raw_len = f.read(8)
-        if len(raw_len) != 8:
-          raise CheckpointError(f"{path}: not a safetensors file (shorter than its 8-byte header)")
-        (header_len,) = struct.unpack("<Q", raw_len)
-        if header_len > size - 8:
-          raise CheckpointError(f"{path}: header length {header_len} exceeds the file size {size}")
-        header = json.loads(f.read(header_len))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-      raise CheckpointError(f"{path}: corrupt safetensors header ({e})") from None
-    if not isinstance(header, dict):
-      raise CheckpointError(f"{path}: corrupt safetensors header (not a JSON object)")
-    self.metadata = header.pop("__metadata__", None) or {}
-    self._data_start = 8 + header_len
-    self._entries = {}
-    for name, entry in header.items():
-      code = entry.get("dtype") if isinstance(entry, dict) else None
-      if code not in _CODE_TO_DTYPE:
-        raise CheckpointError(f"{path}: tensor {name!r} has unsupported dtype {code!r}")
-      dtype = _CODE_TO_DTYPE[code]
-      try:
-        shape = tuple(int(s) for s in entry["shape"])
-        begin, end = (int(o) for o in entry["data_offsets"])
-      except (KeyError, TypeError, ValueError) as e:
-        raise CheckpointError(f"{path}: tensor {name!r} has a corrupt header entry ({e!r})") from None
-      if end - begin != dtype.itemsize * int(np.prod(shape, dtype=np.int64)) or \
-          self._data_start + end > size:
-        raise CheckpointError(f"{path}: tensor {name!r} has data offsets {[begin, end]} that do "
-                              f"not match its shape {list(shape)} and dtype {code} or the file size")
-      self._entries[name] = (dtype, shape, begin)
-    self._mmap = None
+      return self._view[index]
+    except (SafetensorError, TypeError, ValueError) as e:
+      raise CheckpointError(f"{self.path}: cannot read tensor {self.name!r} ({e})") from None
 
-  def names(self) -> list[str]:
-    return list(self._entries)
-
-  def shape(self, name: str) -> tuple[int, ...]:
-    return self._entries[name][1]
-
-  def dtype(self, name: str) -> np.dtype:
-    return self._entries[name][0]
-
-  def tensor(self, name: str) -> np.ndarray:
-    """A read-only numpy view of the tensor (no copy until sliced and cast)."""
-    if self._mmap is None:
-      self._mmap = np.memmap(self.path, dtype=np.uint8, mode="r")
-    dtype, shape, begin = self._entries[name]
-    count = int(np.prod(shape, dtype=np.int64))
-    start = self._data_start + begin
-    flat = self._mmap[start:start + count * dtype.itemsize].view(dtype)
-    return flat.reshape(shape)
+  def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+    whole = self[...]
+    return whole if dtype is None else whole.astype(dtype)
 
 
-class SafetensorsFolder(Mapping[str, np.ndarray]):
-  """All tensors of a Hugging Face checkpoint folder, by name.
+def _open(path: str) -> Any:
+  """Opens a file with the library, which validates the whole header before any tensor is read."""
+  try:
+    return safe_open(path, framework="numpy")
+  except (SafetensorError, OSError) as e:
+    raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
+
+
+class SafetensorsFolder(Mapping[str, Tensor]):
+  """All tensors of a Hugging Face checkpoint folder, by name (headers only until sliced).
 
   Accepts model.safetensors, a sharded set described by model.safetensors.index.json, or (failing
   both) every *.safetensors file in the folder. Pickle formats (*.bin, *.pt) are never read.
@@ -101,79 +79,80 @@ class SafetensorsFolder(Mapping[str, np.ndarray]):
 
   def __init__(self, path: str):
     self.path = path
-    index_path = os.path.join(path, INDEX_FILE)
-    if os.path.exists(index_path):
-      with open(index_path) as f:
-        try:
-          weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError) as e:
-          raise CheckpointError(f"{index_path}: corrupt index ({e!r})") from None
-      files = sorted(set(weight_map.values()))
-    elif os.path.exists(os.path.join(path, SINGLE_FILE)):
-      files = [SINGLE_FILE]
-    else:
-      files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-      pickled = [p for p in os.listdir(path) if p.endswith((".bin", ".pt", ".pth"))] \
-          if os.path.isdir(path) else []
-      hint = f" (found pickle weights {pickled}: convert them to safetensors first)" if pickled else ""
-      raise CheckpointError(f"{path}: no safetensors weights in the folder{hint}")
-    self._files = {}
-    self._where: dict[str, SafetensorsFile] = {}
+    files = self._list_files(path)
+    self._where: dict[str, Tensor] = {}
     for name in files:
       file_path = os.path.join(path, name)
       if not os.path.exists(file_path):
         raise CheckpointError(f"{path}: {INDEX_FILE} lists {name!r}, which is missing")
-      st = SafetensorsFile(file_path)
-      self._files[name] = st
-      for tensor_name in st.names():
+      handle = _open(file_path)
+      for tensor_name in handle.keys():
         if tensor_name in self._where:
-          raise CheckpointError(f"{path}: tensor {tensor_name!r} appears in two files")
-        self._where[tensor_name] = st
+          raise CheckpointError(f"{path}: tensor {tensor_name!r} appears in two files "
+                                f"({self._where[tensor_name].path} and {file_path})")
+        self._where[tensor_name] = Tensor(file_path, tensor_name, handle.get_slice(tensor_name))
 
-  def __getitem__(self, name: str) -> np.ndarray:
-    return self._where[name].tensor(name)
+  @staticmethod
+  def _list_files(path: str) -> list[str]:
+    index_path = os.path.join(path, INDEX_FILE)
+    if os.path.exists(index_path):
+      try:
+        with open(index_path) as f:
+          weight_map = json.load(f)["weight_map"]
+        files = sorted(set(weight_map.values()))
+      except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as e:
+        raise CheckpointError(f"{index_path}: corrupt index ({e!r})") from None
+      for name in files:
+        # The index names files of this folder only: no paths that lead out of it.
+        if not isinstance(name, str) or os.path.basename(name) != name or name in ("", ".", ".."):
+          raise CheckpointError(f"{index_path}: weight_map names {name!r}, not a file name")
+      return files
+    if os.path.exists(os.path.join(path, SINGLE_FILE)):
+      return [SINGLE_FILE]
+    files = sorted(os.path.basename(p) for p in glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+      pickled = [p for p in os.listdir(path) if p.endswith((".bin", ".pt", ".pth"))] \
+          if os.path.isdir(path) else []
+      hint = (f" (found pickle weights {pickled}: convert them to safetensors first)"
+              if pickled else "")
+      raise CheckpointError(f"{path}: no safetensors weights in the folder{hint}")
+    return files
 
-  def __iter__(self):
+  def __getitem__(self, name: str) -> Tensor:
+    return self._where[name]
+
+  def __iter__(self) -> Iterator[str]:
     return iter(self._where)
 
   def __len__(self) -> int:
     return len(self._where)
 
   def shape(self, name: str) -> tuple[int, ...]:
-    return self._where[name].shape(name)
+    return self._where[name].shape
+
+  def dtype(self, name: str) -> str:
+    """The tensor's safetensors dtype code ("F32", "BF16", ...)."""
+    return self._where[name].dtype
 
   def file_of(self, name: str) -> str:
     return self._where[name].path
 
 
-def write_safetensors(path: str, tensors: Mapping[str, np.ndarray],
-                      metadata: Mapping[str, str] | None = None) -> None:
-  """Writes one safetensors file (tensors written in name order, header padded to 8 bytes)."""
-  header, offset, arrays = {}, 0, []
-  for name in sorted(tensors):
-    arr = np.ascontiguousarray(tensors[name])
-    if arr.dtype not in _DTYPE_TO_CODE:
-      raise CheckpointError(f"tensor {name!r}: dtype {arr.dtype} cannot be written to safetensors")
-    header[name] = {"dtype": _DTYPE_TO_CODE[arr.dtype], "shape": list(arr.shape),
-                    "data_offsets": [offset, offset + arr.nbytes]}
-    offset += arr.nbytes
-    arrays.append(arr)
-  # transformers refuses files whose metadata lacks a known format.
-  header["__metadata__"] = dict(metadata or {"format": "pt"})
-  blob = json.dumps(header, separators=(",", ":")).encode()
-  blob += b" " * (-len(blob) % 8)
-  with open(path, "wb") as f:
-    f.write(struct.pack("<Q", len(blob)))
-    f.write(blob)
-    for arr in arrays:
-      f.write(arr.tobytes())
+def write_safetensors(path: str, tensors: Mapping[str, np.ndarray]) -> None:
+  """Writes one safetensors file with `safetensors.numpy.save_file` (metadata format "pt")."""
+  # save_file reads each array's buffer as it lies in memory: make every one contiguous first.
+  arrays = {name: np.asarray(arr, order="C") for name, arr in tensors.items()}  # keeps 0-d as 0-d
+  try:
+    save_file(arrays, path, metadata=dict(_METADATA))
+  except (SafetensorError, TypeError, ValueError) as e:
+    kinds = sorted({str(a.dtype) for a in arrays.values()})
+    raise CheckpointError(f"{path}: cannot write tensors of dtypes {kinds} ({e})") from None
 
 
 def write_safetensors_folder(path: str, tensors: Iterable[tuple[str, np.ndarray]],
                              max_shard_bytes: int = 4 << 30) -> None:
   """Writes tensors as model.safetensors or, above max_shard_bytes, as
-  model-0000k-of-0000n.safetensors shards with an index file.
+  model-0000k-of-0000n.safetensors shards with an index file (the layout transformers writes).
 
   `tensors` is an iterable so that a caller can gather one tensor at a time; each shard is written
   as soon as it is full, so at most one shard is held in host memory.

@@ -3,18 +3,22 @@
     cfg, params = load_hf("path/to/Qwen2.5-7B-Instruct", mesh=mesh)  # placed shard by shard
     save_hf("path/to/export", cfg, params)                         # transformers loads this
 
-Loading validates every tensor name and shape against the config before reading any data, so a
-bad checkpoint fails with an error naming the tensor and nothing half-loaded is returned. Each
-device's shard is read straight from the memory-mapped file (jax.make_array_from_callback): no
-process ever materializes a whole float32 copy of the model on one device.
+Loading validates every tensor name, shape and dtype against the config from the file headers
+before reading any data, so a bad checkpoint fails with an error naming the tensor and nothing
+half-loaded is returned. Each device's shard is read on its own from the memory-mapped file
+(the safetensors library's get_slice, called by jax.make_array_from_callback): no process ever
+materializes a whole float32 copy of the model on one device.
 """
 
 from __future__ import annotations
 
+import glob
 import json
+import logging
 import os
 import shutil
 import tempfile
+import time
 from typing import Any, Iterator, Mapping
 
 import jax
@@ -26,6 +30,8 @@ from agentjax.models.qwen.config import QwenConfig
 from agentjax.models.qwen.model import abstract_params, param_shardings
 from agentjax.models.safetensors_io import (FLOAT_DTYPES, CheckpointError, SafetensorsFolder,
                                             write_safetensors_folder)
+
+log = logging.getLogger(__name__)
 
 # Tensors that may appear in a folder without being parameters of the model.
 _IGNORABLE_SUFFIXES = (".rotary_emb.inv_freq",)
@@ -148,17 +154,18 @@ def validate_tensors(cfg: QwenConfig, folder: SafetensorsFolder) -> None:
     if folder.shape(name) != shape:
       raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has shape "
                             f"{list(folder.shape(name))}, expected {list(shape)} from config.json")
-    if folder[name].dtype not in FLOAT_DTYPES:
+    if folder.dtype(name) not in FLOAT_DTYPES:
       raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has non-float dtype "
-                            f"{folder[name].dtype}")
+                            f"{folder.dtype(name)}")
 
 
-def params_from_tensors(cfg: QwenConfig, tensors: Mapping[str, np.ndarray],
+def params_from_tensors(cfg: QwenConfig, tensors: Mapping[str, Any],
                         shardings: Any | None = None) -> Any:
   """Builds (sharded) params from a mapping of Hugging Face tensor names to arrays.
 
-  `tensors` may be a SafetensorsFolder (memory-mapped) or any dict, e.g. a transformers
-  state_dict converted to numpy. Each device's block is read and cast separately.
+  `tensors` may be a SafetensorsFolder (each tensor read block by block as it is sliced) or any
+  dict of numpy arrays, e.g. a transformers state_dict converted to numpy. Each device's block is
+  read and cast separately.
   """
   abstract = abstract_params(cfg)
   params: dict[str, Any] = {}
@@ -206,23 +213,63 @@ def hf_tensors(cfg: QwenConfig, params: Any, dtype: Any = None) -> Iterator[tupl
     yield hf_name, np.ascontiguousarray(_to_hf(kind, host))
 
 
+# Names beside an export `<parent>/<name>` (hidden, so that they never look like an export):
+#   .<name>.tmp-XXXX   a write in progress, or a dead one: never a complete export
+#   .<name>.bak-<ns>-<pid>   the previous export while the new one is moved into place
+_TMP, _BAK = ".tmp-", ".bak-"
+
+
+def _siblings(path: str, kind: str) -> list[str]:
+  parent, name = os.path.split(path)
+  return sorted(glob.glob(os.path.join(glob.escape(parent), f".{glob.escape(name)}{kind}*")))
+
+
+def recover_export(path: str) -> str:
+  """Puts an export interrupted by a crash back in order; returns `path`.
+
+  If `path` is missing but a backup of a previous export is left beside it (the process died
+  between moving the old export aside and moving the new one in), the newest backup is renamed
+  back to `path`. Leftover partial writes (and older backups, once `path` is complete) are
+  removed. A complete export at `path` is never touched. save_hf calls this first; a trainer calls
+  it at start-up. Only process 0 acts (it is the one that writes exports), and only one writer
+  may export to `path` at a time.
+  """
+  path = os.path.abspath(path)
+  if jax.process_index() != 0:
+    return path
+  backups = _siblings(path, _BAK)
+  legacy = path + ".old"  # the backup name of earlier versions of save_hf
+  if not os.path.exists(path) and not backups and os.path.isdir(legacy):
+    backups = [legacy]
+  if not os.path.exists(path) and backups:
+    os.replace(backups.pop(), path)  # names sort by time: the last one is the newest
+    log.warning("recovered the export %s from its backup (a previous export was interrupted)", path)
+  for stale in backups + _siblings(path, _TMP):  # dead writes; backups older than `path`
+    shutil.rmtree(stale, ignore_errors=True)
+    log.info("removed %s, left by an interrupted export", stale)
+  return path
+
+
 def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
             dtype: Any = None, max_shard_bytes: int = 4 << 30) -> str:
   """Exports params as a folder `transformers.AutoModelForCausalLM.from_pretrained` loads.
 
-  The folder is written beside the target and moved into place at the end, so a failed export
-  never leaves a half-written folder or destroys an earlier export at `path`. On multi-host
-  runs every process must call this (parameters are gathered); only process 0 writes.
+  The folder is written beside the target (`.<name>.tmp-*`) and swapped in at the end: the
+  previous export is renamed to a unique backup, the new one renamed into place, then the backup
+  removed. At every moment one complete export exists under `path` or under the backup, and
+  recover_export (run here first, and by a trainer at start-up) restores it after a crash. On
+  multi-host runs every process must call this (parameters are gathered); only process 0 writes.
   """
   tensors = hf_tensors(cfg, params, dtype)
   if jax.process_index() != 0:
     for _ in tensors:  # take part in the gathers
       pass
     return path
-  path = os.path.abspath(path)
-  parent = os.path.dirname(path)
+  path = recover_export(path)
+  parent, name = os.path.split(path)
   os.makedirs(parent, exist_ok=True)
-  staging = tempfile.mkdtemp(prefix=".export-", dir=parent)
+  staging = tempfile.mkdtemp(prefix=f".{name}{_TMP}", dir=parent)
+  backup = None
   try:
     write_safetensors_folder(staging, tensors, max_shard_bytes)
     hf_config = cfg.to_hf_dict()
@@ -233,15 +280,18 @@ def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
     if tokenizer is not None:
       tokenizer.save_pretrained(staging)
     if os.path.exists(path):
-      backup = path + ".old"
-      shutil.rmtree(backup, ignore_errors=True)
+      backup = os.path.join(parent, f".{name}{_BAK}{time.time_ns():020d}-{os.getpid()}")
       os.replace(path, backup)
-      os.replace(staging, path)
-      shutil.rmtree(backup)
-    else:
-      os.replace(staging, path)
+    os.replace(staging, path)
   except BaseException:
+    if backup is not None and not os.path.exists(path):
+      os.replace(backup, path)  # interrupted between the two renames: put the old export back
     shutil.rmtree(staging, ignore_errors=True)
     raise
+  if backup is not None:
+    # Renamed before deletion so that a crash mid-delete never leaves a partial folder under a
+    # backup name (recover_export would take it for a complete export).
+    doomed = tempfile.mkdtemp(prefix=f".{name}{_TMP}", dir=parent)
+    os.replace(backup, os.path.join(doomed, name))
+    shutil.rmtree(doomed)
   return path
-
