@@ -189,10 +189,49 @@ def test_shape_dtype_and_structure_mismatch_name_the_leaf(tmp_path, train_state)
       ckpt.save(20, train_state, force=True)
 
 
-# orbax reads arrays concurrently; when one read fails it leaves the others pending. The
-# Checkpointer finalizes them (so a crash shows its error, not pages of TensorStore specs at
-# exit); should one slip through at garbage collection, it is orbax's noise, not a failure.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_typed_and_plain_key_mismatch_names_the_leaf(tmp_path):
+  # "rng" is a typed key, "legacy" the uint32 key data of jax.random.PRNGKey: restoring either
+  # into the other kind would hand the trainer a wrong-typed key, so both are refused.
+  state = {"rng": jax.random.key(7), "keys": jax.random.split(jax.random.key(1), 3),
+           "legacy": jax.random.PRNGKey(5)}
+  with make(tmp_path) as ckpt:
+    ckpt.save(10, state, force=True)
+  target = abstract(state)
+  with make(tmp_path) as ckpt:  # the right target: exact, typed, same impl
+    got, _, _ = ckpt.restore_or_none(target)
+  assert_state_equal(got, state)
+  assert jax.random.key_impl(got["keys"]) == jax.random.key_impl(state["keys"])
+
+  plain_target = {**target, "rng": jax.ShapeDtypeStruct((2,), jnp.uint32)}
+  with make(tmp_path) as ckpt:
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"^rng: .* stores a PRNG key \(key<fry>.*target is a plain uint32"):
+      ckpt.restore_or_none(plain_target)
+  typed_target = {**target, "legacy": jax.ShapeDtypeStruct((), jax.random.key(0).dtype)}
+  with make(tmp_path) as ckpt:
+    with pytest.raises(CheckpointMismatchError,
+                       match=r"^legacy: the target is a PRNG key .* plain uint32 array"):
+      ckpt.restore_or_none(typed_target)
+  wrong_shape = {**target, "keys": jax.ShapeDtypeStruct((4,), jax.random.key(0).dtype)}
+  with make(tmp_path) as ckpt:
+    with pytest.raises(CheckpointMismatchError, match=r"^keys: shape mismatch: .* stores "
+                       r"\(3, 2\), target is \(4, 2\) \(a key<fry> key of shape \(4,\)\)"):
+      ckpt.restore_or_none(wrong_shape)
+
+
+def test_checkpoint_of_another_format_is_refused(tmp_path, train_state):
+  # Format 1 stored typed keys as plain uint32 data listed in the meta item; read as format 2,
+  # its keys would come back as plain arrays (or be refused leaf by leaf). Say so up front.
+  with make(tmp_path) as ckpt:
+    ckpt.save(10, train_state, force=True)
+  meta_file = tmp_path / "checkpoints" / "10" / "meta" / "metadata"
+  meta = json.loads(meta_file.read_text())
+  meta_file.write_text(json.dumps({**meta, "format": 1, "prng_keys": {}}))
+  with make(tmp_path) as ckpt:
+    with pytest.raises(CheckpointMismatchError, match=r"has format 1; this agentjax reads format"):
+      ckpt.restore_or_none(abstract(train_state))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "delete"])
 def test_corrupt_checkpoint_is_reported_and_never_overwritten(tmp_path, train_state, damage):
   with make(tmp_path, save_every=1, keep=3) as ckpt:

@@ -16,14 +16,16 @@
 Layout: {workdir}/config.json (the run's config, written by process 0 at its first save) and
 {workdir}/checkpoints/<step>/{state,meta}: `state` is the train-state pytree (orbax
 StandardSave: OCDBT/zarr, every process writes its own shards), `meta` a JSON item with the
-caller's data_state, the config and which leaves are PRNG keys. Typed PRNG keys are stored as
-their raw uint32 key data and rewrapped on restore, so the arrays on disk are plain tensors.
+caller's data_state and the config. Typed PRNG keys (jax.random.key) are orbax's business: it
+writes their key data plus the key impl in its array metadata and wraps them back on restore
+(orbax-checkpoint >= 0.12.0; see setup.py).
 
 Safety, in the order a restart meets it:
   - The config stored in the workdir is compared with the current one on `compat_keys` before
     any array is read; a difference raises CheckpointMismatchError naming the field.
   - The stored array metadata is compared with the abstract target leaf by leaf; a missing,
-    extra, reshaped or retyped leaf raises CheckpointMismatchError naming its path.
+    extra, reshaped or retyped leaf raises CheckpointMismatchError naming its path, as does a
+    leaf stored as a PRNG key whose target is a plain array, or the reverse (found once read).
   - A step that cannot be read (truncated or missing file) raises CheckpointError naming the
     step directory. Nothing is deleted or rewritten: this Checkpointer then refuses to save, and
     no Checkpointer saves a step at or below the latest on disk, so the evidence stays.
@@ -37,8 +39,6 @@ Only the config.json write is process-0 logic, and it is outside orbax.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import json
 import os
 from typing import Any, Mapping, Sequence
@@ -54,7 +54,9 @@ from agentjax.models.safetensors_io import CheckpointError as _ModelCheckpointEr
 PyTree = Any
 
 _STATE, _META = "state", "meta"
-_FORMAT = 1  # bumped if the meta item's layout changes
+# Bumped if the meta item's layout or the array encoding changes. Format 1 stored typed PRNG keys
+# as plain uint32 arrays, listed in meta["prng_keys"]; format 2 leaves keys to orbax.
+_FORMAT = 2
 _MISSING = "<missing>"
 
 
@@ -99,26 +101,6 @@ def _to_json(obj: Any, what: str) -> Any:
   except (TypeError, ValueError) as e:
     raise TypeError(f"{what} must be JSON-serializable (dicts, lists, str, numbers, bools, None): "
                     f"{e}") from e
-
-
-def _close_orphaned_orbax_reads() -> None:
-  """Finalizes orbax coroutines left pending on a closed event loop by a failed restore.
-
-  When one array read fails, orbax returns the error and closes its event loop with the other
-  reads still pending. They can never run again, but are only finalized at interpreter exit,
-  where each prints an "Exception ignored" traceback with a page of TensorStore spec, burying
-  the CheckpointError above. Closing them here (a no-op when there are none) keeps it readable.
-  """
-  gc.collect()
-  for obj in gc.get_objects():
-    try:
-      if (not isinstance(obj, asyncio.Task) or obj.done() or not obj.get_loop().is_closed()
-          or "orbax" not in obj.get_coro().cr_code.co_filename):
-        continue
-      obj._log_destroy_pending = False  # no "Task was destroyed but it is pending!" either
-      obj.get_coro().close()
-    except Exception:  # best effort: orbax raises from its except-BaseException on close
-      pass
 
 
 def _root_cause(e: BaseException) -> str:
@@ -249,34 +231,20 @@ class Checkpointer:
           f"refusing to save step {step}: {self.directory} already holds step {latest} "
           f"(steps {self.all_steps()}), which this run did not resume from; existing checkpoints "
           f"are never overwritten. Resume with restore_or_none() or use a fresh workdir.")
-    arrays, keys = self._split_keys(state)
     meta = {"format": _FORMAT, "step": step, "data_state": _to_json(data_state, "data_state"),
-            "config": self.config, "prng_keys": keys}
+            "config": self.config}
     if latest is not None and not self._config_checked:
       self._check_config(self._stored_config(None), latest)
     self._write_config()
     try:
       saved = self._manager.save(
-          step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardSave(arrays),
+          step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardSave(state),
                                            _META: ocp.args.JsonSave(meta)}), force=True)
     except ocp.checkpoint_manager.StepAlreadyExistsError as e:
       raise CheckpointError(f"refusing to overwrite {self.step_dir(step)}: {e}") from e
     if saved:
       self._own_steps.add(step)
     return bool(saved)
-
-  @staticmethod
-  def _split_keys(state: PyTree) -> tuple[PyTree, dict[str, dict[str, str]]]:
-    """Typed PRNG keys -> their uint32 key data; also returns {path: {impl, dtype}} of those."""
-    keys: dict[str, dict[str, str]] = {}
-
-    def convert(path, x):
-      if _is_key(x):
-        keys[_path_str(path)] = {"impl": str(jax.random.key_impl(x)), "dtype": str(x.dtype)}
-        return jax.random.key_data(x)
-      return x
-
-    return jax.tree_util.tree_map_with_path(convert, state), keys
 
   def _write_config(self) -> None:
     """config.json from process 0, once per run: the latest run's view of the workdir."""
@@ -334,27 +302,27 @@ class Checkpointer:
     step_dir = self.step_dir(step)
     meta = self._read(step, lambda: self._manager.restore(
         step, args=ocp.args.Composite(**{_META: ocp.args.JsonRestore()}))[_META], "its meta item")
-    if not isinstance(meta, Mapping) or "prng_keys" not in meta:
+    if not isinstance(meta, Mapping) or "format" not in meta:
       raise CheckpointError(f"checkpoint {step_dir} is corrupt or not an agentjax checkpoint: "
                             f"its meta item is {type(meta).__name__}, not the expected dict")
+    if meta["format"] != _FORMAT:
+      raise CheckpointMismatchError(
+          f"checkpoint {step_dir} has format {meta['format']!r}; this agentjax reads format "
+          f"{_FORMAT} (format 1 stored PRNG keys as raw uint32 data, before orbax handled typed "
+          f"keys). Resume it with the agentjax version that wrote it, or use a fresh workdir.")
     self._check_config(self._stored_config(meta), step)
 
-    target, key_leaves = self._abstract_target(abstract_state, meta["prng_keys"], step_dir)
+    target = self._abstract_target(abstract_state)
     stored = self._read(step, lambda: self._manager.item_metadata(step)[_STATE], "its metadata")
     if stored is None:
       raise CheckpointError(f"checkpoint {step_dir} is corrupt: the array metadata of its "
                             f"'{_STATE}' item is missing or unreadable")
     self._check_arrays(stored, target, step_dir)
 
-    restored = self._read(step, lambda: self._manager.restore(
+    state = self._read(step, lambda: self._manager.restore(
         step, args=ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(target)}))[_STATE],
         "its arrays")
-
-    def rewrap(path, x):
-      impl = key_leaves.get(_path_str(path))
-      return x if impl is None else jax.random.wrap_key_data(x, impl=impl)
-
-    state = jax.tree_util.tree_map_with_path(rewrap, restored)
+    self._check_keys(state, target, step_dir)
     self._own_steps.add(step)
     return state, meta.get("data_state"), step
 
@@ -365,7 +333,6 @@ class Checkpointer:
     except CheckpointError:
       raise
     except Exception as e:  # tensorstore raises ValueError/bare Exception; files FileNotFoundError
-      _close_orphaned_orbax_reads()
       raise CheckpointError(
           f"checkpoint {self.step_dir(step)} is corrupt or unreadable (reading {what}): "
           f"{_root_cause(e)}. It has not been modified; move it out of "
@@ -395,16 +362,11 @@ class Checkpointer:
     self._config_checked = True
 
   @staticmethod
-  def _abstract_target(abstract_state: PyTree, stored_keys: Mapping[str, Mapping[str, str]],
-                       step_dir: epath.Path) -> tuple[PyTree, dict[str, str]]:
-    """ShapeDtypeStructs with shardings for orbax; typed keys as their key data.
-
-    Returns the target and {path: PRNG impl name} of the leaves to rewrap as keys.
-    """
-    key_leaves: dict[str, str] = {}
+  def _abstract_target(abstract_state: PyTree) -> PyTree:
+    """ShapeDtypeStructs with shardings for orbax (replicated where the leaf carries none)."""
     default = None
 
-    def convert(path, x):
+    def convert(x):
       nonlocal default
       if not isinstance(x, (jax.ShapeDtypeStruct, jax.Array)):
         return x  # numpy arrays and Python scalars: orbax restores them as such
@@ -412,23 +374,9 @@ class Checkpointer:
       if sharding is None:
         default = default or _replicated()
         sharding = default
-      if not _is_key(x):
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
-      name = _path_str(path)
-      stored = stored_keys.get(name)
-      if stored is None:
-        raise CheckpointMismatchError(f"{name}: the target is a PRNG key ({x.dtype}) but "
-                                      f"{step_dir} stores it as a plain array")
-      if stored["dtype"] != str(x.dtype):
-        raise CheckpointMismatchError(f"{name}: PRNG key type differs: stored {stored['dtype']} "
-                                      f"({stored['impl']}), target {x.dtype}")
-      key_leaves[name] = stored["impl"]
-      data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(x.shape, x.dtype))
-      # A key's NamedSharding spec covers its leading dims; the trailing key-data dim is whole.
-      return jax.ShapeDtypeStruct(data.shape, data.dtype, sharding=sharding)
+      return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
 
-    target = jax.tree_util.tree_map_with_path(convert, abstract_state)
-    return target, key_leaves
+    return jax.tree.map(convert, abstract_state)
 
   @staticmethod
   def _check_arrays(stored: PyTree, target: PyTree, step_dir: epath.Path) -> None:
@@ -452,12 +400,40 @@ class Checkpointer:
       m = have[name]
       if not hasattr(t, "shape") or getattr(m, "shape", None) is None:
         continue
+      what = ""
+      if _is_key(t):
+        # orbax's metadata describes what is on disk, a key's uint32 key data (trailing dims).
+        what = f" (a {t.dtype} key of shape {tuple(t.shape)})"
+        t = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct(t.shape, t.dtype))
       if tuple(m.shape) != tuple(t.shape):
         raise CheckpointMismatchError(f"{name}: shape mismatch: {step_dir} stores "
-                                      f"{tuple(m.shape)}, target is {tuple(t.shape)}")
+                                      f"{tuple(m.shape)}, target is {tuple(t.shape)}{what}")
       if getattr(m, "dtype", None) is not None and np.dtype(m.dtype) != np.dtype(t.dtype):
         raise CheckpointMismatchError(f"{name}: dtype mismatch: {step_dir} stores "
-                                      f"{np.dtype(m.dtype)}, target is {np.dtype(t.dtype)}")
+                                      f"{np.dtype(m.dtype)}, target is {np.dtype(t.dtype)}{what}")
+
+  @staticmethod
+  def _check_keys(restored: PyTree, target: PyTree, step_dir: epath.Path) -> None:
+    """A typed key target read from plain stored data, or the reverse, or another key impl.
+
+    The array metadata shows only the key data, so this is found after the read; orbax returns
+    what is on disk (a key where one was saved) whatever the target says.
+    """
+    for (path, got), want in zip(jax.tree_util.tree_flatten_with_path(restored)[0],
+                                 jax.tree.leaves(target)):
+      if not (_is_key(got) or _is_key(want)) or got.dtype == want.dtype:
+        continue
+      name = _path_str(path)
+      if not _is_key(got):
+        raise CheckpointMismatchError(f"{name}: the target is a PRNG key ({want.dtype}) but "
+                                      f"{step_dir} stores it as a plain {got.dtype} array")
+      if not _is_key(want):
+        raise CheckpointMismatchError(
+            f"{name}: {step_dir} stores a PRNG key ({got.dtype}, "
+            f"{jax.random.key_impl(got)}) but the target is a plain {want.dtype} array")
+      raise CheckpointMismatchError(f"{name}: PRNG key type differs: {step_dir} stores "
+                                    f"{got.dtype} ({jax.random.key_impl(got)}), target "
+                                    f"{want.dtype}")
 
   # ---------------------------------------------------------------------------- lifecycle
 
@@ -475,3 +451,9 @@ class Checkpointer:
 
   def __exit__(self, *exc: Any) -> None:
     self.close()
+
+
+def abstract_state(state: PyTree) -> PyTree:
+  """ShapeDtypeStructs carrying each leaf's sharding: the restore target of a checkpoint."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                      state)
