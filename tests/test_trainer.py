@@ -100,6 +100,8 @@ def test_unknown_preset_names_the_known_ones():
     ({"rl.igpo_ig_weight": 0.0, "rl.igpo_outcome_weight": 0.0},
      "config.rl.igpo_ig_weight=0.0: with rl.igpo_outcome_weight=0 IGPO has no reward"),
     ({"rl.igpo_outcome_weight": -1.0}, "config.rl.igpo_outcome_weight=-1.0: must be >= 0"),
+    ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
+     "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])
 def test_bad_config_names_the_field(override, message):
   config = _config_module("igpo").get_config("demo")
@@ -112,6 +114,21 @@ def test_bad_config_names_the_field(override, message):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.validate(config)
   assert message in str(e.value)
+
+
+def test_validation_and_qwen_config_agree_on_dtypes_and_share_config_error():
+  from agentjax.models.qwen import ConfigError, QwenConfig
+  config = _config_module("igpo").get_config("demo")
+  for dtype in ("float32", "bfloat16", "float16", "int8"):
+    config.model.dtype = dtype
+    try:
+      QwenConfig(dtype=dtype)
+    except ConfigError:
+      with pytest.raises(ConfigError, match=f"config.model.dtype='{dtype}'"):  # the model's class
+        config_lib.validate(config)
+    else:
+      config_lib.validate(config)
+  assert config_lib.ConfigError is ConfigError
 
 
 def test_reinforcepp_allows_a_group_of_one():

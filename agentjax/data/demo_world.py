@@ -8,6 +8,8 @@ import math
 import os
 import time
 
+from agentjax.jsonl import iter_json_objects
+
 # 2000 invented entities, 1- and 2-hop questions only (the tiny models cannot do 3 hops).
 DEMO_WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
                   hop_weights=(1.0, 1.0, 0.0))
@@ -56,8 +58,8 @@ def use_demo_world(config, root: str) -> None:
 
 def hops_by_id(split_path: str) -> dict[str, int]:
   """{question id: hop count} of a SynthWorld split file ({root}/synthworld/{split}.jsonl)."""
-  with open(split_path) as f:
-    return {r["id"]: r["hops"] for r in map(json.loads, f)}
+  rows = iter_json_objects(split_path, ValueError, ("id", "hops"), "SynthWorld split")
+  return {row["id"]: row["hops"] for _, row in rows}
 
 
 def f1_by_hops(rows: list[dict], hops: dict[str, int]) -> dict[int, float]:

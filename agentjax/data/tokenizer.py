@@ -19,12 +19,12 @@ rollout's stop strings (</search>, </answer>) end exactly at a token boundary.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from typing import Iterable, Iterator
 
 from agentjax.agent.protocol import SEARCH_R1, Protocol
+from agentjax.jsonl import iter_json_objects
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 PROTOCOL_TAGS = ("<think>", "</think>", "<search>", "</search>", "<answer>", "</answer>",
@@ -92,20 +92,17 @@ def synthworld_texts(data_dir: str, protocol: Protocol = SEARCH_R1) -> Iterator[
   it will see it (the instruction once per question, so the prompt compresses well).
   """
 
-  def rows(name: str) -> Iterator[dict]:
+  def rows(name: str, field: str) -> Iterator[dict]:
     path = os.path.join(data_dir, name)
-    if not os.path.exists(path):
-      return
-    with open(path, encoding="utf-8") as f:
-      for line in f:
-        if line.strip():
-          yield json.loads(line)
+    if os.path.exists(path):  # a world written without demonstrations, or without a split
+      for _, row in iter_json_objects(path, ValueError, (field,), "SynthWorld file"):
+        yield row
 
-  for row in rows("corpus.jsonl"):
+  for row in rows("corpus.jsonl", "contents"):
     yield row["contents"]
   for split in ("train", "dev", "test"):
-    for row in rows(f"{split}.jsonl"):
+    for row in rows(f"{split}.jsonl", "question"):
       yield protocol.prompt(row["question"])
-  for row in rows("demos.jsonl"):
+  for row in rows("demos.jsonl", "segments"):
     for seg in row["segments"]:
       yield seg["text"]

@@ -16,6 +16,7 @@ parameter [embed, mlp] shards embed over fsdp and mlp over tensor.
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -75,7 +76,7 @@ def logical_to_spec(logical_axes: Sequence[str | None], shape: Sequence[int] | N
       size = mesh.shape[name]
       if size == 1:
         continue
-      if dim % (size * _prod(mesh.shape[n] for n in kept)) == 0:
+      if dim % (size * math.prod(mesh.shape[n] for n in kept)) == 0:
         kept.append(name)
       else:
         _log.info("dimension %d of an array with axes %s is not divisible by mesh axis %r (%d); "
@@ -96,9 +97,3 @@ def logical_to_sharding(logical_tree: Any, abstract_tree: Any, mesh: jax.shardin
   return jax.tree.map(one, logical_tree, abstract_tree,
                       is_leaf=lambda x: isinstance(x, PartitionSpec) or x is None)
 
-
-def _prod(xs) -> int:
-  out = 1
-  for x in xs:
-    out *= x
-  return out

@@ -13,7 +13,9 @@ import os
 from typing import Any
 
 from agentjax.agent.protocol import PROTOCOLS
-from agentjax.models.qwen.config import PRESETS
+# One ConfigError for model and run configs (re-exported here), and the model's own lists of
+# what QwenConfig accepts, so validation passes exactly what will load.
+from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigError
 from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
@@ -22,12 +24,6 @@ TRAINERS = ("rl", "sft")
 GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
 # Registered estimators the trainer cannot feed yet (they need a judge model: a later issue).
 NEEDS_JUDGE = ("cw_grpo",)
-REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
-DTYPES = ("float32", "bfloat16", "float16")
-
-
-class ConfigError(ValueError):
-  """A config value that cannot work; the message starts with the field's dotted name."""
 
 
 def _fail(field: str, value: Any, why: str) -> None:

@@ -19,7 +19,11 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 
 
 class ConfigError(ValueError):
-  """A model config (preset or config.json) that agentjax cannot run; the message names the field."""
+  """A config agentjax cannot run; the message names the field.
+
+  The one class for model configs (a preset, a config.json) and run configs (configs/*.py, checked
+  by agentjax.train.config.validate, which re-exports it): catching it catches both.
+  """
 
 
 @dataclasses.dataclass(frozen=True)
