@@ -414,7 +414,7 @@ class Checkpointer:
 
   @staticmethod
   def _check_keys(restored: PyTree, target: PyTree, step_dir: epath.Path) -> None:
-    """A typed key target read from plain stored data, or the reverse, or another key impl.
+    """Refuses a typed-key target read from plain stored data, the reverse, or another impl.
 
     The array metadata shows only the key data, so this is found after the read; orbax returns
     what is on disk (a key where one was saved) whatever the target says.
