@@ -87,10 +87,19 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rl.igpo_norm = "joint"           # joint | separate
   c.rl.igpo_ig_weight = 1.0          # IGPO's turn rewards: 0 = outcome-only ablation
   c.rl.igpo_outcome_weight = 1.0     # IGPO's answer-turn reward: 0 = IG-only ablation
+  # Group std of the estimators that divide by one (grpo, gspo, igpo, cw_grpo; reinforce++'s batch
+  # whitening takes its ddof): "population" (ddof 0) + std_eps, "unbiased" (ddof 1) + std_eps
+  # (verl: the Search-R1 / CW-GRPO code), "sqrt_var_eps" sqrt(population var + std_eps) (the
+  # official IGPO code, std_eps 1e-8). The demo keeps population + 1e-6; the paper presets follow
+  # each paper's code (below and in igpo.py).
+  c.rl.std_estimator = "population"
+  c.rl.std_eps = 1e-6
   # Run the ground-truth probes for every algorithm, not only IGPO (metrics only: ig_mean and
   # gt_entropy_reduction for a GRPO run; costs ~25% more scoring).
   c.rl.probe_all = False
-  c.rl.ig_mode = "log_prob"          # log_prob | prob
+  # log_prob | prob: IGPO's IG as a difference of mean log-probs (the official train.sh) or of
+  # probabilities (the paper's §3.2); see configs/igpo.py.
+  c.rl.ig_mode = "log_prob"
   c.rl.loss = "ppo"                  # ppo | gspo (agentjax.rl.losses.POLICY_LOSSES)
   c.rl.clip_low = 0.2
   c.rl.clip_high = 0.2
@@ -180,7 +189,8 @@ def _demo(c):
 
 
 def _paper(c, arg):
-  """IGPO paper settings (Qwen2.5-3B/7B-Instruct; Qwen3-8B with the same recipe)."""
+  """IGPO paper settings (Qwen2.5-3B/7B-Instruct; Qwen3-8B with the same recipe); the group std of
+  verl's GRPO (unbiased + 1e-6), as the paper's baselines ran in verl."""
   hf = {"qwen2.5-3b": "Qwen2.5-3B-Instruct", "qwen2.5-7b": "Qwen2.5-7B-Instruct",
         "qwen3-8b": "Qwen3-8B"}[arg]
   c.model.hf_path = f"models/{hf}"
@@ -207,6 +217,11 @@ def _paper(c, arg):
   c.rl.kl_estimator = "low_var_kl"
   c.rl.clip_low = c.rl.clip_high = 0.2
   c.rl.gamma = 1.0
+  # The baselines of the IGPO paper's Table 2 ran in its verl code: verl's GRPO divides by the
+  # unbiased std + 1e-6 (torch.std) and its REINFORCE++ whitens with the unbiased variance.
+  # configs/igpo.py replaces this with the IGPO code's own form.
+  c.rl.std_estimator = "unbiased"
+  c.rl.std_eps = 1e-6
   c.optimizer.lr = 1e-6
   c.train.steps = 300
   c.train.eval_every = 50

@@ -1,5 +1,6 @@
 r"""Dr.GRPO: outcome minus the group mean (no std scaling), and a constant length
-normalizer in the loss (no per-sequence length bias).
+normalizer in the loss (no per-sequence length bias). No std is used, so rl.std_estimator
+and rl.std_eps have no effect here.
 
   python launch/train.py --config=configs/drgrpo.py:demo --workdir=runs/demo/drgrpo
   python launch/train.py --config=configs/drgrpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/drgrpo-7b

@@ -1,5 +1,8 @@
 r"""GRPO: the outcome reward z-scored within each group, on every sampled token.
 
+Group std: the paper presets divide by verl's unbiased std + 1e-6 (rl.std_estimator="unbiased"),
+as the IGPO paper's GRPO baseline ran in verl; the demo by the population std + 1e-6.
+
   python launch/train.py --config=configs/grpo.py:demo --workdir=runs/demo/grpo
   python launch/train.py --config=configs/grpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/grpo-7b
 

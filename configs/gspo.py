@@ -1,6 +1,9 @@
 r"""GSPO: GRPO advantages with a sequence-level importance ratio (length-normalized) and its
 tight clip range.
 
+Group std: as GRPO's (configs/grpo.py): verl's unbiased std + 1e-6 in the paper presets, the
+population std + 1e-6 in the demo.
+
   python launch/train.py --config=configs/gspo.py:demo --workdir=runs/demo/gspo
   python launch/train.py --config=configs/gspo.py:qwen2.5-7b --workdir=/mnt/shared/runs/gspo-7b
 

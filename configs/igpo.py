@@ -7,6 +7,15 @@ wrongly while their searches gain information, and joint normalization then give
 a negative advantage, which erodes the copying of names that the answers depend on
 (docs/BENCHMARKS.md, "demo").
 
+The information gain is a difference of the ground truth's mean per-token log-probabilities
+before and after a turn (rl.ig_mode="log_prob", the default): the official training script's
+setting and the paper's Appendix A. The paper's §3.2 (Eq. 3-4) defines it as a difference of
+probabilities; rl.ig_mode="prob" gives that reading.
+
+The group std: the paper presets use the official IGPO code's sqrt(population var + 1e-8)
+(rl.std_estimator="sqrt_var_eps", rl.std_eps=1e-8; the paper does not state it). The demo keeps
+the base config's population std + 1e-6, with which its numbers were measured.
+
   python launch/train.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
   python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/igpo-7b
 
@@ -21,4 +30,7 @@ def get_config(arg: str = "demo"):
   config.algorithm = "igpo"
   if arg == "demo":
     config.rl.igpo_norm = "separate"
+  else:
+    config.rl.std_estimator = "sqrt_var_eps"
+    config.rl.std_eps = 1e-8
   return config

@@ -1,4 +1,5 @@
-r"""RLOO: each rollout's outcome minus the mean of the other rollouts of its question.
+r"""RLOO: each rollout's outcome minus the mean of the other rollouts of its question. No std
+is used, so rl.std_estimator and rl.std_eps have no effect here.
 
   python launch/train.py --config=configs/rloo.py:demo --workdir=runs/demo/rloo
   python launch/train.py --config=configs/rloo.py:qwen2.5-7b --workdir=/mnt/shared/runs/rloo-7b

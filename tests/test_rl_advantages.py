@@ -7,14 +7,17 @@ Every jnp kernel runs with and without jit (chex variants). Batches are random m
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
 
 import chex
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from absl.testing import parameterized
+from absl.testing import absltest, parameterized
 
 from agentjax.rl import advantages as adv_lib
+from agentjax.train import rl as rl_lib
 
 SEEDS = (0, 1, 2)
 
@@ -71,13 +74,24 @@ def members(group_ids, i):
   return [j for j in range(len(group_ids)) if group_ids[j] == group_ids[i]]
 
 
-def ref_grpo(outcome, group_ids, scale, eps=1e-6):
+def ref_zscore(x, pool, std_estimator="population", eps=1e-6):
+  """(x - mean(pool)) / std(pool) with the std form of `std_estimator`; 0 for a pool of one."""
+  pool = np.asarray(pool, np.float64)
+  if len(pool) == 1:
+    return 0.0
+  if std_estimator == "sqrt_var_eps":
+    denom = np.sqrt(np.var(pool) + eps)
+  else:
+    denom = np.std(pool, ddof=1 if std_estimator == "unbiased" else 0) + eps
+  return (x - pool.mean()) / denom
+
+
+def ref_grpo(outcome, group_ids, scale, eps=1e-6, std_estimator="population"):
   out = np.zeros(len(outcome))
   for i in range(len(outcome)):
     vals = np.array([outcome[j] for j in members(group_ids, i)], np.float64)
-    out[i] = outcome[i] - vals.mean()
-    if scale:
-      out[i] /= vals.std() + eps
+    out[i] = (ref_zscore(outcome[i], vals, std_estimator, eps) if scale
+              else outcome[i] - vals.mean())
   return out
 
 
@@ -107,10 +121,10 @@ def ref_tokens_from_turns(turn_adv, turn_id, mask):
   return out
 
 
-def ref_reinforce(outcome, group_ids, mask, subtract, eps=1e-8):
+def ref_reinforce(outcome, group_ids, mask, subtract, eps=1e-8, ddof=0):
   base = ref_grpo(outcome, group_ids, scale=False) if subtract else np.array(outcome, np.float64)
   toks = [base[i] for i in range(mask.shape[0]) for l in range(mask.shape[1]) if mask[i, l]]
-  mean, var = np.mean(toks), np.var(toks)
+  mean, var = np.mean(toks), np.var(toks, ddof=ddof)
   out = np.zeros(mask.shape)
   for i in range(mask.shape[0]):
     for l in range(mask.shape[1]):
@@ -119,7 +133,8 @@ def ref_reinforce(outcome, group_ids, mask, subtract, eps=1e-8):
   return out
 
 
-def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6, w_ig=1.0, w_out=1.0):
+def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6, w_ig=1.0, w_out=1.0,
+                   std_estimator="population"):
   b, num_t = ig.shape
   r = np.zeros((b, num_t))
   for i in range(b):
@@ -135,7 +150,7 @@ def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6, w_i
         pool = [w_out * outcome[j] for j in mem]
       else:
         pool = [r[j, kk] for j in mem for kk in range(num_turns[j] - 1)]
-      z[i, k] = (r[i, k] - np.mean(pool)) / (np.std(pool) + eps)
+      z[i, k] = ref_zscore(r[i, k], pool, std_estimator, eps)
   out = np.zeros((b, num_t))
   for i in range(b):
     acc = 0.0
@@ -494,6 +509,235 @@ class StatisticsTest(chex.TestCase):
       sums = [ig[i, :num_turns[i] - 1].sum() for i in range(9) if num_turns[i] >= 2]
       assert_close(fn(v, num_turns), np.mean(sums))
     assert_close(fn(np.zeros((2, 3), np.float32), np.ones(2, np.int32)), 0.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# All-equal groups and the std estimator (eager calls on one batch shape: few compiles).
+# ---------------------------------------------------------------------------------------------
+
+# One value per collapsed group of sizes 2..16; most are not exact in float32, so a float32
+# sum / n mean misses them by an ulp or two.
+EQUAL_VALUES = (0.7, 2 / 3, 0.9, 0.1, 1e3 + 0.1, 0.3, 1 / 3, -0.7, 0.2, 5 / 7, 0.6, 1e-3, 0.45,
+                0.55, 0.15)
+# Estimators that whiten over the whole batch after (or without) a group baseline: an all-equal
+# group is zero only when the whole batch is (verl / OpenRLHF semantics).
+WHITENED = ("reinforce++", "reinforce++_baseline")
+
+
+def make_collapsed_batch(seed, ig_shift=0.0, num_t=3, length=16):
+  """Collapsed groups of sizes 2..16 mixed with groups that differ, rows shuffled.
+
+  Collapsed group members share the outcome v and carry IG v + ig_shift on every non-answer
+  turn (ig_shift=0: collapsed for IGPO's joint pool too). Also: a singleton, and groups of
+  sizes 2, 3 and 5 with differing outcomes and random IG. Ignored IG entries are NaN.
+
+  Returns:
+    the batch dict (every field of adv_lib.BATCH_FIELDS) and collapsed [B] bool.
+  """
+  rng = np.random.default_rng(seed)
+  outcome, ig_const, ids, collapsed = [], [], [], []
+  for n, v in zip(range(2, 17), EQUAL_VALUES):
+    outcome += [v] * n
+    ig_const += [v + ig_shift] * n
+    ids += [1000 + 13 * n] * n
+    collapsed += [True] * n
+  outcome.append(0.9)  # singleton
+  ig_const.append(0.9 + ig_shift)
+  ids.append(5)
+  collapsed.append(True)
+  for g, n in ((21, 2), (22, 3), (23, 5)):
+    vals = rng.choice(np.array([0.0, 0.7, 2 / 3, 1.0, 0.25]), size=n)
+    vals[:2] = (0.7, 2 / 3)  # never all equal
+    outcome += list(vals)
+    ig_const += [np.nan] * n
+    ids += [g] * n
+    collapsed += [False] * n
+  b = len(outcome)
+  order = rng.permutation(b)
+  outcome = np.array(outcome, np.float32)[order]
+  ids = np.array(ids, np.int32)[order]
+  collapsed = np.array(collapsed)[order]
+  ig_const = np.array(ig_const, np.float32)[order]
+  num_turns = rng.integers(1, num_t + 1, size=b).astype(np.int32)
+  turn_id, mask = make_layout(rng, num_turns, length)
+  ig = np.where(collapsed[:, None], ig_const[:, None],
+                rng.normal(size=(b, num_t))).astype(np.float32)
+  ig[np.arange(num_t)[None, :] >= num_turns[:, None] - 1] = np.nan
+  ret = rng.uniform(size=(b, num_t)).astype(np.float32)
+  think = rng.uniform(size=(b, num_t)).astype(np.float32)
+  d = dict(outcome=outcome, group_ids=ids, num_turns=num_turns, turn_id=turn_id, loss_mask=mask,
+           ig=ig, retrieval_scores=ret, thinking_scores=think)
+  assert set(d) == adv_lib.BATCH_FIELDS
+  return d, collapsed
+
+
+def ref_estimator(name, d, kw):
+  """[B, L] NumPy reference of the registered estimator `name` called with keywords kw."""
+  std = dict(std_estimator=kw.get("std_estimator", "population"),
+             eps=kw.get("eps", 1e-8 if name in WHITENED else 1e-6))
+  o, g, m = d["outcome"], d["group_ids"], d["loss_mask"]
+  if name in ("grpo", "gspo", "drgrpo", "rloo"):
+    per = (ref_rloo(o, g) if name == "rloo" else
+           ref_grpo(o, g, scale=name != "drgrpo", **std))
+    return ref_tokens_from_traj(per, m)
+  if name in WHITENED:
+    return ref_reinforce(o, g, m, name == "reinforce++_baseline", eps=std["eps"],
+                         ddof=int(std["std_estimator"] == "unbiased"))
+  if name == "igpo":
+    turns = ref_igpo_turns(d["ig"], o, d["num_turns"], g, kw.get("gamma", 1.0),
+                           kw.get("norm_mode", "joint"), w_ig=kw.get("ig_weight", 1.0),
+                           w_out=kw.get("outcome_weight", 1.0), **std)
+    return ref_tokens_from_turns(turns, d["turn_id"], m)
+  if name == "cw_grpo":
+    turns = ref_cw(ref_grpo(o, g, scale=True, **std), d["retrieval_scores"],
+                   d["thinking_scores"], d["num_turns"], "normalize", 1.0)
+    return ref_tokens_from_turns(turns, d["turn_id"], m)
+  raise AssertionError(f"no NumPy reference for the registered estimator {name!r}: add one")
+
+
+def estimator_settings(name):
+  """Keyword settings each estimator is checked under: every std estimator it accepts."""
+  fn = adv_lib.ADVANTAGE_ESTIMATORS[name].__wrapped__
+  takes_std = "std_estimator" in inspect.signature(fn).parameters
+  out = []
+  for std in adv_lib.STD_ESTIMATORS if takes_std else (None,):
+    for mode in ("joint", "separate") if name == "igpo" else (None,):
+      kw = {} if std is None else {"std_estimator": std}
+      if mode:
+        kw["norm_mode"] = mode
+      out.append(kw)
+  return out
+
+
+class CollapsedGroupsTest(absltest.TestCase):
+
+  def test_all_equal_groups_get_exactly_zero_in_every_estimator(self):
+    d, collapsed = make_collapsed_batch(0)
+    d_sep, _ = make_collapsed_batch(0, ig_shift=1 / 7)  # IG differs from the outcome
+    for name in sorted(adv_lib.ADVANTAGE_ESTIMATORS):
+      for kw in estimator_settings(name):
+        batches = [d] + ([d_sep] if kw.get("norm_mode") == "separate" else [])
+        for batch in batches:
+          with self.subTest(name=name, **kw, ig_shift=batch is d_sep):
+            adv, stats = adv_lib.get_advantage_estimator(name)(**batch, **kw)
+            adv = np.asarray(adv)
+            assert_close(adv, ref_estimator(name, batch, kw))
+            if name in WHITENED:
+              continue  # see test_whitened_all_equal_batch
+            np.testing.assert_array_equal(adv[collapsed], 0.0)
+            self.assertTrue(np.all(np.abs(adv[~collapsed]).max(axis=1) > 1e-3))
+            want = ref_collapse(batch["outcome"], batch["group_ids"])
+            assert_close(stats["collapse_fraction"], want)
+            assert_close(stats["zero_adv_fraction"], want)
+
+  def test_whitened_all_equal_batch(self):
+    # REINFORCE++ whitens over the batch: a batch of equal groups is exactly zero.
+    d, collapsed = make_collapsed_batch(1)
+    d["outcome"] = np.where(collapsed, d["outcome"], np.float32(0.9))  # every group equal
+    for std in adv_lib.STD_ESTIMATORS:
+      adv, stats = adv_lib.get_advantage_estimator("reinforce++_baseline")(**d, std_estimator=std)
+      np.testing.assert_array_equal(np.asarray(adv), 0.0)
+      assert_close(stats["zero_adv_fraction"], 1.0)
+    for v in (0.7, 2 / 3, 0.1, 1e3 + 0.1):
+      for name in WHITENED:
+        adv, stats = adv_lib.get_advantage_estimator(name)(
+            **{**d, "outcome": np.full(len(d["outcome"]), v, np.float32)})
+        np.testing.assert_array_equal(np.asarray(adv), 0.0, err_msg=f"{name}, value {v}")
+        assert_close(stats["collapse_fraction"], stats["zero_adv_fraction"])
+
+  def test_spread_below_float_resolution_is_collapsed(self):
+    # Members one ulp apart (rounding, not signal) get 0 instead of (1 ulp) / (~1e-7 + eps).
+    # Shapes of make_batch (10 rows, 26 slots), as the other eager calls: no new compiles.
+    mask = np.ones((10, 26), np.float32)
+    v = np.float32(0.7)
+    up = np.nextafter(v, np.float32(1))
+    outcome = np.array([v, up, v, up, 0.0, 1.0, 1e3, np.nextafter(np.float32(1e3), 0), 0.5, 0.5],
+                       np.float32)
+    ids = np.array([0, 0, 0, 0, 1, 1, 2, 2, 3, 3], np.int32)
+    for std in adv_lib.STD_ESTIMATORS:
+      adv, _ = adv_lib.grpo_advantages(outcome, ids, mask, std_estimator=std)
+      np.testing.assert_array_equal(np.asarray(adv)[[0, 1, 2, 3, 6, 7, 8, 9]], 0.0)
+      self.assertTrue(np.all(np.abs(np.asarray(adv)[4:6]) > 0.5))
+    # The issue's repro (there with 11 rows: +0.1065; with these 10 the old code gave +0.0563).
+    adv, stats = adv_lib.get_advantage_estimator("grpo")(
+        outcome=jnp.full(10, 0.7), group_ids=jnp.zeros(10, jnp.int32), loss_mask=mask)
+    np.testing.assert_array_equal(np.asarray(adv), 0.0)
+    self.assertEqual(float(stats["zero_adv_fraction"]), float(stats["collapse_fraction"]))
+
+
+class StdEstimatorTest(absltest.TestCase):
+
+  def test_group_of_two_and_singleton_by_hand(self):
+    # Group [0, 1]: population std 0.5, unbiased std 1/sqrt(2) (x1.41), IGPO's sqrt(0.25 + eps).
+    # Then a singleton (0) and a group of 7 equal values (0); make_batch's shapes.
+    outcome = np.array([0.0, 1.0, 0.5] + [0.3] * 7, np.float32)
+    ids = np.array([3, 3, 8] + [1] * 7, np.int32)
+    mask = np.ones((10, 26), np.float32)
+    for std, eps, half in (("population", 1e-6, 0.5 / (0.5 + 1e-6)),
+                           ("unbiased", 1e-6, 0.5 / (np.sqrt(0.5) + 1e-6)),
+                           ("sqrt_var_eps", 1e-8, 0.5 / np.sqrt(0.25 + 1e-8)),
+                           ("sqrt_var_eps", 0.25, 0.5 / np.sqrt(0.5))):
+      adv, _ = adv_lib.grpo_advantages(outcome, ids, mask, std_estimator=std, eps=eps)
+      assert_close(np.asarray(adv)[:, 0], [-half, half] + [0.0] * 8, rtol=1e-6, atol=0)
+    pop = adv_lib.grpo_outcome_advantages(outcome, ids, std_estimator="population")
+    unb = adv_lib.grpo_outcome_advantages(outcome, ids, std_estimator="unbiased")
+    assert_close(np.asarray(pop)[1] / np.asarray(unb)[1], np.sqrt(2), rtol=1e-5)
+
+  def test_estimators_against_numpy(self):
+    for seed in SEEDS[:2]:
+      d = make_batch(seed)  # group sizes 1..4: a singleton and a pair among them
+      d["retrieval_scores"] = np.random.default_rng(seed).uniform(size=(10, 4)).astype(np.float32)
+      d["thinking_scores"] = np.ones((10, 4), np.float32)
+      for name in ("grpo", "igpo", "cw_grpo", "reinforce++", "reinforce++_baseline"):
+        for kw in estimator_settings(name):
+          for eps in (1e-8, 0.1):
+            with self.subTest(seed=seed, name=name, eps=eps, **kw):
+              adv, _ = adv_lib.get_advantage_estimator(name)(**d, **kw, eps=eps)
+              assert_close(adv, ref_estimator(name, d, {**kw, "eps": eps}))
+
+  def test_unknown_std_estimator(self):
+    d = make_batch(0)
+    for name in ("grpo", "igpo", "cw_grpo", "reinforce++"):
+      with self.assertRaisesRegex(ValueError, "unknown std_estimator 'bessel'.*population"):
+        adv_lib.get_advantage_estimator(name)(**d, retrieval_scores=d["ig"],
+                                              thinking_scores=d["ig"], std_estimator="bessel")
+
+
+# ---------------------------------------------------------------------------------------------
+# Config -> estimator keywords (agentjax.train.rl.advantage_kwargs).
+# ---------------------------------------------------------------------------------------------
+
+
+class AdvantageKwargsTest(absltest.TestCase):
+
+  def test_every_preset_gives_keywords_its_estimator_accepts(self):
+    d = make_batch(0)
+    d["retrieval_scores"] = d["thinking_scores"] = np.ones((10, 4), np.float32)
+    seen = {}
+    for module in ("igpo", "grpo", "drgrpo", "rloo", "reinforcepp", "gspo"):
+      for preset in ("demo", "qwen2.5-3b", "qwen2.5-7b", "qwen3-8b"):
+        config = importlib.import_module(f"configs.{module}").get_config(preset)
+        kw = rl_lib.advantage_kwargs(config)
+        rl = config.rl
+        std = {"std_estimator": rl.std_estimator, "eps": rl.std_eps}
+        want = {"igpo": dict(gamma=rl.gamma, norm_mode=rl.igpo_norm,
+                             ig_weight=rl.igpo_ig_weight,
+                             outcome_weight=rl.igpo_outcome_weight, **std),
+                "grpo": std, "gspo": std, "drgrpo": {}, "rloo": {},
+                "reinforce++": {"std_estimator": rl.std_estimator}}[config.algorithm]
+        self.assertEqual(kw, want)
+        # The paper presets follow each paper's code: the official IGPO code's
+        # sqrt(population var + 1e-8); verl's unbiased std + 1e-6 for the baselines it runs.
+        paper = (("sqrt_var_eps", 1e-8) if module == "igpo" else ("unbiased", 1e-6))
+        self.assertEqual((rl.std_estimator, rl.std_eps),
+                         paper if preset != "demo" else ("population", 1e-6))
+        seen[(config.algorithm, tuple(sorted(kw.items())))] = kw
+    for (name, _), kw in seen.items():  # accepted, and it acts as the NumPy reference says
+      adv, _ = adv_lib.get_advantage_estimator(name)(**d, **kw)
+      assert_close(adv, ref_estimator(name, d, kw))
+    config = importlib.import_module("configs.grpo").get_config("demo")
+    config.algorithm = "cw_grpo"
+    self.assertEqual(rl_lib.advantage_kwargs(config), {"std_estimator": "population", "eps": 1e-6})
 
 
 def test_registry():

@@ -75,8 +75,16 @@ def test_every_config_preset_validates(name, preset):
     assert config.rollout.temperature == 1.0 and config.rl.gamma == 1.0
     if name != "gspo":
       assert config.rl.clip_low == config.rl.clip_high == 0.2
+    # Group std of each paper's code: IGPO's sqrt(population var + 1e-8); verl's unbiased
+    # std + 1e-6 for the baselines (the paper ran them in its verl code).
+    assert (config.rl.std_estimator, config.rl.std_eps) == (
+        ("sqrt_var_eps", 1e-8) if name == "igpo" else ("unbiased", 1e-6))
+  elif name != "sft":  # the demo keeps the population std + 1e-6 its numbers were measured with
+    assert (config.rl.std_estimator, config.rl.std_eps) == ("population", 1e-6)
   if name == "igpo":  # the paper pools IG and outcome rewards; the tiny demo keeps them apart
     assert config.rl.igpo_norm == ("separate" if preset == "demo" else "joint")
+    # IG as a log-prob difference: the official train.sh (the paper's §3.2 says probabilities).
+    assert config.rl.ig_mode == "log_prob"
 
 
 def test_unknown_preset_names_the_known_ones():
@@ -100,6 +108,8 @@ def test_unknown_preset_names_the_known_ones():
     ({"rl.igpo_ig_weight": 0.0, "rl.igpo_outcome_weight": 0.0},
      "config.rl.igpo_ig_weight=0.0: with rl.igpo_outcome_weight=0 IGPO has no reward"),
     ({"rl.igpo_outcome_weight": -1.0}, "config.rl.igpo_outcome_weight=-1.0: must be >= 0"),
+    ({"rl.std_estimator": "bessel"}, "config.rl.std_estimator='bessel': must be one of"),
+    ({"rl.std_eps": -1e-8}, "config.rl.std_eps=-1e-08: must be >= 0"),
     ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
      "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])

@@ -19,8 +19,18 @@ Shapes: B trajectories, L token slots, T max turns (static). Conventions:
 Every registered estimator takes keyword arguments and returns (advantages [B, L] float32,
 stats dict of scalars). Through the registry, batch fields an estimator does not use (ig,
 turn_id, ... see `BATCH_FIELDS`) are dropped, so a trainer can pass one batch dict to any of
-them; unknown configuration keywords still raise. Group standard deviations are population
-(ddof=0) ones; a singleton group's member gets advantage 0 in every group-baselined estimator.
+them; unknown configuration keywords still raise.
+
+Group statistics. The group standard deviation is a configuration choice, `std_estimator`
+(rl.std_estimator): "population" (ddof 0, + eps; the default), "unbiased" (ddof 1, + eps: verl,
+so the Search-R1 and CW-GRPO code) or "sqrt_var_eps" (sqrt(population var + eps): the official
+IGPO code, eps 1e-8); see `STD_ESTIMATORS`. Every pool is centred on one of its own members
+before it is averaged, so a group whose values are all equal gets exactly 0 in every estimator
+whatever the value (0.7 or 2/3 are not exact in float32, and a sum / n mean is then off by an
+ulp that a ~1e-7 std would blow up). A group whose spread is within a few float32 ulps of its
+magnitude, or that has one member, is collapsed: its members get advantage 0 (in
+"reinforce++", which has no group baseline, this holds for a batch whose tokens all carry one
+value).
 """
 
 from __future__ import annotations
@@ -81,25 +91,89 @@ def same_group(group_ids: Array) -> Array:
   return group_ids[:, None] == group_ids[None, :]
 
 
-def _group_moments(values: Array, valid: Array, same: Array) -> tuple[Array, Array, Array]:
-  """Mean, population std and count of the valid entries pooled over each trajectory's group.
+# Group standard deviations (`std_estimator` of the group-normalizing estimators; rl.std_estimator):
+#   "population"    (r - mean) / (std_ddof0 + eps)   (this codebase's historical default)
+#   "unbiased"      (r - mean) / (std_ddof1 + eps)   (verl: torch.std; Search-R1, CW-GRPO code)
+#   "sqrt_var_eps"  (r - mean) / sqrt(var_ddof0 + eps)   (the official IGPO code, eps 1e-8)
+STD_ESTIMATORS = ("population", "unbiased", "sqrt_var_eps")
+
+# A pool whose spread (max - min) is at most this many float32 ulps of its largest magnitude is
+# collapsed: its differences are rounding, not signal, and every member gets advantage 0.
+_RESOLUTION_ULPS = 4.0
+_F32_EPS = float(jnp.finfo(jnp.float32).eps)
+
+
+def _ddof(std_estimator: str) -> int:
+  """The variance's delta degrees of freedom of a std estimator (ValueError if unknown)."""
+  if std_estimator not in STD_ESTIMATORS:
+    raise ValueError(f"unknown std_estimator {std_estimator!r}; known: {STD_ESTIMATORS}")
+  return 1 if std_estimator == "unbiased" else 0
+
+
+def _pool_moments(values: Array, member: Array, ddof: int) -> dict[str, Array]:
+  """Moments of P pools of one value array, centred on a member of each pool.
+
+  Each pool is first shifted by a reference value, one of its own members (its largest): members
+  equal to the reference give exactly 0, so a pool of equal values has an exactly zero mean
+  deviation and variance whatever its value (a plain sum / n of 0.7s in float32 is off by an
+  ulp, and the z-score of that ulp against a ~1e-7 std is O(0.1)).
 
   Args:
-    values: [B, T] float; invalid entries may hold anything (they are selected away, not scaled).
-    valid: [B, T] bool.
-    same: [B, B] bool same-group matrix.
+    values: [...] float32; non-members may hold anything, NaN included (selected away).
+    member: [P, ...] bool, member[p, m...] when value m... belongs to pool p.
+    ddof: 0 (population variance) or 1 (unbiased; a pool of one gets variance 0).
   Returns:
-    mean [B], std [B], count [B] (float32) of the group of trajectory i; 0 where count is 0.
+    dict of [P] float32 "ref" (the reference value, 0 for an empty pool), "mean_dev" (mean of
+    value - ref) and "var", and [P] bool "collapsed" (spread at most _RESOLUTION_ULPS ulps of
+    the largest |value|; true for pools of 0 or 1 member and of equal values).
   """
-  values = values.astype(_F32)
-  pooled = same[:, :, None] & valid[None, :, :]  # [B(i), B(j), T]: entry (j, t) is in i's pool
-  count = jnp.sum(pooled, axis=(1, 2)).astype(_F32)
-  denom = jnp.maximum(count, 1.0)
-  mean = jnp.sum(jnp.where(pooled, values[None], 0.0), axis=(1, 2)) / denom
-  # Two-pass variance: exact for tightly clustered rewards, unlike E[x^2] - E[x]^2.
-  dev = jnp.where(pooled, values[None] - mean[:, None, None], 0.0)
-  std = jnp.sqrt(jnp.sum(dev * dev, axis=(1, 2)) / denom)
-  return mean, std, count
+  axes = tuple(range(1, member.ndim))
+  per_pool = (slice(None),) + (None,) * (member.ndim - 1)  # [P] -> [P, 1, ...]
+  count = jnp.sum(member, axis=axes).astype(_F32)
+  hi = jnp.max(jnp.where(member, values[None], -jnp.inf), axis=axes)
+  lo = jnp.min(jnp.where(member, values[None], jnp.inf), axis=axes)
+  ref = jnp.where(count > 0, hi, 0.0)
+  d = jnp.where(member, values[None] - ref[per_pool], 0.0)
+  mean_dev = jnp.sum(d, axis=axes) / jnp.maximum(count, 1.0)
+  # Two-pass variance: exact for tightly clustered values, unlike E[x^2] - E[x]^2.
+  dev = jnp.where(member, d - mean_dev[per_pool], 0.0)
+  var = jnp.sum(dev * dev, axis=axes) / jnp.maximum(count - ddof, 1.0)
+  # hi - lo is -inf for an empty pool: collapsed too.
+  collapsed = hi - lo <= (_RESOLUTION_ULPS * _F32_EPS) * jnp.maximum(jnp.abs(hi), jnp.abs(lo))
+  return dict(ref=ref, mean_dev=mean_dev, var=var, collapsed=collapsed)
+
+
+def group_normalize(values: Array, valid: Array, group_ids: Array, *, scale_by_std: bool = True,
+                    std_estimator: str = "population", eps: float = 1e-6) -> Array:
+  """Each valid entry minus the mean of its group's valid entries, over the group's std.
+
+  The pool of trajectory i is every valid entry (j, t) of every trajectory j in i's group.
+
+  Args:
+    values: [B, T] float; invalid entries may hold anything.
+    valid: [B, T] bool.
+    group_ids: [B] int32.
+    scale_by_std: divide by the group std (see STD_ESTIMATORS); False only centres (Dr.GRPO).
+    std_estimator: one of STD_ESTIMATORS.
+    eps: the std's epsilon (added to the std, or to the variance for "sqrt_var_eps").
+  Returns:
+    [B, T] float32; 0 on every entry of a collapsed group (equal values, a single member, or a
+    spread below float resolution). Invalid entries hold unspecified values (callers mask them).
+  """
+  ddof = _ddof(std_estimator)
+  values = jnp.asarray(values).astype(_F32)
+  # [B(i), B(j), T]: entry (j, t) is in i's pool.
+  member = same_group(group_ids)[:, :, None] & jnp.asarray(valid).astype(bool)[None, :, :]
+  m = _pool_moments(values, member, ddof)
+  centred = (values - m["ref"][:, None]) - m["mean_dev"][:, None]
+  if scale_by_std:
+    if std_estimator == "sqrt_var_eps":
+      denom = jnp.sqrt(m["var"] + eps)
+    else:
+      denom = jnp.sqrt(m["var"]) + eps
+    # With eps = 0 a non-collapsed pool of subnormal values can underflow to var 0.
+    centred = centred / jnp.where(denom > 0, denom, 1.0)[:, None]
+  return jnp.where(m["collapsed"][:, None], 0.0, centred)
 
 
 def turn_to_token(turn_values: Array, turn_id: Array, loss_mask: Array) -> Array:
@@ -126,12 +200,18 @@ def _broadcast_to_tokens(per_traj: Array, loss_mask: Array) -> Array:
 
 
 def _masked_mean_std(x: Array, mask: Array) -> tuple[Array, Array]:
-  """Mean and population std of x over mask (0, 0 when the mask is empty)."""
-  mask = mask.astype(bool)
-  n = jnp.maximum(jnp.sum(mask).astype(_F32), 1.0)
-  mean = jnp.sum(jnp.where(mask, x, 0.0)) / n
-  dev = jnp.where(mask, x - mean, 0.0)
-  return mean, jnp.sqrt(jnp.sum(dev * dev) / n)
+  """Mean and population std of x over mask, as scalars (0, 0 for an empty mask).
+
+  Centred on a masked entry (the largest) first, as in `_pool_moments`: equal values give
+  exactly their value and std 0."""
+  mask = jnp.asarray(mask).astype(bool)
+  x = jnp.asarray(x).astype(_F32)
+  n = jnp.sum(mask).astype(_F32)
+  ref = jnp.where(n > 0, jnp.max(jnp.where(mask, x, -jnp.inf)), 0.0)
+  d = jnp.where(mask, x - ref, 0.0)
+  mean_dev = jnp.sum(d) / jnp.maximum(n, 1.0)
+  dev = jnp.where(mask, d - mean_dev, 0.0)
+  return ref + mean_dev, jnp.sqrt(jnp.sum(dev * dev) / jnp.maximum(n, 1.0))
 
 
 def turn_mask_from(num_turns: Array, num_t: int) -> Array:
@@ -242,19 +322,21 @@ def _outcome_stats(outcome: Array, group_ids: Array, adv: Array, loss_mask: Arra
 
 
 def grpo_outcome_advantages(outcome: Array, group_ids: Array, *, scale_by_std: bool = True,
-                            eps: float = 1e-6) -> Array:
-  """[B] GRPO advantage per trajectory: (r - mean_g) / (std_g + eps), or r - mean_g (Dr.GRPO)."""
+                            std_estimator: str = "population", eps: float = 1e-6) -> Array:
+  """[B] GRPO advantage per trajectory: (r - mean_g) / std_g, or r - mean_g (Dr.GRPO).
+
+  std_g is chosen by `std_estimator` (STD_ESTIMATORS) with epsilon `eps`; a collapsed group
+  (equal outcomes, a single member) gets exactly 0."""
   outcome = jnp.asarray(outcome).astype(_F32)
-  mean, std, _ = _group_moments(outcome[:, None], jnp.ones((outcome.shape[0], 1), bool),
-                                same_group(group_ids))
-  centered = outcome - mean
-  return centered / (std + eps) if scale_by_std else centered
+  return group_normalize(outcome[:, None], jnp.ones((outcome.shape[0], 1), bool), group_ids,
+                         scale_by_std=scale_by_std, std_estimator=std_estimator, eps=eps)[:, 0]
 
 
 @register_advantage("gspo")  # GSPO changes the loss (sequence ratio), not the advantage.
 @register_advantage("grpo")
 def grpo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
-                    scale_by_std: bool = True, eps: float = 1e-6,
+                    scale_by_std: bool = True, std_estimator: str = "population",
+                    eps: float = 1e-6,
                     collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """GRPO: outcome reward z-scored within its group, on every sampled token.
 
@@ -262,13 +344,16 @@ def grpo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
     outcome: [B] outcome rewards.
     group_ids: [B] int32.
     loss_mask: [B, L].
-    scale_by_std: divide by (population std + eps); False is Dr.GRPO.
-    eps: added to the std.
+    scale_by_std: divide by the group std; False is Dr.GRPO.
+    std_estimator: "population" (ddof 0, + eps), "unbiased" (ddof 1, + eps: verl) or
+      "sqrt_var_eps" (sqrt(population var + eps): the official IGPO code).
+    eps: the std's epsilon.
     collapse_tol: tolerance of the collapse statistic.
   Returns:
-    advantages [B, L] float32, stats.
+    advantages [B, L] float32 (exactly 0 for every member of a collapsed group), stats.
   """
-  per_traj = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std, eps=eps)
+  per_traj = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std,
+                                     std_estimator=std_estimator, eps=eps)
   adv = _broadcast_to_tokens(per_traj, loss_mask)
   return adv, _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
 
@@ -286,49 +371,57 @@ def rloo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
                     collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """RLOO: r_i minus the mean of the other members of its group (0 for a singleton group)."""
   outcome = jnp.asarray(outcome).astype(_F32)
-  same = same_group(group_ids)
-  n = jnp.sum(same, axis=1).astype(_F32)
-  total = jnp.sum(jnp.where(same, outcome[None, :], 0.0), axis=1)
-  others = jnp.maximum(n - 1.0, 1.0)
-  per_traj = jnp.where(n > 1, outcome - (total - outcome) / others, 0.0)
+  # r_i - (S - r_i) / (n - 1) = n / (n - 1) * (r_i - S / n): the group-centred outcome, scaled,
+  # so equal outcomes give exactly 0 (a float32 S - r_i does not cancel exactly).
+  n = jnp.sum(same_group(group_ids), axis=1).astype(_F32)
+  centred = grpo_outcome_advantages(outcome, group_ids, scale_by_std=False)
+  per_traj = jnp.where(n > 1, centred * (n / jnp.maximum(n - 1.0, 1.0)), 0.0)
   adv = _broadcast_to_tokens(per_traj, loss_mask)
   return adv, _outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
 
 
-def _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, eps, collapse_tol):
+def _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, std_estimator, eps,
+                  collapse_tol):
   outcome = jnp.asarray(outcome).astype(_F32)
   base = (grpo_outcome_advantages(outcome, group_ids, scale_by_std=False)
           if subtract_group_mean else outcome)
   mask = jnp.asarray(loss_mask).astype(bool)
   tok = _broadcast_to_tokens(base, mask)
   # Whitening over every sampled token of the batch: long answers weigh more, as in
-  # OpenRLHF/verl's masked_whiten (population variance here; verl uses Bessel's, a negligible
-  # difference over thousands of tokens).
-  mean, std = _masked_mean_std(tok, mask)
-  adv = jnp.where(mask, (tok - mean) * jax.lax.rsqrt(std * std + eps), 0.0)
+  # OpenRLHF/verl's masked_whiten, (a - mean) * rsqrt(var + eps); verl's var is unbiased.
+  m = _pool_moments(tok, mask[None], _ddof(std_estimator))
+  centred = (tok - m["ref"][0]) - m["mean_dev"][0]
+  white = jnp.where(m["collapsed"][0], 0.0, centred * jax.lax.rsqrt(m["var"][0] + eps))
+  adv = jnp.where(mask, white, 0.0)
   return adv, _outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
 
 
 @register_advantage("reinforce++")
 def reinforce_pp_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
-                            subtract_group_mean: bool = False, eps: float = 1e-8,
+                            subtract_group_mean: bool = False, std_estimator: str = "population",
+                            eps: float = 1e-8,
                             collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """REINFORCE++: per-token advantage r (or r - group mean), whitened over the batch's tokens.
 
   With outcome-only rewards and no discount the return of every token is r. The whitening is
-  (a - mean) / sqrt(var + eps), mean and population var over all sampled tokens of the batch.
-  subtract_group_mean=True is the "REINFORCE++-baseline" variant (also registered under
-  "reinforce++_baseline").
+  (a - mean) / sqrt(var + eps), mean and var over all sampled tokens of the batch; the variance
+  is unbiased (ddof 1, verl's masked_whiten) for std_estimator="unbiased" and population
+  otherwise (the form is always sqrt(var + eps), with this estimator's own eps). A batch whose
+  tokens all carry the same value gets exactly 0. subtract_group_mean=True is the
+  "REINFORCE++-baseline" variant (also registered under "reinforce++_baseline"); it whitens
+  after the group baseline, so in a batch that is not all equal a collapsed group's (zero)
+  baseline-subtracted value still moves by the batch mean, as in verl and OpenRLHF.
   """
-  return _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, eps, collapse_tol)
+  return _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, std_estimator, eps,
+                       collapse_tol)
 
 
 @register_advantage("reinforce++_baseline")
 def reinforce_pp_baseline_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
-                                     eps: float = 1e-8,
+                                     std_estimator: str = "population", eps: float = 1e-8,
                                      collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """REINFORCE++-baseline: r - group mean, whitened over the batch's sampled tokens."""
-  return _reinforce_pp(outcome, group_ids, loss_mask, True, eps, collapse_tol)
+  return _reinforce_pp(outcome, group_ids, loss_mask, True, std_estimator, eps, collapse_tol)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -362,7 +455,7 @@ def discounted_turn_returns(turn_rewards: Array, turn_mask: Array, gamma: float 
 def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, *,
                          gamma: float | Array = 1.0, norm_mode: str = "joint",
                          ig_weight: float = 1.0, outcome_weight: float = 1.0,
-                         eps: float = 1e-6) -> Array:
+                         std_estimator: str = "population", eps: float = 1e-6) -> Array:
   """IGPO turn-level advantages [B, T] (see `igpo_advantages`)."""
   num_t = ig.shape[1]
   num_turns = jnp.asarray(num_turns).astype(jnp.int32)
@@ -374,15 +467,12 @@ def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids:
   outcome = jnp.asarray(outcome).astype(_F32)
   rewards = jnp.where(is_answer, outcome_weight * outcome[:, None],
                       ig_weight * ig.astype(_F32))
-  same = same_group(group_ids)
+  norm = functools.partial(group_normalize, group_ids=group_ids, std_estimator=std_estimator,
+                           eps=eps)
   if norm_mode == "joint":
-    mean, std, _ = _group_moments(rewards, valid, same)
-    normed = (rewards - mean[:, None]) / (std[:, None] + eps)
+    normed = norm(rewards, valid)
   elif norm_mode == "separate":
-    o_mean, o_std, _ = _group_moments(rewards, is_answer, same)
-    g_mean, g_std, _ = _group_moments(rewards, is_ig, same)
-    normed = jnp.where(is_answer, (rewards - o_mean[:, None]) / (o_std[:, None] + eps),
-                       (rewards - g_mean[:, None]) / (g_std[:, None] + eps))
+    normed = jnp.where(is_answer, norm(rewards, is_answer), norm(rewards, is_ig))
   else:
     raise ValueError(f"unknown norm_mode {norm_mode!r}; known: ('joint', 'separate')")
   return discounted_turn_returns(normed, valid, gamma)
@@ -391,7 +481,8 @@ def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids:
 @register_advantage("igpo")
 def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, turn_id: Array,
                     loss_mask: Array, *, gamma: float | Array = 1.0, norm_mode: str = "joint",
-                    ig_weight: float = 1.0, outcome_weight: float = 1.0, eps: float = 1e-6,
+                    ig_weight: float = 1.0, outcome_weight: float = 1.0,
+                    std_estimator: str = "population", eps: float = 1e-6,
                     collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """IGPO: information-gain turn rewards + outcome, group-normalized, discounted over turns.
 
@@ -402,8 +493,9 @@ def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Arra
                 group's rollouts (the IGPO paper);
     "separate": outcomes z-scored among the group's outcomes, IG values among the group's IG
                 values (valid non-answer turns), each with its own mean/std.
-  z = (r - mean) / (std + eps), population std. Then A_k = z_k + gamma * A_{k+1} from the last
-  valid turn back, and A_k goes to the tokens the policy sampled in turn k.
+  z = (r - mean) / std with the std of `std_estimator` (a pool of equal values gives z = 0). Then
+  A_k = z_k + gamma * A_{k+1} from the last valid turn back, and A_k goes to the tokens the policy
+  sampled in turn k.
 
   Args:
     ig: [B, T] information gain per turn (entries at k >= num_turns - 1 ignored).
@@ -417,14 +509,16 @@ def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Arra
     ig_weight: scale of the IG turn rewards (0: outcome-only ablation). With "separate" each
       pool is z-scored after the scaling, so only zero vs non-zero matters there.
     outcome_weight: scale of the outcome reward (0: IG-only ablation); the same remark.
-    eps: added to the stds.
+    std_estimator: one of STD_ESTIMATORS ("sqrt_var_eps" with eps 1e-8 is the official code).
+    eps: the stds' epsilon.
     collapse_tol: tolerance of the outcome-collapse statistic.
   Returns:
     advantages [B, L] float32, stats (reward/adv/IG statistics, "collapse_fraction" of outcomes).
   """
   turn_adv = igpo_turn_advantages(ig, outcome, num_turns, group_ids, gamma=gamma,
                                   norm_mode=norm_mode, ig_weight=ig_weight,
-                                  outcome_weight=outcome_weight, eps=eps)
+                                  outcome_weight=outcome_weight, std_estimator=std_estimator,
+                                  eps=eps)
   adv = turn_to_token(turn_adv, turn_id, loss_mask)
   stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
   stats.update(ig_statistics(ig, num_turns))
@@ -481,13 +575,16 @@ def contribution_weighted_advantages(adv_outcome: Array, retrieval_scores: Array
 def cw_grpo_advantages(outcome: Array, group_ids: Array, retrieval_scores: Array,
                        thinking_scores: Array, num_turns: Array, turn_id: Array,
                        loss_mask: Array, *, mode: str = "normalize", gamma: float | Array = 1.0,
-                       scale_by_std: bool = True, eps: float = 1e-6,
+                       scale_by_std: bool = True, std_estimator: str = "population",
+                       eps: float = 1e-6,
                        collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """CW-GRPO: GRPO outcome advantage, contribution-weighted over rounds, spread to tokens.
 
-  See `grpo_outcome_advantages` and `contribution_weighted_advantages`.
+  See `grpo_outcome_advantages` and `contribution_weighted_advantages`. The CW-GRPO code
+  (verl) uses std_estimator="unbiased", eps 1e-6.
   """
-  a = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std, eps=eps)
+  a = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std,
+                              std_estimator=std_estimator, eps=eps)
   turn_adv = contribution_weighted_advantages(a, retrieval_scores, thinking_scores, num_turns,
                                               mode=mode, gamma=gamma)
   adv = turn_to_token(turn_adv, turn_id, loss_mask)

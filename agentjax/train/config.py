@@ -16,7 +16,7 @@ from agentjax.agent.protocol import PROTOCOLS
 # One ConfigError for model and run configs (re-exported here), and the model's own lists of
 # what QwenConfig accepts, so validation passes exactly what will load.
 from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigError
-from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS
+from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 TRAINERS = ("rl", "sft")
@@ -131,6 +131,10 @@ def _validate_rl(config: Any) -> None:
           "with rl.igpo_outcome_weight=0 IGPO has no reward at all")
   if _get(config, "rl.ig_mode") not in ("log_prob", "prob"):
     _fail("rl.ig_mode", _get(config, "rl.ig_mode"), "must be 'log_prob' or 'prob'")
+  if _get(config, "rl.std_estimator") not in STD_ESTIMATORS:
+    _fail("rl.std_estimator", _get(config, "rl.std_estimator"),
+          f"must be one of {list(STD_ESTIMATORS)}")
+  _non_negative(config, "rl.std_eps")
   if _get(config, "rollout.protocol") not in PROTOCOLS:
     _fail("rollout.protocol", _get(config, "rollout.protocol"),
           f"unknown protocol; known: {sorted(PROTOCOLS)}")

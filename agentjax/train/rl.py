@@ -100,6 +100,28 @@ def _advantages(name, kwargs, fields):
   return get_advantage_estimator(name)(**fields, **dict(kwargs))
 
 
+def advantage_kwargs(config: Any) -> dict[str, Any]:
+  """The configuration keywords of the estimator `config.algorithm`, for `compute_advantages`.
+
+  IGPO: its turn discount, normalization pool and reward weights. Every estimator that divides
+  by a group std (grpo, gspo, igpo, cw_grpo) gets rl.std_estimator and rl.std_eps (its `eps`);
+  REINFORCE++ gets rl.std_estimator only, choosing the variance of its batch whitening, which
+  keeps its own eps (1e-8, verl's). drgrpo and rloo use no std and get nothing (nor does an
+  estimator registered outside this list: add it here).
+  """
+  rl = config.rl
+  std = dict(std_estimator=rl.std_estimator, eps=rl.std_eps)
+  name = config.algorithm
+  if name == "igpo":
+    return dict(gamma=rl.gamma, norm_mode=rl.igpo_norm, ig_weight=rl.igpo_ig_weight,
+                outcome_weight=rl.igpo_outcome_weight, **std)
+  if name in ("grpo", "gspo", "cw_grpo"):
+    return std
+  if name in ("reinforce++", "reinforce++_baseline"):
+    return dict(std_estimator=rl.std_estimator)
+  return {}
+
+
 @dataclasses.dataclass(frozen=True)
 class PolicyLossConfig:
   name: str = "ppo"                     # registry: ppo | gspo
