@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PIP := $(PY) -m pip --disable-pip-version-check -q
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-all demo bench clean
 
 install: $(STAMP)
 
@@ -20,7 +20,12 @@ $(STAMP): setup.py
 	$(PY) -c "import agentjax, jax, flax, torch, transformers"
 	touch $(STAMP)
 
+# The default suite (~10 minutes on 2 cores); test-all adds the slow end-to-end checks
+# (two-process multi-host training, the notebooks executed end to end).
 test: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q tests
 
 demo: $(STAMP)

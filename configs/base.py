@@ -61,6 +61,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.retrieval.url = ""
   c.retrieval.timeout_s = 30.0
   c.retrieval.topk = 3
+  # A failed query is an error observation; a retriever that fails more than max_failure_rate of
+  # a step's queries for max_failed_steps steps in a row is down: checkpoint and stop (exit != 0).
+  c.retrieval.max_failure_rate = 0.5
+  c.retrieval.max_failed_steps = 3   # 0: never stop for the retriever
 
   # ---- rollouts
   c.rollout = ml_collections.ConfigDict()
@@ -128,6 +132,9 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.train.checkpoint_every = 50
   c.train.keep_checkpoints = 3
   c.train.export_hf = True           # {workdir}/hf_export at the end
+  # Non-finite updates are skipped; this many in a row (across steps) stop the run with a
+  # checkpoint of the last good parameters. 0: never stop.
+  c.train.max_skipped_updates = 5
 
   # ---- SFT warm start (trainer = "sft"; see configs/sft.py)
   c.sft = ml_collections.ConfigDict()
@@ -139,6 +146,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.sft.batch_size = 16
   c.sft.max_len = 1024
   c.sft.lr = 1e-5
+  c.sft.checkpoint_every = 100       # SFT steps between checkpoints (0: only at exit/SIGTERM)
 
   # ---- device mesh: -1 takes the remaining devices (agentjax/parallel/rules.py maps axes)
   c.mesh = ml_collections.ConfigDict()

@@ -34,8 +34,13 @@ def main(_):
   logging.getLogger().setLevel(logging.INFO)
   common.init_distributed()
   import jax
-  from agentjax.train.trainer import train
-  summary = train(_CONFIG.value, _WORKDIR.value)
+  from agentjax.train.trainer import RetrieverUnavailableError, TrainingDivergedError, train
+  try:
+    summary = train(_CONFIG.value, _WORKDIR.value)
+  except (TrainingDivergedError, RetrieverUnavailableError) as e:
+    # The step is checkpointed: say what happened and exit non-zero (schedulers see a failure).
+    logging.error("%s: %s", type(e).__name__, e)
+    sys.exit(3)
   if jax.process_index() == 0:
     out = {k: v for k, v in summary.items() if k not in ("params", "cfg")}
     print(json.dumps({"train": _CONFIG.value.trainer, **out}, default=str))

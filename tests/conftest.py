@@ -17,6 +17,11 @@ import pytest  # noqa: E402
 from tests import hf_fixtures  # noqa: E402
 
 
+def pytest_configure(config):
+  # `make test` deselects these (-m "not slow"); `make test-all` runs them too.
+  config.addinivalue_line("markers", "slow: end-to-end checks of minutes (make test-all only)")
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
   """A byte-level BPE tokenizer folder with a Qwen-style chat template."""

@@ -15,6 +15,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "multihost_train_check.py")
@@ -50,6 +51,7 @@ def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path) ->
           "params": {k: data[k] for k in data.files if k != "metrics"}}
 
 
+@pytest.mark.slow  # two jax processes compiling an RL step each: minutes on 2 cores
 def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path):
   tokenizer_dir = tokenizer.name_or_path
   single = _run("single", 1, world_dir, tokenizer_dir, tmp_path)

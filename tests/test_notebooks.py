@@ -67,6 +67,7 @@ def images(nb) -> int:
              for o in c.outputs if o.output_type in ("display_data", "execute_result"))
 
 
+@pytest.mark.slow  # executes the notebook end to end (SFT + RL steps)
 def test_quickstart(tmp_path, kernels):
   workdir = str(tmp_path / "quickstart")
   nb = execute("quickstart.ipynb", workdir, kernels)
@@ -95,6 +96,7 @@ def test_quickstart(tmp_path, kernels):
         [row["step"]] + [row[k] for k in lines[header][1:]], abs=1e-4)
 
 
+@pytest.mark.slow
 def test_info_gain(tmp_path, kernels):
   workdir = str(tmp_path / "info_gain")
   nb = execute("info_gain.ipynb", workdir, kernels)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import glob
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -110,6 +113,9 @@ def test_unknown_preset_names_the_known_ones():
     ({"rl.igpo_outcome_weight": -1.0}, "config.rl.igpo_outcome_weight=-1.0: must be >= 0"),
     ({"rl.std_estimator": "bessel"}, "config.rl.std_estimator='bessel': must be one of"),
     ({"rl.std_eps": -1e-8}, "config.rl.std_eps=-1e-08: must be >= 0"),
+    ({"train.max_skipped_updates": -1}, "config.train.max_skipped_updates=-1: must be an int"),
+    ({"retrieval.max_failure_rate": 1.0}, "config.retrieval.max_failure_rate=1.0: must be in"),
+    ({"retrieval.max_failed_steps": -2}, "config.retrieval.max_failed_steps=-2: must be an"),
     ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
      "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])
@@ -187,7 +193,18 @@ def runs(world_dir, tokenizer_dir, tmp_path_factory):
   from tensorboardX import SummaryWriter
   with SummaryWriter(os.path.join(tmp, "b", "tensorboard"), filename_suffix=".stray") as stray:
     stray.add_scalar("reward", -1.0, 3)
-  b2 = train(config, os.path.join(tmp, "b"))
+  # ... and half a metrics line: the process was killed in the middle of an append.
+  with open(os.path.join(tmp, "b", "metrics.jsonl"), "a") as f:
+    f.write('{"reward": 0.5, "st')
+  records = []
+  handler = logging.Handler()
+  handler.emit = lambda record: records.append(record.getMessage())
+  logging.getLogger("agentjax.train.trainer").addHandler(handler)
+  try:
+    b2 = train(config, os.path.join(tmp, "b"))
+  finally:
+    logging.getLogger("agentjax.train.trainer").removeHandler(handler)
+  b2["log_warnings"] = records
   return config, tmp, a, b1, b2
 
 
@@ -328,6 +345,150 @@ def test_probe_all_measures_gt_entropy_without_changing_grpo_training(world_dir,
       r["gt_entropy_reduction"] != 0.0 for r in rows1)
 
 
+# ------------------------------------------------------------------------------ faults
+
+
+def _fault_config(world_dir, tokenizer_dir, tmp, algorithm="grpo", steps=2):
+  """The tiny preset without evals or export: the cheapest run that exercises the loop."""
+  config = tiny_config(world_dir, tokenizer_dir, str(tmp), algorithm=algorithm, steps=steps)
+  config.train.eval_every = 0
+  config.train.export_hf = False
+  config.train.checkpoint_every = 10  # checkpoints only where a rule or the run's end asks
+  config.data.eval_size = 2
+  config.train.eval_batch = 2
+  return config
+
+
+def test_resume_drops_a_half_written_metrics_line(runs):
+  # The `runs` fixture appends half a line to run b's metrics.jsonl (a kill mid-append) before
+  # resuming it; the resume must drop it, say so naming the file and line, and go on.
+  _, tmp, _, _, b2 = runs
+  assert b2["step"] == 3
+  warnings = b2["log_warnings"]
+  path = os.path.join(tmp, "b", "metrics.jsonl")
+  assert any(f"{path}:" in w and "dropping an unreadable metrics line" in w for w in warnings)
+  assert all(line.strip() for line in open(path))
+  assert _metrics(os.path.join(tmp, "b"))  # every line parses again
+
+
+def test_eval_runs_after_the_checkpoint_of_its_step(world_dir, tokenizer_dir, tmp_path,
+                                                    monkeypatch):
+  from agentjax.train import trainer
+  config = _fault_config(world_dir, tokenizer_dir, tmp_path, steps=3)
+  config.train.eval_every = 2
+  config.train.checkpoint_every = 3  # only the eval forces a checkpoint at step 2
+  workdir = str(tmp_path / "eval_crash")
+  real_evaluate = trainer.evaluate
+
+  def crash(*args, **kwargs):
+    raise RuntimeError("injected: out of memory during eval")
+
+  monkeypatch.setattr(trainer, "evaluate", crash)
+  with pytest.raises(RuntimeError, match="injected"):
+    train(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+
+  def sigterm_during_eval(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)  # the scheduler preempts while eval runs
+    return real_evaluate(*args, **kwargs)
+
+  monkeypatch.setattr(trainer, "evaluate", sigterm_during_eval)
+  out = train(config, workdir)  # resumes at 2, evaluates step 2 again (it never finished)
+  assert out["step"] == 2 and sorted(out["evals"]) == [2]
+  assert os.path.exists(os.path.join(workdir, "eval", "2.json"))
+  monkeypatch.setattr(trainer, "evaluate", real_evaluate)
+  out = train(config, workdir)
+  assert out["step"] == 3 and sorted(out["evals"]) == [3]
+  assert [r["step"] for r in _metrics(workdir) if "reward" in r] == [1, 2, 3]
+
+
+def test_a_streak_of_non_finite_updates_stops_the_run_with_a_checkpoint(
+    world_dir, tokenizer_dir, tmp_path, monkeypatch):
+  from agentjax.train import step as step_lib
+  from agentjax.train.trainer import TrainingDivergedError
+  config = _fault_config(world_dir, tokenizer_dir, tmp_path, steps=4)
+  config.train.max_skipped_updates = 3  # 2 updates a step: the 2nd step ends the streak
+  real = step_lib.compute_advantages
+
+  def nan_advantages(*args, **kwargs):
+    adv, stats = real(*args, **kwargs)
+    return adv * jnp.nan, stats
+
+  monkeypatch.setattr(step_lib, "compute_advantages", nan_advantages)
+  workdir = str(tmp_path / "nan")
+  with pytest.raises(TrainingDivergedError, match="train.max_skipped_updates=3"):
+    train(config, workdir)
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+  rows = [r for r in _metrics(workdir) if "reward" in r]
+  assert [(r["step"], r["skipped_updates"]) for r in rows] == [(1, 2.0), (2, 2.0)]
+
+
+class _FlakyBackend:
+  """The run's real retriever behind a switch: while `down`, every query fails."""
+
+  def __init__(self, inner):
+    self.inner, self.down, self.calls = inner, False, 0
+
+  def search(self, queries, topk):
+    from agentjax.retrieval.base import SearchResponse
+    self.calls += 1
+    if self.down:
+      return SearchResponse.failed(len(queries), "injected: connection refused")
+    return self.inner.search(queries, topk)
+
+
+def _search_every_turn(monkeypatch, down_at_steps):
+  """Every action is a search (so every step queries the retriever), and the retriever is down
+  during the steps in `down_at_steps` (0-based). Returns the backend."""
+  from agentjax.agent.protocol import Action
+  from agentjax.agent.rollout import RolloutEngine
+  from agentjax.train import step as step_lib
+  from agentjax.train import trainer
+  monkeypatch.setattr(RolloutEngine, "parse", lambda self, text: Action("search", "zorvath"))
+  made = []
+  real_backend = trainer.make_search_backend
+  monkeypatch.setattr(trainer, "make_search_backend",
+                      lambda config: made.append(_FlakyBackend(real_backend(config))) or made[-1])
+  real_call = step_lib.RLStep.__call__
+
+  def call(self, state, questions, step):
+    made[-1].down = step in down_at_steps
+    return real_call(self, state, questions, step)
+
+  monkeypatch.setattr(step_lib.RLStep, "__call__", call)
+  return made
+
+
+def test_a_retriever_that_stays_down_stops_the_run_naming_it(world_dir, tokenizer_dir, tmp_path,
+                                                             monkeypatch):
+  from agentjax.train.trainer import RetrieverUnavailableError
+  config = _fault_config(world_dir, tokenizer_dir, tmp_path, steps=4)
+  config.retrieval.max_failed_steps = 2
+  made = _search_every_turn(monkeypatch, down_at_steps=range(4))
+  workdir = str(tmp_path / "down")
+  with pytest.raises(RetrieverUnavailableError) as err:
+    train(config, workdir)
+  assert "bm25 retriever over" in str(err.value)
+  assert "injected: connection refused" in str(err.value)
+  assert "retrieval.max_failed_steps=2" in str(err.value)
+  assert made[-1].calls > 0
+  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+  rows = [r for r in _metrics(workdir) if "reward" in r]
+  assert [r["search_failure_rate"] for r in rows] == [1.0, 1.0]
+
+
+def test_a_retriever_that_comes_back_within_the_window_costs_nothing(
+    world_dir, tokenizer_dir, tmp_path, monkeypatch):
+  config = _fault_config(world_dir, tokenizer_dir, tmp_path, steps=3)
+  config.retrieval.max_failed_steps = 2
+  _search_every_turn(monkeypatch, down_at_steps={0, 2})
+  out = train(config, str(tmp_path / "flaky"))
+  assert out["step"] == 3
+  rows = [r for r in _metrics(str(tmp_path / "flaky")) if "reward" in r]
+  assert [r["search_failure_rate"] for r in rows] == [1.0, 0.0, 1.0]
+  assert all(r["search_queries"] > 0 for r in rows)
+
+
 # ------------------------------------------------------------------------------ SFT
 
 
@@ -338,3 +499,48 @@ def test_sft_trains_exports_and_a_rerun_is_a_no_op(world_dir, tokenizer_dir, tmp
   assert os.path.isfile(os.path.join(out["hf_export"], "tokenizer_config.json"))
   assert [r["step"] for r in _metrics(str(tmp_path / "sft"))] == [1, 2, 3]
   assert train(config, str(tmp_path / "sft"))["skipped"]
+
+
+def test_sft_preempted_and_resumed_repeats_the_uninterrupted_run(world_dir, tokenizer_dir,
+                                                                 tmp_path):
+  config = tiny_config(world_dir, tokenizer_dir, str(tmp_path), algorithm="sft")
+  config.sft.checkpoint_every = 0  # only the preemption checkpoints
+  whole = train(config, str(tmp_path / "whole"))
+  cut = train(config, str(tmp_path / "cut"), stop_after=2)
+  assert cut["hf_export"] is None and cut["step"] == 2
+  assert sorted(os.listdir(str(tmp_path / "cut" / "checkpoints"))) == ["2"]
+  resumed = train(config, str(tmp_path / "cut"))
+  assert resumed["step"] == 3 and resumed["hf_export"]
+  rows = lambda d: [{k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
+                    for r in _metrics(str(tmp_path / d))]
+  assert rows("cut") == rows("whole")  # same batches, identical losses (one machine, CPU)
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(whole["params"]),
+               jax.device_get(resumed["params"]))
+
+
+def test_fault_watch_counts_streaks_across_steps():
+  from agentjax.train.step import StepOutput
+  from agentjax.train.trainer import (FaultWatch, RetrieverUnavailableError,
+                                      TrainingDivergedError)
+
+  def out(skipped=(0, 0), queries=4, failed=0, error=None):
+    return StepOutput(state={}, metrics={}, update_skipped=list(skipped), search_queries=queries,
+                      search_failed=failed, search_last_error=error)
+
+  w = FaultWatch(max_skipped_updates=3, max_failure_rate=0.5, max_failed_steps=2, backend="b")
+  assert w.observe(out(skipped=(0, 1)), 1) is None and w.skipped_streak == 1
+  assert w.observe(out(skipped=(1, 0)), 2) is None and w.skipped_streak == 0  # an applied update
+  assert w.observe(out(skipped=(0, 1)), 3) is None
+  assert isinstance(w.observe(out(skipped=(1, 1)), 4), TrainingDivergedError)  # 3 across steps
+  w = FaultWatch(max_skipped_updates=0, max_failure_rate=0.5, max_failed_steps=2, backend="b")
+  assert w.observe(out(skipped=(1,) * 10), 1) is None  # 0: never stop
+  # Exactly at the rate is not above it; a step without queries leaves the count as it is.
+  assert w.observe(out(failed=2), 1) is None and w.failed_steps == 0
+  assert w.observe(out(failed=3, error="e1"), 2) is None and w.failed_steps == 1
+  assert w.observe(out(queries=0), 3) is None and w.failed_steps == 1
+  err = w.observe(out(failed=4, error="e2"), 4)
+  assert isinstance(err, RetrieverUnavailableError) and "last error: e2" in str(err)
+  # The counters go through the checkpoint's data state.
+  again = FaultWatch.from_config(_config_module("grpo").get_config("demo"),
+                                 {"position": 0, "faults": w.state()})
+  assert again.state() == w.state() == {"skipped_streak": 0, "failed_steps": 2}

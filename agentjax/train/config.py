@@ -83,8 +83,15 @@ def validate(config: Any) -> None:
     _fail("optimizer.b2", _get(config, "optimizer.b2"), "must be in (0, 1)")
   if not isinstance(_get(config, "train.keep_checkpoints"), int):
     _fail("train.keep_checkpoints", _get(config, "train.keep_checkpoints"), "must be an int")
+  for f in ("train.max_skipped_updates", "retrieval.max_failed_steps"):
+    if not isinstance(_get(config, f), int) or _get(config, f) < 0:
+      _fail(f, _get(config, f), "must be an int >= 0 (0: never stop the run for it)")
+  if not 0.0 <= _get(config, "retrieval.max_failure_rate") < 1.0:
+    _fail("retrieval.max_failure_rate", _get(config, "retrieval.max_failure_rate"),
+          "must be in [0, 1): the share of a step's queries that may fail")
   if trainer == "sft":
     _positive(config, "sft.steps", "sft.batch_size", "sft.max_len", "sft.lr")
+    _non_negative(config, "sft.checkpoint_every")
     if not _get(config, "sft.demos"):
       _fail("sft.demos", "", "needs the demonstrations JSONL (SynthWorld writes demos.jsonl)")
     return

@@ -40,6 +40,7 @@ from agentjax.agent.rollout import encode_text, observation_ids, prompt_ids
 from agentjax.models import masks
 from agentjax.models.logprobs import chunked_token_logprobs
 from agentjax.models.qwen import Qwen, QwenConfig
+from agentjax.train.checkpoint import abstract_state
 from agentjax.train.optim import make_guarded_step, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)
@@ -315,9 +316,17 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
             clip_norm: float | None = 1.0, protocol: Protocol = SEARCH_R1,
             use_chat_template: bool = True, chunk: int = 256, log_every: int = 10,
             callback: Callable[[int, dict[str, float]], None] | None = None,
-            extra_examples: Sequence[Example] = ()
+            extra_examples: Sequence[Example] = (), checkpointer: Any = None,
+            stop: Callable[[int], bool] | None = None
             ) -> tuple[Any, list[dict[str, float]]]:
   """Trains `params` on the demonstrations for `steps` steps; returns (params, history).
+
+  Preemptible like RL: with a `checkpointer` (agentjax.train.checkpoint.Checkpointer) the run
+  resumes from its latest checkpoint ({params, opt_state}, and the number of applied updates),
+  saves every checkpointer.save_every steps, and saves and returns early when `stop(steps_done)`
+  says so (SIGTERM, a step budget). The batch order is a pure function of the seed and the step,
+  so a resumed run sees the batches, and on one machine computes the losses, of an uninterrupted
+  one. history then holds the steps of this call only.
 
   Batches are drawn from shuffled demos (a fresh permutation per epoch, from `seed`), every batch
   padded to [batch_size, max_len] so one compiled step serves the whole run. Demos longer than
@@ -335,7 +344,7 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   """
   if not demos:
     raise ValueError("run_sft needs at least one demonstration")
-  examples = [tokenize_demo(tokenizer, d, protocol, use_chat_template) for d in demos]
+  examples = tokenize_demos(tokenizer, demos, protocol, use_chat_template)
   examples += list(extra_examples)
   lengths = np.array([len(ids) for ids, _ in examples])
   if (lengths > max_len).any():
@@ -350,17 +359,26 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
     warmup_steps = max(1, steps // 20)
   schedule = make_schedule(lr, warmup_steps, steps, final_lr_ratio)
   optimizer = make_optimizer(lr, warmup_steps, steps, weight_decay, clip_norm, final_lr_ratio, b2)
-  opt_state = optimizer.init(params)
+  state = {"params": params, "opt_state": optimizer.init(params)}
+  start, applied = 0, 0  # applied: the optimizer's own count (skipped steps do not advance it)
+  if checkpointer is not None:
+    restored = checkpointer.restore_or_none(abstract_state(state))
+    if restored is not None:
+      state, data_state, start = restored
+      applied = int(data_state["applied"])
+      log.info("sft: resumed from %s at step %d", checkpointer.step_dir(start), start)
   step_fn = make_sft_step(Qwen(cfg), optimizer, chunk=chunk)
   batches = _round_robin_batches(len(examples), batch_size, np.random.default_rng(seed))
+  for _ in range(start):  # the batches a resumed run has already trained on
+    next(batches)
 
   history: list[dict[str, float]] = []
-  applied = 0  # updates applied so far: the optimizer's own count (skipped steps do not advance)
-  for i in range(steps):
+  for i in range(start, steps):
     t0 = time.perf_counter()
     batch = pack_batch([examples[j] for j in next(batches)], max_len, pad_id)
     lr_now = float(schedule(applied))
-    params, opt_state, metrics = step_fn(params, opt_state, batch)
+    params, opt_state, metrics = step_fn(state["params"], state["opt_state"], batch)
+    state = {"params": params, "opt_state": opt_state}
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     applied += not metrics["skipped"]
     record = {"step": i, **metrics, "lr": lr_now, "seconds": time.perf_counter() - t0}
@@ -371,4 +389,12 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
       log.info("sft step %d/%d loss %.4f acc %.3f tokens %d lr %.2e%s", i + 1, steps,
                record["loss"], record["accuracy"], record["tokens"], lr_now,
                " SKIPPED (non-finite)" if record["skipped"] else "")
+    stopping = stop is not None and stop(i + 1)
+    if checkpointer is not None:
+      checkpointer.save(i + 1, state, {"applied": applied}, force=stopping or i + 1 == steps)
+    if stopping:
+      log.warning("sft: stopping at step %d with a checkpoint; re-run the command to resume",
+                  i + 1)
+      break
+  params = state["params"]
   return params, history

@@ -8,16 +8,22 @@ An RL run, top to bottom (`train_rl`):
   ─► train questions (tfds), dev questions, search backend, rollout engines (sampling and greedy eval)
   ─► train state {params, opt_state, rng} + data position: restored from {workdir}/checkpoints
      if there is one, else fresh
-  ─► per step: 1. rollouts (group_size per question)   2. rewards (host: EM/F1, format)
-               3. one teacher-forced scoring pass: old and reference log-probs, IGPO's probes
-               4. advantages (registry, by config.algorithm)   5. PPO-clip minibatch updates
-               6. metrics (console progress bar, TensorBoard, metrics.jsonl)
-     every train.eval_every steps: greedy eval on the dev split (eval/{step}.json)
-     every train.checkpoint_every steps, at exit and on SIGTERM: checkpoint
+  ─► per step (`RLStep`, agentjax/train/step.py): 1. rollouts (group_size per question)
+               2. rewards (host: EM/F1, format)   3. one teacher-forced scoring pass: old and
+               reference log-probs, IGPO's probes   4. advantages (registry, by config.algorithm)
+               5. PPO-clip minibatch updates   6. metrics (progress bar, TensorBoard, metrics.jsonl)
+     then the fault rules (`FaultWatch`): train.max_skipped_updates consecutive non-finite
+     updates, or retrieval.max_failed_steps steps in a row whose failed-query share is above
+     retrieval.max_failure_rate, checkpoint the step and stop the run with an error
+     every train.checkpoint_every steps, before every eval, at exit and on SIGTERM: checkpoint
+     every train.eval_every steps (after that step's checkpoint): greedy eval on the dev split
+     (eval/{step}.json; a run stopped during it evaluates that step again on resume)
   ─► Hugging Face export at {workdir}/hf_export
 
 Re-running the same command resumes from the latest checkpoint; the data position, RNG state and
 minibatch shuffles (seeded by the step number) make a resumed run repeat the uninterrupted one.
+A half-written last line of metrics.jsonl (a kill mid-append) is dropped on resume, with a
+warning naming the line; a previous Hugging Face export survives a crash of the next one.
 
 Workdir layout: checkpoints/<step>/, config.json, metrics.jsonl (one JSON line per step),
 eval/<step>.json (per-question results), tensorboard/ (event files), hf_export/.
@@ -44,23 +50,20 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from agentjax.agent import RolloutConfig, RolloutEngine
 from agentjax.compiles import CompileCounter
+from agentjax.jsonl import iter_json_objects
 from agentjax.models.qwen import QwenConfig, init_params, param_shardings
-from agentjax.models.qwen.checkpoint import load_hf, save_hf
+from agentjax.models.qwen.checkpoint import load_hf, recover_export, save_hf
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.parallel import make_mesh, use_mesh
-from agentjax.parallel.host import any_process, primary_first, to_host
+from agentjax.parallel.host import any_process, primary_first
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
-from agentjax.rl import build_probes, outcome_rewards
-from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
-from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
-from agentjax.train.checkpoint import Checkpointer
-from agentjax.train.optim import make_optimizer, make_schedule
-from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy_update,
-                               minibatches, score_batch, summarize, trim)
+from agentjax.train.checkpoint import Checkpointer, abstract_state
+from agentjax.train.optim import make_optimizer
+from agentjax.train.step import RLStep, StepOutput, schedule_args
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +71,8 @@ log = logging.getLogger(__name__)
 COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
                "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm")
+# SFT also depends on these (its batch order and its data).
+SFT_COMPAT_KEYS = ("sft.demos", "sft.corpus_path", "sft.batch_size", "sft.max_len")
 EXPORT_DIR = "hf_export"
 
 
@@ -204,7 +209,7 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
   """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
   (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated)."""
   o = config.optimizer
-  lr, warmup, total, final_ratio = _schedule_args(config)
+  lr, warmup, total, final_ratio = schedule_args(config)
   optimizer = make_optimizer(lr, warmup, total, o.weight_decay, o.clip_norm or None, final_ratio,
                              o.b2)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_state_shardings(
@@ -213,27 +218,6 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
   rng = jax.jit(lambda: jax.random.key(config.seed),
                 out_shardings=NamedSharding(mesh, PartitionSpec()))()
   return optimizer, {"params": params, "opt_state": opt_state, "rng": rng}
-
-
-def _schedule_args(config: Any) -> tuple[float, int, int, float]:
-  """(lr, warmup, total, final_lr_ratio) of the schedule, counted in optimizer updates."""
-  k = updates_per_step(config)
-  o = config.optimizer
-  return o.lr, o.warmup_steps * k, config.train.steps * k, o.final_lr_ratio
-
-
-def updates_per_step(config: Any) -> int:
-  """Optimizer updates in one RL step (the schedule counts updates; config counts steps)."""
-  if config.trainer != "rl":
-    return 1
-  batch = config.rl.prompts_per_step * config.rollout.group_size
-  return config.rl.ppo_epochs * (batch // config.rl.minibatch_size)
-
-
-def abstract_state(state: Any) -> Any:
-  """ShapeDtypeStructs carrying each leaf's sharding: the restore target of a checkpoint."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                      state)
 
 
 def make_checkpointer(config: Any, workdir: str) -> Checkpointer:
@@ -270,11 +254,16 @@ class MetricsWriter:
                     dynamic_ncols=True, mininterval=1.0, disable=None)
 
   def _truncate_after(self, step: int) -> None:
-    """A resumed run rewrites history past its checkpoint (those steps are done again)."""
+    """A resumed run rewrites history past its checkpoint (those steps are done again).
+
+    Lines that do not parse (a process killed mid-append leaves half a line) are dropped, each
+    named in a warning: losing one log line must not block the restart."""
     if not os.path.exists(self.path):
       return
-    with open(self.path) as f:
-      keep = [line for line in f if line.strip() and json.loads(line).get("step", 0) <= step]
+    on_error = lambda _, message: log.warning("dropping an unreadable metrics line: %s", message)  # noqa: E731
+    keep = [json.dumps(row) + "\n"
+            for _, row in iter_json_objects(self.path, ValueError, on_error=on_error)
+            if row.get("step", 0) <= step]
     with open(self.path + ".tmp", "w") as f:
       f.writelines(keep)
     os.replace(self.path + ".tmp", self.path)
@@ -341,23 +330,88 @@ def train(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[s
   config_lib.validate(config)
   config_lib.check_paths(config)
   if config.trainer == "sft":
-    return train_sft(config, workdir)
+    return train_sft(config, workdir, stop_after=stop_after)
   return train_rl(config, workdir, stop_after=stop_after)
+
+
+class TrainingDivergedError(RuntimeError):
+  """train.max_skipped_updates consecutive updates had a non-finite loss or gradient."""
+
+
+class RetrieverUnavailableError(RuntimeError):
+  """The retriever failed more than retrieval.max_failure_rate of a step's queries for
+  retrieval.max_failed_steps steps in a row."""
+
+
+@dataclasses.dataclass
+class FaultWatch:
+  """The two rules that stop a run that cannot go on, and their counters.
+
+  A non-finite update is skipped (params kept); `max_skipped_updates` consecutive skips, across
+  steps, mean the run diverged. A retriever fault is an error observation for its query; a step
+  whose failed-query share exceeds `max_failure_rate`, `max_failed_steps` times in a row, means
+  the retriever is down. A step that sends no query leaves the retriever count as it is. The
+  counters travel in the checkpoint's data state, so a resume keeps counting.
+  """
+  max_skipped_updates: int
+  max_failure_rate: float
+  max_failed_steps: int
+  backend: str
+  skipped_streak: int = 0
+  failed_steps: int = 0
+
+  @classmethod
+  def from_config(cls, config: Any, data_state: Mapping[str, Any] | None = None) -> "FaultWatch":
+    r = config.retrieval
+    backend = (f"http retriever {r.url}" if r.backend == "http"
+               else f"{r.backend} retriever over {r.corpus_path}")
+    saved = (data_state or {}).get("faults", {})
+    return cls(config.train.max_skipped_updates, r.max_failure_rate, r.max_failed_steps, backend,
+               int(saved.get("skipped_streak", 0)), int(saved.get("failed_steps", 0)))
+
+  def state(self) -> dict[str, int]:
+    return {"skipped_streak": self.skipped_streak, "failed_steps": self.failed_steps}
+
+  def observe(self, out: StepOutput, step: int) -> Exception | None:
+    """Counts step `step`'s faults; the error that must stop the run, or None."""
+    for skipped in out.update_skipped:
+      self.skipped_streak = self.skipped_streak + 1 if skipped else 0
+    if out.search_queries:
+      failing = out.search_failed / out.search_queries > self.max_failure_rate
+      self.failed_steps = self.failed_steps + 1 if failing else 0
+    if self.max_skipped_updates and self.skipped_streak >= self.max_skipped_updates:
+      return TrainingDivergedError(
+          f"step {step}: {self.skipped_streak} consecutive updates were skipped (non-finite loss "
+          f"or gradient; train.max_skipped_updates={self.max_skipped_updates}). The checkpoint "
+          f"of step {step} holds the last good parameters; lower optimizer.lr or check the "
+          f"rewards before resuming.")
+    if self.max_failed_steps and self.failed_steps >= self.max_failed_steps:
+      return RetrieverUnavailableError(
+          f"step {step}: the {self.backend} failed {out.search_failed} of {out.search_queries} "
+          f"queries, the {self.failed_steps}th step in a row above "
+          f"retrieval.max_failure_rate={self.max_failure_rate} "
+          f"(retrieval.max_failed_steps={self.max_failed_steps}); last error: "
+          f"{out.search_last_error}. The run is checkpointed at step {step}: re-run the command "
+          f"once the retriever is back.")
+    return None
 
 
 def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
   """The RL loop (module docstring). stop_after: stop (with a checkpoint) once that many steps
-  are done, as a preemption would; re-running resumes. Returns a summary dict."""
+  are done, as a preemption would; re-running resumes. Returns a summary dict.
+
+  Raises TrainingDivergedError / RetrieverUnavailableError (after checkpointing the step) when a
+  FaultWatch rule stops the run."""
   workdir = os.path.expanduser(workdir)
+  recover_export(os.path.join(workdir, EXPORT_DIR))
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   cfg, params, tokenizer = load_model(config, mesh)
   model_name = config.model.hf_path or config.model.preset
   log.info("model %s (%s, %s parameters) on mesh %s", model_name, cfg.model_type,
            f"{sum(x.size for x in jax.tree.leaves(params)):,}", dict(mesh.shape))
   rl = config.rl
-  use_ref = rl.kl_coef > 0
   # The reference policy: the initial params, frozen (a copy: updates donate `params`).
-  ref_params = jax.tree.map(jnp.copy, params) if use_ref else None
+  ref_params = jax.tree.map(jnp.copy, params) if rl.kl_coef > 0 else None
 
   train_names = config_lib.benchmark_list(config.data.train, "data.train")
   eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
@@ -377,35 +431,31 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
   steps = config.train.steps
   optimizer, state = init_train_state(config, cfg, params, mesh)
-  per_step = updates_per_step(config)
-  schedule = make_schedule(*_schedule_args(config))  # the optimizer's, for logging
-  loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
-                     kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
-                     aggregation=rl.aggregation,
-                     # Dr.GRPO's constant normalizer: the budget, not this batch's trimmed width.
-                     norm_length=config.rollout.max_total_tokens)
-  update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
-      name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
-  adv_kwargs = {"igpo": dict(gamma=rl.gamma, norm_mode=rl.igpo_norm, ig_weight=rl.igpo_ig_weight,
-                             outcome_weight=rl.igpo_outcome_weight)}.get(config.algorithm, {})
-  with_probes = config.algorithm == "igpo" or rl.probe_all
-  template = ANSWER_TEMPLATES[config.rollout.protocol]
+  rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params)
 
   ckpt = make_checkpointer(config, workdir)
   restored = ckpt.restore_or_none(abstract_state(state))
-  step, position = 0, 0
+  step, position, data_state = 0, 0, None
   if restored is not None:
     state, data_state, step = restored
     position = int(data_state["position"])
     log.info("resumed from %s at step %d (question position %d)", ckpt.step_dir(step), step,
              position)
+  faults = FaultWatch.from_config(config, data_state)
   writer = MetricsWriter(workdir, steps, step, prefix=config.algorithm)
+
+  def eval_due(at_step: int) -> bool:
+    return bool(config.train.eval_every) and at_step % config.train.eval_every == 0 \
+        and 0 < at_step < steps
+
+  def eval_path(at_step: int) -> str:
+    return os.path.join(workdir, "eval", f"{at_step}.json")
 
   def run_eval(at_step: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     with use_mesh(mesh):
       result = evaluate(eval_engine, state["params"], dev, config.train.eval_batch)
-    _write_json(os.path.join(workdir, "eval", f"{at_step}.json"),
+    _write_json(eval_path(at_step),
                 dict(result, step=at_step, benchmark=eval_name, split=config.data.eval_split))
     metrics = {"eval/f1": result["f1"], "eval/em": result["em"],
                "eval/format_ok": result["format_ok"], "eval/turns": result["turns"],
@@ -415,114 +465,61 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
              config.data.eval_split, result["n"], result["f1"], result["em"])
     return result
 
+  def save(at_step: int, force: bool) -> None:
+    ckpt.save(at_step, state, {"position": position, "faults": faults.state()}, force=force)
+
   evals = {}
-  if config.train.eval_at_start and step == 0:
-    evals[0] = run_eval(0)
   postfix = ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
   compiles = CompileCounter()  # programs compiled by this process since the loop started
   with _Preemption() as preempt:
-    while step < steps:
-      t_step = time.perf_counter()
-      questions = stream.take(position, rl.prompts_per_step)
-      golds = [q["golden_answers"] for q in questions]
-      rng, rollout_rng = jax.random.split(state["rng"])
-
-      # 1. rollouts
-      t0 = time.perf_counter()
-      with use_mesh(mesh):
-        batch, rollout_metrics = engine.run(state["params"], [q["question"] for q in questions],
-                                            rollout_rng)
-        batch = trim(batch)  # score and update only the cache slots some trajectory uses
-      t_rollout = time.perf_counter() - t0
-
-      # 2. rewards (host)
-      row_golds = [golds[g] for g in batch.group_ids]
-      answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
-      outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
-                                format_ok=batch.format_valid if rl.penalize_format else None,
-                                format_penalty=rl.format_penalty)
-      f1 = outcome_rewards(answers, row_golds, metric="f1")
-      em = outcome_rewards(answers, row_golds, metric="em")
-
-      # 3. one scoring pass: old (and reference) log-probs, IGPO's ground-truth probes
-      t0 = time.perf_counter()
-      probes = build_probes(engine.encode, row_golds, template=template) if with_probes else None
-      with use_mesh(mesh):
-        scored = score_batch(engine.model, state["params"], ref_params, batch, probes,
-                             mode=rl.ig_mode, chunk=rl.chunk)
-        # 4. advantages
-        adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
-                                            **adv_kwargs)
-        jax.block_until_ready(adv)
-      t_score = time.perf_counter() - t0
-
-      # 5. PPO-clip minibatch updates
-      t0 = time.perf_counter()
-      params, opt_state = state["params"], state["opt_state"]
-      update_metrics = []
-      shuffle = np.random.default_rng([config.seed, step])
-      with use_mesh(mesh):
-        for _ in range(rl.ppo_epochs):
-          for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle):
-            params, opt_state, m = update(params, opt_state, mb)
-            update_metrics.append(m)
-      upd = summarize(update_metrics)
-      t_update = time.perf_counter() - t0
-      state = {"params": params, "opt_state": opt_state, "rng": rng}
+    if config.train.eval_at_start and step == 0:
+      evals[0] = run_eval(0)
+    if eval_due(step) and not os.path.exists(eval_path(step)):
+      evals[step] = run_eval(step)  # the run stopped during this step's eval: do it again
+    while step < steps and not any_process(preempt.requested):
+      out = rl_step(state, stream.take(position, rl.prompts_per_step), step)
+      state = out.state
       step += 1
       position += rl.prompts_per_step
+      fault = faults.observe(out, step)
 
-      # 6. metrics
-      ig = ig_statistics(scored.ig, jnp.asarray(batch.num_turns))
-      valid_tokens = float(to_host(jnp.sum(batch.valid)))
-      step_s = time.perf_counter() - t_step
-      metrics = {
-          "reward": float(outcome.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
-          "format_error_rate": float(1.0 - batch.format_valid.mean()),
-          "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
-          "turns": float(batch.num_turns.mean()),
-          "search_failures": float(batch.num_search_failures.sum()),
-          "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
-          "collapse_fraction": float(adv_stats["collapse_fraction"]),
-          "zero_adv_fraction": float(adv_stats["zero_adv_fraction"]),
-          "gt_entropy_reduction": float(gt_entropy_reduction(scored.values,
-                                                             jnp.asarray(batch.num_turns)))
-          if with_probes else 0.0,
-          "adv_std": float(adv_stats.get("adv_std", 0.0)),
-          "kl": upd.get("kl", 0.0), "approx_kl": upd.get("approx_kl", 0.0),
-          "clip_fraction": upd.get("clip_fraction", 0.0), "entropy": upd.get("entropy", 0.0),
-          "loss": upd.get("loss", 0.0), "grad_norm": upd.get("grad_norm", 0.0),
-          "skipped_updates": upd.get("skipped", 0.0) * len(update_metrics),
-          "lr": float(schedule((step - 1) * per_step)),
-          "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
-          "tokens_per_s": valid_tokens / max(step_s, 1e-9),
-          "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
-          "search_s": rollout_metrics["search_s"], "position": position,
-          "compiles": float(compiles.count)}
+      metrics = dict(out.metrics, position=position, compiles=float(compiles.count))
       if metrics["skipped_updates"]:
-        log.warning("step %d: %d update(s) skipped (non-finite loss or gradient); params kept",
-                    step, int(metrics["skipped_updates"]))
+        log.warning("step %d: %d update(s) skipped (non-finite loss or gradient); params kept "
+                    "(%d in a row)", step, int(metrics["skipped_updates"]),
+                    faults.skipped_streak)
+      if out.search_failed:
+        log.warning("step %d: the retriever failed %d of %d queries; last error: %s", step,
+                    out.search_failed, out.search_queries, out.search_last_error)
       writer.write(step, metrics, postfix)
       if config.train.log_every and step % config.train.log_every == 0:
         log.info("step %d/%d " + " ".join(f"{k} %.4g" for k in postfix), step, steps,
                  *[metrics[k] for k in postfix])
 
-      if config.train.eval_every and step % config.train.eval_every == 0 and step < steps:
-        evals[step] = run_eval(step)
-      stopping = any_process(preempt.requested) or (stop_after is not None and step >= stop_after)
-      ckpt.save(step, state, {"position": position}, force=stopping or step == steps)
+      # Checkpoint before eval: an eval that crashes (OOM, kill) never costs the step.
+      stopping = (fault is not None or any_process(preempt.requested)
+                  or (stop_after is not None and step >= stop_after))
+      save(step, force=stopping or eval_due(step) or step == steps)
+      if fault is not None:
+        ckpt.close()
+        writer.close()
+        raise fault
       if stopping:
-        log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
         break
+      if eval_due(step):
+        ckpt.wait()  # the step's checkpoint is on disk before an eval that may crash or be killed
+        evals[step] = run_eval(step)
+    if step < steps:
+      log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
 
-  final_eval = os.path.join(workdir, "eval", f"{steps}.json")
   if step >= steps and steps not in evals:
-    if restored is not None and restored[2] == steps and os.path.exists(final_eval):
-      with open(final_eval) as f:  # a finished run re-run: nothing to redo
+    if restored is not None and restored[2] == steps and os.path.exists(eval_path(steps)):
+      with open(eval_path(steps)) as f:  # a finished run re-run: nothing to redo
         evals[steps] = json.load(f)
     else:
+      ckpt.wait()
       evals[steps] = run_eval(steps)
-  ckpt.save(step, state, {"position": position}, force=True)
+  save(step, force=True)
   ckpt.close()
   writer.close()
   export = None
@@ -537,7 +534,6 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
           "tensorboard": os.path.join(workdir, "tensorboard"),
           "evals": {k: {"f1": v["f1"], "em": v["em"], "n": v["n"]} for k, v in evals.items()},
           "params": state["params"], "cfg": cfg}
-
 
 # ============================================================================ eval
 
@@ -604,44 +600,58 @@ def format_table(result: Mapping[str, Any]) -> str:
 # ============================================================================ SFT
 
 
-def train_sft(config: Any, workdir: str) -> dict[str, Any]:
+def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
   """SFT warm start on config.sft.demos, then a Hugging Face export at {workdir}/hf_export.
 
-  The export is written atomically at the end; a workdir that already has one is a finished run
-  and is not trained again (re-running the command is a no-op)."""
+  Preemptible like RL: checkpoints every sft.checkpoint_every steps, on SIGTERM and at
+  `stop_after` steps; the same command resumes (same batches, same losses on one machine). The
+  export is written at the end without ever losing a previous one; a workdir that already has
+  one is a finished run and is not trained again (re-running the command is a no-op)."""
   from agentjax.train.sft import pack_text, run_sft
   workdir = os.path.expanduser(workdir)
   export = os.path.join(workdir, EXPORT_DIR)
+  recover_export(export)
   if os.path.isdir(export):
     log.info("%s exists: this SFT run is finished", export)
     return {"workdir": workdir, "hf_export": export, "skipped": True}
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   cfg, params, tokenizer = load_model(config, mesh)
-  with open(os.path.expanduser(config.sft.demos), encoding="utf-8") as f:
-    demos = [json.loads(line) for line in f if line.strip()]
   s = config.sft
+  demos = [row for _, row in iter_json_objects(os.path.expanduser(s.demos),
+                                               config_lib.ConfigError, what="config.sft.demos")]
   extra = []
   if s.corpus_path:  # language-model text mixed in (see sft.pack_text)
     from agentjax.retrieval import load_corpus
     extra = pack_text(tokenizer, (r["contents"] for r in load_corpus(
         os.path.expanduser(s.corpus_path))), s.max_len)
     log.info("SFT: %d demonstrations + %d packed corpus sequences", len(demos), len(extra))
-  writer = MetricsWriter(workdir, s.steps, 0, prefix="sft")
+  ckpt = Checkpointer(workdir, save_every=s.checkpoint_every or None,
+                      keep=config.train.keep_checkpoints, config=config.to_dict(),
+                      compat_keys=COMPAT_KEYS + SFT_COMPAT_KEYS)
+  writer = MetricsWriter(workdir, s.steps, ckpt.latest_step() or 0, prefix="sft")
   callback = lambda i, rec: writer.write(i + 1, rec, ("loss", "accuracy", "lr"))  # noqa: E731
-  with use_mesh(mesh):
+  with _Preemption() as preempt, use_mesh(mesh):
+    stop = lambda done: any_process(preempt.requested) or (  # noqa: E731
+        stop_after is not None and done >= stop_after)
     params, history = run_sft(
         cfg, params, tokenizer, demos, steps=s.steps, batch_size=s.batch_size, max_len=s.max_len,
         lr=s.lr, seed=config.seed, b2=config.optimizer.b2,
         final_lr_ratio=config.optimizer.final_lr_ratio,
         weight_decay=config.optimizer.weight_decay, clip_norm=config.optimizer.clip_norm or None,
         protocol=_protocol(config), use_chat_template=config.rollout.use_chat_template,
-        log_every=config.train.log_every or 0, callback=callback, extra_examples=extra)
+        log_every=config.train.log_every or 0, callback=callback, extra_examples=extra,
+        checkpointer=ckpt, stop=stop)
+  done = ckpt.latest_step() or 0
+  ckpt.close()
   writer.close()
+  if done < s.steps:
+    return {"workdir": workdir, "hf_export": None, "step": done, "params": params, "cfg": cfg}
   save_hf(export, cfg, params, tokenizer)
-  log.info("SFT done: loss %.4f accuracy %.3f; Hugging Face export %s", history[-1]["loss"],
-           history[-1]["accuracy"], export)
-  return {"workdir": workdir, "hf_export": export, "final_loss": history[-1]["loss"],
-          "final_accuracy": history[-1]["accuracy"], "params": params, "cfg": cfg}
+  last = history[-1] if history else {"loss": float("nan"), "accuracy": float("nan")}
+  log.info("SFT done: loss %.4f accuracy %.3f; Hugging Face export %s", last["loss"],
+           last["accuracy"], export)
+  return {"workdir": workdir, "hf_export": export, "step": done, "final_loss": last["loss"],
+          "final_accuracy": last["accuracy"], "params": params, "cfg": cfg}
 
 
 def _protocol(config: Any):

@@ -1,0 +1,181 @@
+"""One RL step, as the trainer loop calls it: rollouts -> rewards -> scoring -> advantages ->
+PPO-clip updates -> metrics.
+
+    rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params)
+    out = rl_step(state, questions, step)   # state {"params", "opt_state", "rng"} -> out.state
+
+The loop (agentjax/train/trainer.py) keeps what is not the step: data order, checkpoints, eval,
+preemption and the fault rules. A new method extends the step here (a judge pass between rewards
+and advantages, a second role's rollout) without touching the loop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from agentjax.agent import RolloutEngine
+from agentjax.parallel import use_mesh
+from agentjax.parallel.host import to_host
+from agentjax.rl import build_probes, outcome_rewards
+from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
+from agentjax.rl.info_gain import ANSWER_TEMPLATES
+from agentjax.train.optim import make_schedule
+from agentjax.train.rl import (PolicyLossConfig, advantage_kwargs, compute_advantages,
+                               make_policy_update, minibatches, summarize, score_batch, trim)
+
+
+def updates_per_step(config: Any) -> int:
+  """Optimizer updates in one RL step (the schedule counts updates; config counts steps)."""
+  if config.trainer != "rl":
+    return 1
+  batch = config.rl.prompts_per_step * config.rollout.group_size
+  return config.rl.ppo_epochs * (batch // config.rl.minibatch_size)
+
+
+def schedule_args(config: Any) -> tuple[float, int, int, float]:
+  """(lr, warmup, total, final_lr_ratio) of the schedule, counted in optimizer updates."""
+  k = updates_per_step(config)
+  o = config.optimizer
+  return o.lr, o.warmup_steps * k, config.train.steps * k, o.final_lr_ratio
+
+
+@dataclasses.dataclass
+class StepOutput:
+  """What one step hands back to the loop.
+
+  state: the new {"params", "opt_state", "rng"}.
+  metrics: host floats, logged as they are (metrics.jsonl, TensorBoard).
+  update_skipped: one 0/1 per optimizer update of the step, in order (1: non-finite loss or
+    gradient, the update was not applied); the loop counts consecutive ones across steps.
+  search_queries / search_failed: queries sent to the retriever and how many of them failed.
+  search_last_error: the last retriever error of the step's rollouts (None if none failed).
+  """
+  state: dict[str, Any]
+  metrics: dict[str, float]
+  update_skipped: list[int]
+  search_queries: int
+  search_failed: int
+  search_last_error: str | None
+
+
+@dataclasses.dataclass
+class RLStep:
+  """The RL step of one run; `build` once (it holds the compiled update), call once per step."""
+  config: Any
+  mesh: jax.sharding.Mesh
+  engine: RolloutEngine
+  update: Callable
+  ref_params: Any
+  schedule: optax.Schedule
+  with_probes: bool
+  adv_kwargs: Mapping[str, Any]
+
+  @classmethod
+  def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
+            optimizer: optax.GradientTransformation, ref_params: Any) -> "RLStep":
+    rl = config.rl
+    loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
+                       kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
+                       aggregation=rl.aggregation,
+                       # Dr.GRPO's constant normalizer: the budget, not the batch's trimmed width.
+                       norm_length=config.rollout.max_total_tokens)
+    update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
+        name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
+    return cls(config=config, mesh=mesh, engine=engine, update=update, ref_params=ref_params,
+               schedule=make_schedule(*schedule_args(config)),  # the optimizer's, for logging
+               with_probes=config.algorithm == "igpo" or rl.probe_all,
+               adv_kwargs=advantage_kwargs(config))
+
+  def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
+               step: int) -> StepOutput:
+    """Step `step` (0-based: the number of steps done before it) on `questions`."""
+    config, rl, mesh = self.config, self.config.rl, self.mesh
+    t_step = time.perf_counter()
+    golds = [q["golden_answers"] for q in questions]
+    rng, rollout_rng = jax.random.split(state["rng"])
+
+    # 1. rollouts
+    t0 = time.perf_counter()
+    with use_mesh(mesh):
+      batch, rollout_metrics = self.engine.run(state["params"], [q["question"] for q in questions],
+                                               rollout_rng)
+      batch = trim(batch)  # score and update only the cache slots some trajectory uses
+    t_rollout = time.perf_counter() - t0
+
+    # 2. rewards (host)
+    row_golds = [golds[g] for g in batch.group_ids]
+    answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
+    outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
+                              format_ok=batch.format_valid if rl.penalize_format else None,
+                              format_penalty=rl.format_penalty)
+    f1 = outcome_rewards(answers, row_golds, metric="f1")
+    em = outcome_rewards(answers, row_golds, metric="em")
+
+    # 3. one scoring pass: old (and reference) log-probs, IGPO's ground-truth probes
+    t0 = time.perf_counter()
+    probes = build_probes(self.engine.encode, row_golds,
+                          template=ANSWER_TEMPLATES[config.rollout.protocol]) \
+        if self.with_probes else None
+    with use_mesh(mesh):
+      scored = score_batch(self.engine.model, state["params"], self.ref_params, batch, probes,
+                           mode=rl.ig_mode, chunk=rl.chunk)
+      # 4. advantages
+      adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
+                                          **self.adv_kwargs)
+      jax.block_until_ready(adv)
+    t_score = time.perf_counter() - t0
+
+    # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable)
+    t0 = time.perf_counter()
+    params, opt_state = state["params"], state["opt_state"]
+    update_metrics = []
+    shuffle = np.random.default_rng([config.seed, step])
+    with use_mesh(mesh):
+      for _ in range(rl.ppo_epochs):
+        for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle):
+          params, opt_state, m = self.update(params, opt_state, mb)
+          update_metrics.append(m)
+    upd = summarize(update_metrics)
+    skipped = [int(m["skipped"]) for m in to_host(update_metrics)]
+    t_update = time.perf_counter() - t0
+
+    # 6. metrics
+    ig = ig_statistics(scored.ig, jnp.asarray(batch.num_turns))
+    valid_tokens = float(to_host(jnp.sum(batch.valid)))
+    step_s = time.perf_counter() - t_step
+    queries = int(rollout_metrics["search_queries"])
+    failed = int(batch.num_search_failures.sum())
+    metrics = {
+        "reward": float(outcome.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
+        "format_error_rate": float(1.0 - batch.format_valid.mean()),
+        "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
+        "turns": float(batch.num_turns.mean()),
+        "search_queries": float(queries), "search_failures": float(failed),
+        "search_failure_rate": failed / queries if queries else 0.0,
+        "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
+        "collapse_fraction": float(adv_stats["collapse_fraction"]),
+        "zero_adv_fraction": float(adv_stats["zero_adv_fraction"]),
+        "gt_entropy_reduction": float(gt_entropy_reduction(scored.values,
+                                                           jnp.asarray(batch.num_turns)))
+        if self.with_probes else 0.0,
+        "adv_std": float(adv_stats.get("adv_std", 0.0)),
+        "kl": upd.get("kl", 0.0), "approx_kl": upd.get("approx_kl", 0.0),
+        "clip_fraction": upd.get("clip_fraction", 0.0), "entropy": upd.get("entropy", 0.0),
+        "loss": upd.get("loss", 0.0), "grad_norm": upd.get("grad_norm", 0.0),
+        "skipped_updates": float(sum(skipped)),
+        "lr": float(self.schedule(step * updates_per_step(config))),
+        "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
+        "tokens_per_s": valid_tokens / max(step_s, 1e-9),
+        "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
+        "search_s": rollout_metrics["search_s"]}
+    return StepOutput(state={"params": params, "opt_state": opt_state, "rng": rng},
+                      metrics=metrics, update_skipped=skipped, search_queries=queries,
+                      search_failed=failed,
+                      search_last_error=rollout_metrics.get("search_last_error"))
