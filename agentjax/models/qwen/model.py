@@ -16,6 +16,7 @@ pytree (no flax boxes); their logical axis names come from `param_logical_axes(c
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import flax
@@ -400,9 +401,15 @@ def param_shardings(cfg: QwenConfig, mesh: jax.sharding.Mesh) -> Any:
 
 def init_params(cfg: QwenConfig, rng: Array, mesh: jax.sharding.Mesh | None = None) -> Any:
   """Random parameters (normal(0.02) matrices, unit norms, zero biases), created sharded."""
+  return _jitted_init(cfg, mesh)(rng)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_init(cfg: QwenConfig, mesh: jax.sharding.Mesh | None):
+  """One compiled initializer per (config, mesh): a new jit per call would recompile every time."""
 
   def init(r):
     return nn.meta.unbox(Qwen(cfg).init(r, *_dummy_inputs())["params"])
 
   shardings = param_shardings(cfg, mesh) if mesh is not None else None
-  return jax.jit(init, out_shardings=shardings)(rng)
+  return jax.jit(init, out_shardings=shardings)
