@@ -27,21 +27,34 @@ def setup(tmp_path_factory):
   return tok, backend, agent
 
 
-@pytest.mark.parametrize("estimator", ["grpo", "igpo"])
-def test_rl_steps_raise_the_reward(setup, estimator):
+def make_engine(setup, max_turns):
+  """Every test samples 2 questions x 12 in a 512-slot cache: extend, generate and the scoring
+  pass compile once for the module (max_turns is a host-side loop bound)."""
   tok, backend, agent = setup
-  # One turn: after </think> the policy either answers (F1 = 1) or searches and runs out of turns.
-  engine = RolloutEngine(agent.cfg, tok, backend, RolloutConfig(
-      group_size=12, max_turns=2 if estimator == "igpo" else 1, max_new_tokens=8,
-      max_obs_tokens=48, max_total_tokens=512, topk=2, sampling=SamplingParams(temperature=1.0)))
-  params = agent.params(af.SEARCH, af.ANSWER)
-  ref_params = jax.tree.map(lambda x: x.copy(), params)
+  return RolloutEngine(agent.cfg, tok, backend, RolloutConfig(
+      group_size=12, max_turns=max_turns, max_new_tokens=8, max_obs_tokens=48,
+      max_total_tokens=512, topk=2, sampling=SamplingParams(temperature=1.0)))
+
+
+@pytest.fixture(scope="module")
+def update(setup):
+  """(optimizer, jitted policy update), shared: the update does not depend on the estimator."""
   # Plain SGD: Adam's per-parameter normalization turns the near-zero gradients of this
   # one-hot scripted model into full-size steps and destabilizes it.
   optimizer = optax.sgd(0.3)
-  opt_state = optimizer.init(params)
-  update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
+  return optimizer, make_policy_update(make_engine(setup, 1).model, optimizer, PolicyLossConfig(
       name="ppo", kwargs=(("kl_coef", 1e-3), ("kl_estimator", "low_var_kl"))))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "igpo"])
+def test_rl_steps_raise_the_reward(setup, update, estimator):
+  tok, backend, agent = setup
+  # One turn: after </think> the policy either answers (F1 = 1) or searches and runs out of turns.
+  engine = make_engine(setup, max_turns=2 if estimator == "igpo" else 1)
+  params = agent.params(af.SEARCH, af.ANSWER)
+  ref_params = jax.tree.map(lambda x: x.copy(), params)
+  optimizer, update = update
+  opt_state = optimizer.init(params)
   questions, golds = ["Who founded Zorvath?"] * 2, [["Aldric"]] * 2
   probes_fn = lambda rows: build_probes(engine.encode, [golds[g] for g in rows])  # noqa: E731
   rng = np.random.default_rng(0)
@@ -70,19 +83,17 @@ def test_rl_steps_raise_the_reward(setup, estimator):
   assert rewards[0] <= 0.9 and np.mean(rewards[-2:]) >= 0.95, rewards
 
 
-def test_non_finite_update_is_skipped(setup):
+def test_non_finite_update_is_skipped(setup, update):
   tok, backend, agent = setup
-  engine = RolloutEngine(agent.cfg, tok, backend, RolloutConfig(group_size=4, max_turns=1,
-                         max_new_tokens=8, max_total_tokens=1024))
+  engine = make_engine(setup, max_turns=1)
   params = agent.params(af.SEARCH, af.ANSWER)
-  batch, _ = engine.run(params, ["q"], jax.random.key(0))
-  scored = score_batch(engine.model, params, None, batch, None)
+  batch, _ = engine.run(params, ["q", "r"], jax.random.key(0))
+  scored = score_batch(engine.model, params, params, batch, None)
   adv = np.full(batch.tokens.shape, np.nan, np.float32)  # a NaN advantage on sampled tokens
-  optimizer = optax.sgd(1.0)
+  optimizer, update = update
   opt_state = optimizer.init(params)
   before = jax.tree.map(np.asarray, params)
-  update = make_policy_update(engine.model, optimizer)
-  mb = minibatches(batch, scored, adv, 4, np.random.default_rng(0))[0]
+  mb = minibatches(batch, scored, adv, 12, np.random.default_rng(0))[0]
   params, opt_state, m = update(params, opt_state, mb)
   assert float(m["skipped"]) == 1.0
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), before)
