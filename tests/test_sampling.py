@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from agentjax.models import masks
-from agentjax.models.qwen import Qwen, QwenConfig, init_params
+from agentjax.models.qwen import Qwen, QwenConfig, abstract_params, init_params
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.sampling import (STOP_BUDGET, STOP_EOS, STOP_MAX_NEW, STOP_STRING, SamplingParams,
                                StopTable, extend, generate, init_state, push_and_match,
@@ -25,11 +25,19 @@ def spread_params(cfg, seed):
 
 
 def full_logits(cfg, params, ids, width=64):
-  """Logits [len(ids), V] of one full forward (right-padded to `width`: one compilation)."""
+  """Logits [len(ids), V] (NumPy) of one full forward (right-padded to `width`: one compilation;
+  the slicing is NumPy's, not one eager XLA program per length)."""
   n = len(ids)
   padded = np.zeros((1, width), np.int32)
   padded[0, :n] = ids
-  return _forward(cfg, params, jnp.asarray(padded), jnp.arange(width)[None] < n)[0, :n]
+  return np.asarray(_forward(cfg, params, jnp.asarray(padded), jnp.arange(width)[None] < n))[0, :n]
+
+
+def log_softmax(x):
+  """NumPy float64 log-softmax over the last axis."""
+  x = np.asarray(x, np.float64)
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -44,7 +52,7 @@ def no_stop(cfg, budget, eos=()):
 
 
 def fill(state, cfg, params, rows, turn):
-  width = max(8, max(len(r) for r in rows))
+  width = max(16, max(len(r) for r in rows))  # prompts up to 16 share one compiled extend
   block = np.zeros((len(rows), width), np.int32)
   for b, r in enumerate(rows):
     block[b, :len(r)] = r
@@ -65,7 +73,7 @@ def test_greedy_equals_repeated_argmax_of_full_forwards(preset):
   for b, prompt in enumerate(prompts):
     seq = list(prompt)
     for _ in range(9):
-      seq.append(int(jnp.argmax(full_logits(cfg, params, seq)[-1])))
+      seq.append(int(np.argmax(full_logits(cfg, params, seq)[-1])))
     assert list(np.asarray(gen.new_tokens[b])) == seq[len(prompt):]
     assert list(np.asarray(state.tokens[b, :len(seq)])) == seq
 
@@ -79,7 +87,9 @@ def test_decode_layout_copies_only_the_moved_kernels(tied):
   if jax.default_backend() != "cpu":
     pytest.skip("the decode layout is the checkpoint layout off CPU")
   cfg = QwenConfig.preset("tiny", tie_word_embeddings=tied)
-  params = init_params(cfg, jax.random.key(0))
+  rng = np.random.RandomState(0)  # random leaves of init's shapes: no init compile per config
+  params = jax.tree.map(lambda x: jnp.asarray(rng.randn(*x.shape).astype(x.dtype)),
+                        abstract_params(cfg))
   model, converted = decode_layout(Qwen(cfg), params)
   assert model.out_major and model.cfg == cfg
   chex.assert_trees_all_equal(converted, out_major_params(params))
@@ -115,35 +125,39 @@ class LogprobTest(chex.TestCase):
     for b in range(4):
       n = int(valid[b].sum())
       assert valid[b, :n].all() and not valid[b, n:].any()
-      ref = jax.nn.log_softmax(full_logits(cfg, params, tokens[b, :n]), axis=-1)
+      ref = log_softmax(full_logits(cfg, params, tokens[b, :n]))
       positions = np.flatnonzero(sampled[b])
       assert len(positions) == (11 if b != 2 else 5)
-      want = np.asarray(ref)[positions - 1, tokens[b, positions]]
+      want = ref[positions - 1, tokens[b, positions]]
       np.testing.assert_allclose(logprobs[b, positions], want, atol=1e-4)
       assert (logprobs[b, ~sampled[b]] == 0).all()
 
 
 def test_stop_reasons_eos_and_budget():
+  # The shapes of the greedy test above (3 rows, 64 slots, 9 new tokens): one compiled program.
   cfg = QwenConfig.preset("tiny")
   params = spread_params(cfg, 2)
-  prompt = [[5, 6, 7], [8, 9]]
+  prompt = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
   model = Qwen(cfg)
   greedy = SamplingParams(greedy=True)
-  state = fill(init_state(cfg, 2, 32, jax.random.key(0)), cfg, params, prompt, -1)
-  _, gen = generate(model, params, state, jnp.ones(2, bool), jnp.zeros(2, jnp.int32),
-                    no_stop(cfg, 32), greedy, 6)
+
+  def run(stop):
+    state = fill(init_state(cfg, 3, 64, jax.random.key(0)), cfg, params, prompt, -1)
+    return generate(model, params, state, jnp.ones(3, bool), jnp.zeros(3, jnp.int32), stop,
+                    greedy, 9)
+
+  _, gen = run(no_stop(cfg, 64))
+  assert list(np.asarray(gen.stop_reason)) == [STOP_MAX_NEW] * 3
   first = np.asarray(gen.new_tokens)[:, 2]   # make the 3rd greedy token of each row an EOS
-  state = fill(init_state(cfg, 2, 32, jax.random.key(0)), cfg, params, prompt, -1)
-  _, gen = generate(model, params, state, jnp.ones(2, bool), jnp.zeros(2, jnp.int32),
-                    no_stop(cfg, 32, eos=first), greedy, 6)
-  assert list(np.asarray(gen.stop_reason)) == [STOP_EOS, STOP_EOS]
+  _, gen = run(no_stop(cfg, 64, eos=first))
+  assert list(np.asarray(gen.stop_reason)) == [STOP_EOS] * 3
   assert (np.asarray(gen.num_new) <= 3).all()
-  # A budget of 6 slots: rows stop when they fill it, and nothing is written past it.
-  state = fill(init_state(cfg, 2, 32, jax.random.key(0)), cfg, params, prompt, -1)
-  state, gen = generate(model, params, state, jnp.ones(2, bool), jnp.zeros(2, jnp.int32),
-                        no_stop(cfg, 6), greedy, 10)
-  assert list(np.asarray(gen.stop_reason)) == [STOP_BUDGET, STOP_BUDGET]
-  assert list(np.asarray(state.length)) == [6, 6]
+  # A budget of 6 slots: rows stop when they fill it (before 9 new tokens), and nothing is
+  # written past it.
+  state, gen = run(no_stop(cfg, 6))
+  assert list(np.asarray(gen.stop_reason)) == [STOP_BUDGET] * 3
+  assert list(np.asarray(gen.num_new)) == [3, 4, 2]
+  assert list(np.asarray(state.length)) == [6, 6, 6]
   assert not np.asarray(state.valid)[:, 6:].any()
 
 
@@ -159,8 +173,8 @@ def test_vocab_major_sampling_matches_numpy():
   logits[299, 5] = 9.0               # the max in the last row
   logits[[11, 20], 1] = np.nan       # NaN counts as the max, as in np.argmax
   ref_logp = logits - np.log(np.exp(logits - logits.max(0)).sum(0)) - logits.max(0)
-  tok, logp = sample_token(jax.random.key(0), jnp.asarray(logits), SamplingParams(greedy=True),
-                           vocab_major=True)
+  tok, logp = jax.jit(lambda k, x: sample_token(k, x, SamplingParams(greedy=True),
+                                                vocab_major=True))(jax.random.key(0), logits)
   np.testing.assert_array_equal(np.asarray(tok), np.argmax(logits, axis=0))
   np.testing.assert_allclose(logp, ref_logp[np.argmax(logits, 0), np.arange(6)], atol=1e-5)
 
@@ -298,8 +312,9 @@ def test_sampled_tokens_follow_the_filtered_distribution():
 def test_top_p_tiny_is_argmax_and_bad_settings_are_refused():
   from agentjax.sampling import sample_token
 
-  logits = jax.random.normal(jax.random.key(0), (16, 64)) * 3
-  tok, _ = sample_token(jax.random.key(1), logits, SamplingParams(top_p=1e-6))
+  logits = np.random.RandomState(0).randn(16, 64).astype(np.float32) * 3
+  tok, _ = jax.jit(lambda k, x: sample_token(k, x, SamplingParams(top_p=1e-6)))(
+      jax.random.key(1), logits)
   np.testing.assert_array_equal(np.asarray(tok), np.argmax(np.asarray(logits), axis=-1))
   with pytest.raises(ValueError, match="top_p"):
     SamplingParams(top_p=0.0)
