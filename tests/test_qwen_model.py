@@ -27,13 +27,17 @@ def forward(cfg, params, ids, valid=None):
   return logits
 
 
+# One compiled program per (config, shape); run eagerly, every primitive compiles on its own.
+jit_forward = jax.jit(forward, static_argnums=0)
+
+
 @pytest.mark.parametrize("name", sorted(hf_fixtures.HF_CONFIGS))
 def test_logits_match_transformers(hf_checkpoint, name):
   folder, hf_model = hf_checkpoint(name)
   cfg, params = load_hf(folder)
   ids = np.random.RandomState(1).randint(0, cfg.vocab_size, (3, 17))
   ref = hf_fixtures.hf_logits(hf_model, ids)
-  ours = np.asarray(jax.jit(forward, static_argnums=0)(cfg, params, ids))
+  ours = np.asarray(jit_forward(cfg, params, ids))
   chex.assert_shape(ours, (3, 17, cfg.vocab_size))
   assert np.abs(ours - ref).max() <= 1e-4 * np.abs(ref).max(), np.abs(ours - ref).max()
 
@@ -51,10 +55,10 @@ def test_left_padded_batch_rows_match_alone(hf_checkpoint, name):
   for b, row in enumerate(rows):
     ids[b, width - len(row):] = row
     valid[b, width - len(row):] = True
-  batched = np.asarray(forward(cfg, params, ids, valid))
+  batched = np.asarray(jit_forward(cfg, params, ids, valid))
   scale = np.abs(batched[valid]).max()
   for b, row in enumerate(rows):
-    alone = np.asarray(forward(cfg, params, row[None]))[0]
+    alone = np.asarray(jit_forward(cfg, params, row[None]))[0]
     np.testing.assert_allclose(batched[b, width - len(row):], alone, atol=1e-5 * scale)
     # and transformers agrees on the row alone
     ref = hf_fixtures.hf_logits(hf_model, row[None])[0]
@@ -97,9 +101,12 @@ def test_out_major_layout_matches_transformers(hf_checkpoint, name):
 
 
 class CacheDecodeTest(chex.TestCase):
-  """Prefill + token-by-token decode through the KV cache equals one full forward."""
+  """Prefill + token-by-token decode through the KV cache equals one full forward.
 
-  @chex.variants(with_jit=True, without_jit=True)
+  Jitted only: the same cached path runs eagerly in test_out_major_layout_matches_transformers
+  (an eager run here compiled every primitive of 14 steps again, for minutes on 2 cores)."""
+
+  @chex.variants(with_jit=True)
   def test_prefill_then_decode_equals_full_forward(self):
     for preset in ("tiny", "tiny-qwen3"):
       cfg = QwenConfig.preset(preset)
@@ -133,9 +140,14 @@ class CacheDecodeTest(chex.TestCase):
                              jnp.asarray(key_valid))
         for r in range(b):
           got[(r, pos[r])] = np.asarray(logits[r, 0])
+      # The reference: one full forward of each row alone (right-padded to the longest: causal
+      # attention never looks right, so the padding cannot change the row's logits).
+      lens = prompt_lens + steps
+      valid = np.arange(full.shape[1])[None] < lens[:, None]
+      refs = np.asarray(jit_forward(cfg, params, full, valid))
       for r in range(b):
-        n = prompt_lens[r] + steps
-        ref = np.asarray(forward(cfg, params, full[r:r + 1, :n]))[0]
+        n = lens[r]
+        ref = refs[r, :n]
         ours = np.stack([got[(r, p)] for p in range(n)])
         chex.assert_trees_all_close(ours, ref, atol=1e-5 * np.abs(ref).max())
 
@@ -144,12 +156,12 @@ def test_bfloat16_compute_close_to_float32(hf_checkpoint):
   folder, _ = hf_checkpoint("qwen3-headdim")
   cfg32, params = load_hf(folder)
   ids = np.random.RandomState(4).randint(0, cfg32.vocab_size, (2, 12))
-  ref = np.asarray(forward(cfg32, params, ids))
+  ref = np.asarray(jit_forward(cfg32, params, ids))
   for overrides in (dict(dtype="bfloat16"), dict(dtype="bfloat16", param_dtype="bfloat16")):
     cfg16, params16 = load_hf(folder, **overrides)
     leaf = params16["layers_0"]["mlp"]["up_proj"]["kernel"]
     assert leaf.dtype == jnp.dtype(overrides["param_dtype"] if "param_dtype" in overrides else "float32")
-    out = np.asarray(forward(cfg16, params16, ids))
+    out = np.asarray(jit_forward(cfg16, params16, ids))
     assert out.dtype == np.float32 and np.isfinite(out).all()
     # bfloat16 keeps 8 mantissa bits (~0.4% per rounding); a few layers stay within a few percent.
     err = np.abs(out - ref).max() / np.abs(ref).max()
@@ -166,9 +178,10 @@ def test_remat_policies_give_the_same_gradients():
     logits = forward(cfg, params, ids)
     return jnp.mean(jax.nn.log_softmax(logits)[..., 0])
 
-  ref = jax.grad(loss)(params, cfg)
+  grad = jax.jit(jax.grad(loss), static_argnums=1)
+  ref = grad(params, cfg)
   for policy in ("full", "dots", "dots_no_batch"):
-    got = jax.jit(jax.grad(loss), static_argnums=1)(params, cfg.replace(remat_policy=policy))
+    got = grad(params, cfg.replace(remat_policy=policy))
     chex.assert_trees_all_close(got, ref, atol=1e-6)
 
 
