@@ -374,11 +374,12 @@ def test_resume_drops_a_half_written_metrics_line(runs):
 def test_eval_runs_after_the_checkpoint_of_its_step(world_dir, tokenizer_dir, tmp_path,
                                                     monkeypatch):
   from agentjax.train import trainer
-  config = _fault_config(world_dir, tokenizer_dir, tmp_path, steps=3)
+  config = _fault_config(world_dir, tokenizer_dir, tmp_path, steps=5)
   config.train.eval_every = 2
-  config.train.checkpoint_every = 3  # only the eval forces a checkpoint at step 2
-  workdir = str(tmp_path / "eval_crash")
+  config.train.checkpoint_every = 5  # only the evals force checkpoints at steps 2 and 4
+  workdir = str(tmp_path / "eval_faults")
   real_evaluate = trainer.evaluate
+  ckpts = lambda: sorted(os.listdir(os.path.join(workdir, "checkpoints")))  # noqa: E731
 
   def crash(*args, **kwargs):
     raise RuntimeError("injected: out of memory during eval")
@@ -386,20 +387,25 @@ def test_eval_runs_after_the_checkpoint_of_its_step(world_dir, tokenizer_dir, tm
   monkeypatch.setattr(trainer, "evaluate", crash)
   with pytest.raises(RuntimeError, match="injected"):
     train(config, workdir)
-  assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
+  assert ckpts() == ["2"]  # the eval of step 2 crashed after the step was saved
 
-  def sigterm_during_eval(*args, **kwargs):
-    os.kill(os.getpid(), signal.SIGTERM)  # the scheduler preempts while eval runs
-    return real_evaluate(*args, **kwargs)
+  sigterm_at = []
+
+  def sigterm_during_eval(engine, params, records, batch_size):
+    if len(sigterm_at) == 1:  # the 2nd eval of this run: step 4's
+      os.kill(os.getpid(), signal.SIGTERM)  # the scheduler preempts while eval runs
+    sigterm_at.append(None)
+    return real_evaluate(engine, params, records, batch_size)
 
   monkeypatch.setattr(trainer, "evaluate", sigterm_during_eval)
-  out = train(config, workdir)  # resumes at 2, evaluates step 2 again (it never finished)
-  assert out["step"] == 2 and sorted(out["evals"]) == [2]
-  assert os.path.exists(os.path.join(workdir, "eval", "2.json"))
+  out = train(config, workdir)  # resumes at 2, redoes step 2's eval, trains 3-4, stops in eval 4
+  assert out["step"] == 4 and sorted(out["evals"]) == [2, 4]
+  assert ckpts() == ["2", "4"]  # SIGTERM during the eval: the step's checkpoint is there
+  assert os.path.exists(os.path.join(workdir, "eval", "4.json"))
   monkeypatch.setattr(trainer, "evaluate", real_evaluate)
   out = train(config, workdir)
-  assert out["step"] == 3 and sorted(out["evals"]) == [3]
-  assert [r["step"] for r in _metrics(workdir) if "reward" in r] == [1, 2, 3]
+  assert out["step"] == 5 and sorted(out["evals"]) == [5]  # eval 4 finished: not redone
+  assert [r["step"] for r in _metrics(workdir) if "reward" in r] == [1, 2, 3, 4, 5]
 
 
 def test_a_streak_of_non_finite_updates_stops_the_run_with_a_checkpoint(
@@ -421,6 +427,19 @@ def test_a_streak_of_non_finite_updates_stops_the_run_with_a_checkpoint(
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
   rows = [r for r in _metrics(workdir) if "reward" in r]
   assert [(r["step"], r["skipped_updates"]) for r in rows] == [(1, 2.0), (2, 2.0)]
+  # The checkpoint holds the last good parameters: here the initial ones (nothing was applied).
+  from agentjax.parallel import make_mesh
+  from agentjax.train.checkpoint import abstract_state
+  from agentjax.train.trainer import init_train_state, load_model, make_checkpointer
+  mesh = make_mesh(1, -1, 1)
+  cfg, initial, _ = load_model(config, mesh)
+  _, state = init_train_state(config, cfg, jax.tree.map(jnp.copy, initial), mesh)
+  ckpt = make_checkpointer(config, workdir)
+  saved, data_state, step = ckpt.restore_or_none(abstract_state(state))
+  ckpt.close()
+  assert step == 2 and data_state["faults"]["skipped_streak"] == 4
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(saved["params"]),
+               jax.device_get(initial))
 
 
 class _FlakyBackend:

@@ -27,7 +27,9 @@ the SFT demonstration checks all use it. The rule, per turn (`Protocol.parse`):
     itself be a JSON string); any other tool name, or a non-string query (a list included), is
     invalid.
   * an answer is the cleaned content of the first <answer>...</answer>, which must be non-empty
-    (whitespace around it is fine) and hold no protocol tags.
+    (whitespace around it is fine) and hold no protocol tags. `<answer></answer>` is an invalid
+    action like any other: the trajectory gets the invalid-action message and goes on (it does
+    not end with an empty answer scored 0), and counts as a format error.
 
 and per trajectory: every turn is well-formed, and the last turn, only the last, is an answer.
 """

@@ -142,8 +142,9 @@ class RLStep:
         for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle):
           params, opt_state, m = self.update(params, opt_state, mb)
           update_metrics.append(m)
+    update_metrics = to_host(update_metrics)  # one transfer for the step's update metrics
     upd = summarize(update_metrics)
-    skipped = [int(m["skipped"]) for m in to_host(update_metrics)]
+    skipped = [int(m["skipped"]) for m in update_metrics]
     t_update = time.perf_counter() - t0
 
     # 6. metrics

@@ -55,7 +55,7 @@ from agentjax.models.qwen import QwenConfig, init_params, param_shardings
 from agentjax.models.qwen.checkpoint import load_hf, recover_export, save_hf
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.parallel import make_mesh, use_mesh
-from agentjax.parallel.host import any_process, primary_first
+from agentjax.parallel.host import any_process, broadcast_from_primary, primary_first
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
 from agentjax.rl.rewards import exact_match, f1_score
@@ -313,6 +313,24 @@ class _Preemption:
       signal.signal(signal.SIGTERM, self._previous)
 
 
+def _exists_on_primary(path: str) -> bool:
+  """Whether `path` exists, as process 0 sees it, on every process (a collective): process 0
+  writes the workdir's files, and a decision taken from them must be the same everywhere."""
+  return bool(broadcast_from_primary(os.path.exists(path) if jax.process_index() == 0 else None))
+
+
+def _recover_export(path: str) -> bool:
+  """recover_export (process 0, the others wait), then whether the export exists."""
+  with primary_first("recover-export"):
+    recover_export(path)
+  return _exists_on_primary(path)
+
+
+def _read_json(path: str) -> Any:
+  with open(path) as f:
+    return json.load(f)
+
+
 def _write_json(path: str, obj: Any) -> None:
   if jax.process_index() != 0:
     return
@@ -351,7 +369,14 @@ class FaultWatch:
   steps, mean the run diverged. A retriever fault is an error observation for its query; a step
   whose failed-query share exceeds `max_failure_rate`, `max_failed_steps` times in a row, means
   the retriever is down. A step that sends no query leaves the retriever count as it is. The
-  counters travel in the checkpoint's data state, so a resume keeps counting.
+  counters travel in the checkpoint's data state, so a resume keeps counting (a run stopped for
+  divergence and resumed unchanged stops again at its next skipped update).
+
+  Why not optax.apply_if_finite (which counts consecutive non-finite updates in the optimizer
+  state): the guarded step (optim.make_guarded_step) also refuses a non-finite loss and updated
+  parameters that overflow, which apply_if_finite does not see, and apply_if_finite gives up
+  after its limit and applies the non-finite update, where a run should stop instead. The count
+  here is of the guard's own verdicts, one per update, carried across steps and resumes.
   """
   max_skipped_updates: int
   max_failure_rate: float
@@ -384,7 +409,8 @@ class FaultWatch:
           f"step {step}: {self.skipped_streak} consecutive updates were skipped (non-finite loss "
           f"or gradient; train.max_skipped_updates={self.max_skipped_updates}). The checkpoint "
           f"of step {step} holds the last good parameters; lower optimizer.lr or check the "
-          f"rewards before resuming.")
+          f"rewards before resuming (the count is resumed too: an unchanged run stops again at "
+          f"its next skipped update).")
     if self.max_failed_steps and self.failed_steps >= self.max_failed_steps:
       return RetrieverUnavailableError(
           f"step {step}: the {self.backend} failed {out.search_failed} of {out.search_queries} "
@@ -403,7 +429,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   Raises TrainingDivergedError / RetrieverUnavailableError (after checkpointing the step) when a
   FaultWatch rule stops the run."""
   workdir = os.path.expanduser(workdir)
-  recover_export(os.path.join(workdir, EXPORT_DIR))
+  exported = _recover_export(os.path.join(workdir, EXPORT_DIR))
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   cfg, params, tokenizer = load_model(config, mesh)
   model_name = config.model.hf_path or config.model.preset
@@ -474,7 +500,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   with _Preemption() as preempt:
     if config.train.eval_at_start and step == 0:
       evals[0] = run_eval(0)
-    if eval_due(step) and not os.path.exists(eval_path(step)):
+    if eval_due(step) and not _exists_on_primary(eval_path(step)):
       evals[step] = run_eval(step)  # the run stopped during this step's eval: do it again
     while step < steps and not any_process(preempt.requested):
       out = rl_step(state, stream.take(position, rl.prompts_per_step), step)
@@ -513,9 +539,10 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
       log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
 
   if step >= steps and steps not in evals:
-    if restored is not None and restored[2] == steps and os.path.exists(eval_path(steps)):
-      with open(eval_path(steps)) as f:  # a finished run re-run: nothing to redo
-        evals[steps] = json.load(f)
+    if restored is not None and restored[2] == steps and _exists_on_primary(eval_path(steps)):
+      # A finished run re-run: nothing to redo (process 0 wrote the file).
+      evals[steps] = broadcast_from_primary(
+          _read_json(eval_path(steps)) if jax.process_index() == 0 else None)
     else:
       ckpt.wait()
       evals[steps] = run_eval(steps)
@@ -524,11 +551,10 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   writer.close()
   export = None
   if step >= steps and config.train.export_hf and not (
-      restored is not None and restored[2] == steps
-      and os.path.isdir(os.path.join(workdir, EXPORT_DIR))):
+      restored is not None and restored[2] == steps and exported):
     export = save_hf(os.path.join(workdir, EXPORT_DIR), cfg, state["params"], tokenizer)
     log.info("Hugging Face export: %s", export)
-  elif step >= steps and os.path.isdir(os.path.join(workdir, EXPORT_DIR)):
+  elif step >= steps and exported:
     export = os.path.join(workdir, EXPORT_DIR)
   return {"step": step, "workdir": workdir, "hf_export": export,
           "tensorboard": os.path.join(workdir, "tensorboard"),
@@ -610,15 +636,17 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
   from agentjax.train.sft import pack_text, run_sft
   workdir = os.path.expanduser(workdir)
   export = os.path.join(workdir, EXPORT_DIR)
-  recover_export(export)
-  if os.path.isdir(export):
+  if _recover_export(export):
     log.info("%s exists: this SFT run is finished", export)
     return {"workdir": workdir, "hf_export": export, "skipped": True}
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   cfg, params, tokenizer = load_model(config, mesh)
   s = config.sft
-  demos = [row for _, row in iter_json_objects(os.path.expanduser(s.demos),
-                                               config_lib.ConfigError, what="config.sft.demos")]
+  try:
+    demos = [row for _, row in iter_json_objects(os.path.expanduser(s.demos), ValueError,
+                                                 what="demonstrations")]
+  except ValueError as e:
+    raise config_lib.ConfigError(f"config.sft.demos={s.demos!r}: {e}") from None
   extra = []
   if s.corpus_path:  # language-model text mixed in (see sft.pack_text)
     from agentjax.retrieval import load_corpus
