@@ -147,6 +147,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.sft.max_len = 1024
   c.sft.lr = 1e-5
   c.sft.checkpoint_every = 100       # SFT steps between checkpoints (0: only at exit/SIGTERM)
+  # Each batch as micro-batches of examples sorted by length, each padded to the shortest of
+  # length_buckets (or max_len) that holds it: the same loss, faster (agentjax.train.sft.
+  # pack_micro_batches); each distinct tuple of lengths compiles the step once more.
+  c.sft.micro_batches = 1
+  c.sft.length_buckets = ()
 
   # ---- device mesh: -1 takes the remaining devices (agentjax/parallel/rules.py maps axes)
   c.mesh = ml_collections.ConfigDict()
@@ -194,6 +199,10 @@ def _demo(c):
   c.sft.max_len = 384
   c.sft.lr = 3e-3
   c.sft.corpus_path = f"{DEMO_ROOT}/synthworld/corpus.jsonl"
+  # Demos are ~200-350 tokens, the packed corpus ~380: 4 micro-batches at 256 or 384 tokens cost
+  # ~0.65 of one [16, 384] batch per step, for 3-4 compiles (launch/bench.py sft_step).
+  c.sft.micro_batches = 4
+  c.sft.length_buckets = (256,)
 
 
 def _paper(c, arg):

@@ -16,7 +16,8 @@ def test_demo_pipeline_runs_every_stage_and_reports(tmp_path):
   proc = subprocess.run(
       [sys.executable, "launch/demo.py", f"--root={os.path.relpath(root, ROOT)}",
        "--sft_config.sft.steps=3",
-       "--sft_config.sft.batch_size=2", "--rl_config.train.steps=1",
+       "--sft_config.sft.batch_size=2", "--sft_config.sft.micro_batches=1",
+       "--rl_config.train.steps=1",
        "--rl_config.rl.prompts_per_step=2", "--rl_config.rollout.group_size=2",
        "--rl_config.rl.minibatch_size=4", "--rl_config.data.eval_size=4",
        "--rl_config.train.eval_batch=4"],

@@ -153,6 +153,44 @@ def test_pack_batch_pads_right_and_truncates():
     pack_batch([([1, 2], [True])], 4)
 
 
+def test_pack_micro_batches_sorts_by_length_and_pads_each_to_its_bucket():
+  lengths = [5, 2, 7, 3, 9, 1]
+  examples = [(list(range(10 * i + 1, 10 * i + 1 + n)), [k % 2 == 1 for k in range(n)])
+              for i, n in enumerate(lengths)]
+  parts = sft.pack_micro_batches(examples, max_len=8, pad_id=0, micro_batches=3,
+                                 length_buckets=(4, 20))
+  # Sorted (stable) by length, the 9-token example truncated to max_len: rows 5, 1 | 3, 0 | 2, 4,
+  # padded to the shortest of (4, 8) that holds each micro-batch's longest (20 > max_len is out).
+  for part, rows, length in zip(parts, ([5, 1], [3, 0], [2, 4]), (4, 8, 8)):
+    expected = pack_batch([examples[i] for i in rows], max_len=length, pad_id=0)
+    assert part["tokens"].shape == (2, length)
+    for key in ("tokens", "loss_mask", "valid"):
+      np.testing.assert_array_equal(part[key], expected[key])
+  # One micro-batch: pack_batch itself, order kept.
+  (whole,) = sft.pack_micro_batches(examples, max_len=8, length_buckets=(4,))
+  for key, value in pack_batch(examples, max_len=8).items():
+    np.testing.assert_array_equal(whole[key], value)
+  with pytest.raises(ValueError, match="micro_batches=4 must be >= 1 and divide the batch size 6"):
+    sft.pack_micro_batches(examples, 8, micro_batches=4)
+  for bad in ((0,), (True,), (2.5,)):
+    with pytest.raises(ValueError, match="length_buckets must be positive ints"):
+      sft.pack_micro_batches(examples, 8, micro_batches=2, length_buckets=bad)
+
+
+def test_micro_batch_config_is_checked():
+  from agentjax.train import config as config_lib
+  from configs import sft as sft_config
+  config = sft_config.get_config("demo")
+  config_lib.validate(config)  # the demo's 4 micro-batches of its 16 examples
+  config.sft.batch_size = 6
+  with pytest.raises(config_lib.ConfigError, match=r"sft.micro_batches=4: .*divides "
+                     r"sft.batch_size=6"):
+    config_lib.validate(config)
+  config.sft.batch_size, config.sft.length_buckets = 16, (256, 0)
+  with pytest.raises(config_lib.ConfigError, match=r"sft.length_buckets=\(256, 0\)"):
+    config_lib.validate(config)
+
+
 # ------------------------------------------------------------------ loss
 
 
@@ -216,6 +254,39 @@ def test_sft_loss_matches_numpy_cross_entropy(cfg, tokenizer, demos):
   assert float(empty) == 0.0 and float(metrics["tokens"]) == 0.0
 
 
+def test_micro_batch_loss_and_gradient_are_the_whole_batch_ones(cfg, tokenizer, demos):
+  cfg = cfg.replace(num_layers=1)  # compiles faster; the sums do not depend on depth
+  model = Qwen(cfg)
+  params = init_params(cfg, jax.random.key(1))
+  noise = jax.random.split(jax.random.key(2), len(jax.tree.leaves(params)))
+  params = jax.tree.unflatten(jax.tree.structure(params), [
+      p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), noise)])
+  examples = [tokenize_demo(tokenizer, d) for d in demos[:12]]
+  whole = pack_batch(examples, max_len=400, pad_id=tokenizer.pad_token_id)
+  forward = jax.jit(lambda t, v: model.apply({"params": params}, t, masks.positions_from_padding(v),
+                                             masks.causal_padding_mask(v))[0])
+  # Make each example's last token its own argmax prediction, so that the accuracy counts hits.
+  logits = np.asarray(forward(whole["tokens"], whole["valid"]))
+  examples = [(ids[:n - 1] + [int(logits[b, n - 2].argmax())], mask[:n]) for b, (ids, mask), n
+              in zip(range(len(examples)), examples, whole["valid"].sum(1))]
+  whole = pack_batch(examples, max_len=400, pad_id=tokenizer.pad_token_id)
+  parts = sft.pack_micro_batches(examples, 400, tokenizer.pad_token_id, micro_batches=4,
+                                 length_buckets=(288, 384))
+  assert len({p["tokens"].shape[1] for p in parts}) >= 3  # lengths differ between micro-batches
+
+  ref_loss, ref_acc, ref_n = _numpy_reference(forward(whole["tokens"], whole["valid"]),
+                                              whole["tokens"], whole["loss_mask"] & whole["valid"])
+  loss, metrics = jax.jit(lambda p: sft.sft_micro_batch_loss(model, p, parts, chunk=96))(params)
+  assert abs(float(loss) - ref_loss) <= 1e-5 * max(1.0, ref_loss)
+  assert float(metrics["accuracy"]) == pytest.approx(ref_acc, abs=1e-6) and ref_acc > 0
+  assert float(metrics["tokens"]) == ref_n
+
+  # The gradient the step applies: the whole batch's, up to rounding.
+  grad = jax.jit(jax.grad(lambda p, b: sft.sft_micro_batch_loss(model, p, b)[0]))
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+               grad(params, parts), grad(params, whole))
+
+
 # ------------------------------------------------------------------ optimizer, step, guard
 
 
@@ -275,9 +346,10 @@ def test_non_finite_step_is_skipped_and_leaves_state_unchanged(cfg):
 def test_run_sft_reduces_the_loss(cfg, tokenizer, demos):
   params = init_params(cfg, jax.random.key(0))
   seen = []
+  # Two micro-batches of 4, both at max_len: the micro-batch path at one compile.
   params, history = run_sft(cfg, params, tokenizer, demos[:32], steps=20, batch_size=8,
                             max_len=384, lr=1e-2, seed=0, warmup_steps=3,
-                            callback=lambda i, m: seen.append(i))
+                            callback=lambda i, m: seen.append(i), micro_batches=2)
   losses = [h["loss"] for h in history]
   assert len(history) == 20 and seen == list(range(20))
   assert not any(h["skipped"] for h in history)

@@ -92,6 +92,12 @@ def validate(config: Any) -> None:
   if trainer == "sft":
     _positive(config, "sft.steps", "sft.batch_size", "sft.max_len", "sft.lr")
     _non_negative(config, "sft.checkpoint_every")
+    micro, batch = _get(config, "sft.micro_batches"), _get(config, "sft.batch_size")
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or batch % micro:
+      _fail("sft.micro_batches", micro, f"must be an int >= 1 that divides sft.batch_size={batch}")
+    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+           for b in _get(config, "sft.length_buckets")):
+      _fail("sft.length_buckets", _get(config, "sft.length_buckets"), "must be positive ints")
     if not _get(config, "sft.demos"):
       _fail("sft.demos", "", "needs the demonstrations JSONL (SynthWorld writes demos.jsonl)")
     return

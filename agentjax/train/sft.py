@@ -26,7 +26,9 @@ states through `chunked_token_logprobs` (no [B, L, V] logits).
 
 from __future__ import annotations
 
+import functools
 import logging
+import operator
 import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -209,6 +211,50 @@ def pack_batch(examples: Sequence[Example], max_len: int, pad_id: int = 0) -> di
   return {"tokens": tokens, "loss_mask": loss_mask, "valid": valid}
 
 
+def pack_micro_batches(examples: Sequence[Example], max_len: int, pad_id: int = 0,
+                       micro_batches: int = 1, length_buckets: Sequence[int] = ()
+                       ) -> tuple[dict[str, np.ndarray], ...]:
+  """The batch as `micro_batches` equal micro-batches, each `pack_batch`ed to its own length.
+
+  With more than one, the examples are first sorted by length (stable), so short examples share
+  micro-batches; each micro-batch is padded to the shortest of length_buckets + (max_len,) that
+  holds its longest example. The loss over the micro-batches (sft_micro_batch_loss) is the loss
+  of the whole batch (the same sums; only the rounding differs), at less cost: attention is
+  quadratic in the padded length, and smaller blocks stay in cache. Every distinct tuple of
+  lengths is one more compile of the step, so keep the buckets few (one or two below max_len).
+
+  Args:
+    examples: the batch, (ids, loss_mask) pairs; a multiple of micro_batches of them.
+    max_len: the longest length; longer examples are truncated (as in pack_batch).
+    micro_batches: the number of micro-batches. 1: the examples in their order at max_len.
+    length_buckets: the lengths a micro-batch may be padded to, below max_len.
+  Returns:
+    micro_batches dicts as pack_batch's, [len(examples) / micro_batches, L_k] each.
+  Raises:
+    ValueError: the batch does not split evenly, or a bucket is not a positive int.
+  """
+  if micro_batches < 1 or len(examples) % micro_batches:
+    raise ValueError(f"micro_batches={micro_batches} must be >= 1 and divide the batch size "
+                     f"{len(examples)}")
+  bad = [b for b in length_buckets if isinstance(b, bool) or not isinstance(b, (int, np.integer))
+         or b < 1]
+  if bad:
+    raise ValueError(f"length_buckets must be positive ints, got {list(length_buckets)}")
+  if micro_batches == 1:  # one micro-batch: its longest example is the batch's; keep the order
+    return (pack_batch(examples, max_len, pad_id),)
+  buckets = sorted({int(b) for b in length_buckets if b < max_len} | {max_len})
+  lengths = np.array([min(len(ids), max_len) for ids, _ in examples])
+  order = np.argsort(lengths, kind="stable")
+  size = len(examples) // micro_batches
+  out = []
+  for k in range(micro_batches):
+    rows = order[k * size:(k + 1) * size]
+    longest = int(lengths[rows].max())
+    length = next(b for b in buckets if b >= longest)
+    out.append(pack_batch([examples[i] for i in rows], length, pad_id))
+  return tuple(out)
+
+
 # --------------------------------------------------------------------------- loss
 
 
@@ -235,6 +281,38 @@ def _chunked_hits(logits_fn: Callable[[jax.Array], jax.Array], hidden: jax.Array
   return jax.lax.map(one, (hs, ts)).swapaxes(0, 1).reshape(b, -1)[:, :length]
 
 
+def _sft_sums(model: Qwen, params: Any, tokens: jax.Array, loss_mask: jax.Array,
+              valid: jax.Array, chunk: int, with_accuracy: bool
+              ) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(sum of target log-probs, sum of argmax hits, number) over the counted tokens of [B, L]
+  arrays; see sft_loss. Sums, not means, so that micro-batches add up to their batch."""
+  valid = valid.astype(bool)
+  hidden, _ = model.apply({"params": params}, tokens, masks.positions_from_padding(valid),
+                          masks.causal_padding_mask(valid), return_hidden=True)   # [B, L, E]
+
+  def logits_fn(h):
+    return model.apply({"params": params}, h, method=Qwen.logits)
+
+  hidden, targets = hidden[:, :-1], tokens[:, 1:]
+  weight = (loss_mask.astype(bool) & valid)[:, 1:].astype(jnp.float32)           # [B, L-1]
+  logp, _ = chunked_token_logprobs(logits_fn, hidden, targets, chunk=chunk)
+  if with_accuracy:
+    hits = _chunked_hits(logits_fn, jax.lax.stop_gradient(hidden), targets, chunk)
+    hits = jnp.sum(hits * weight)
+  else:
+    hits = jnp.zeros((), jnp.float32)
+  return jnp.sum(logp * weight), hits, jnp.sum(weight)
+
+
+def _sft_mean(sums: Sequence[tuple[jax.Array, jax.Array, jax.Array]]
+              ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """sft_loss's (loss, metrics) from the _sft_sums of the batch's micro-batches."""
+  logp, hits, n = (functools.reduce(operator.add, parts) for parts in zip(*sums))
+  denom = jnp.maximum(n, 1.0)  # an all-masked batch gives loss 0, not NaN
+  loss = -logp / denom
+  return loss, {"loss": loss, "accuracy": hits / denom, "tokens": n}
+
+
 def sft_loss(model: Qwen, params: Any, tokens: jax.Array, loss_mask: jax.Array,
              valid: jax.Array, chunk: int = 256, with_accuracy: bool = True
              ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -256,25 +334,30 @@ def sft_loss(model: Qwen, params: Any, tokens: jax.Array, loss_mask: jax.Array,
     loss (scalar float32), and metrics {"loss", "accuracy" (argmax == target over the counted
     tokens; 0 when not computed), "tokens" (number of counted tokens)}.
   """
-  valid = valid.astype(bool)
-  hidden, _ = model.apply({"params": params}, tokens, masks.positions_from_padding(valid),
-                          masks.causal_padding_mask(valid), return_hidden=True)   # [B, L, E]
+  return _sft_mean([_sft_sums(model, params, tokens, loss_mask, valid, chunk, with_accuracy)])
 
-  def logits_fn(h):
-    return model.apply({"params": params}, h, method=Qwen.logits)
 
-  hidden, targets = hidden[:, :-1], tokens[:, 1:]
-  weight = (loss_mask.astype(bool) & valid)[:, 1:].astype(jnp.float32)           # [B, L-1]
-  logp, _ = chunked_token_logprobs(logits_fn, hidden, targets, chunk=chunk)
-  n = jnp.sum(weight)
-  denom = jnp.maximum(n, 1.0)  # an all-masked batch gives loss 0, not NaN
-  loss = -jnp.sum(logp * weight) / denom
-  if with_accuracy:
-    hits = _chunked_hits(logits_fn, jax.lax.stop_gradient(hidden), targets, chunk)
-    accuracy = jnp.sum(hits * weight) / denom
-  else:
-    accuracy = jnp.zeros((), jnp.float32)
-  return loss, {"loss": loss, "accuracy": accuracy, "tokens": n}
+Batch = Mapping[str, jax.Array]  # {"tokens", "loss_mask", "valid"}, [B, L] each (pack_batch)
+
+
+def sft_micro_batch_loss(model: Qwen, params: Any, micro_batches: Batch | Sequence[Batch],
+                         chunk: int = 256, with_accuracy: bool = True
+                         ) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """sft_loss of a batch given as micro-batches (pack_micro_batches): the mean over the counted
+  tokens of all of them, as if they were one batch.
+
+  Args:
+    micro_batches: one {"tokens", "loss_mask", "valid"} dict ([B_k, L_k] arrays) or a sequence
+      of them; their lengths L_k may differ.
+  Returns:
+    as sft_loss.
+  """
+  if isinstance(micro_batches, Mapping):
+    micro_batches = (micro_batches,)
+  if not micro_batches:
+    raise ValueError("sft_micro_batch_loss needs at least one micro-batch")
+  return _sft_mean([_sft_sums(model, params, m["tokens"], m["loss_mask"], m["valid"], chunk,
+                              with_accuracy) for m in micro_batches])
 
 
 # --------------------------------------------------------------------------- optimizer and step
@@ -285,12 +368,13 @@ def make_sft_step(model: Qwen, optimizer: optax.GradientTransformation, chunk: i
   """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)` (see
   agentjax/train/optim.make_guarded_step: donated, non-finite steps skipped).
 
-  metrics: loss, accuracy, tokens (see sft_loss), grad_norm (before clipping), skipped.
+  batch: a pack_batch dict, or a tuple of them (pack_micro_batches; one compile per distinct
+  tuple of shapes). metrics: loss, accuracy, tokens (see sft_loss), grad_norm (before
+  clipping), skipped.
   """
 
   def loss_fn(params, batch):
-    return sft_loss(model, params, batch["tokens"], batch["loss_mask"], batch["valid"],
-                    chunk=chunk, with_accuracy=with_accuracy)
+    return sft_micro_batch_loss(model, params, batch, chunk=chunk, with_accuracy=with_accuracy)
 
   return make_guarded_step(loss_fn, optimizer)
 
@@ -317,7 +401,8 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
             use_chat_template: bool = True, chunk: int = 256, log_every: int = 10,
             callback: Callable[[int, dict[str, float]], None] | None = None,
             extra_examples: Sequence[Example] = (), checkpointer: Any = None,
-            stop: Callable[[int], bool] | None = None
+            stop: Callable[[int], bool] | None = None, micro_batches: int = 1,
+            length_buckets: Sequence[int] = ()
             ) -> tuple[Any, list[dict[str, float]]]:
   """Trains `params` on the demonstrations for `steps` steps; returns (params, history).
 
@@ -329,21 +414,27 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   one. history then holds the steps of this call only.
 
   Batches are drawn from shuffled demos (a fresh permutation per epoch, from `seed`), every batch
-  padded to [batch_size, max_len] so one compiled step serves the whole run. Demos longer than
-  max_len are truncated (their tail, the answer included, is then not learned; a warning says
-  how many). The `params` argument is donated to the first step: use the returned ones.
+  padded to [batch_size, max_len] so one compiled step serves the whole run, or, with
+  micro_batches > 1, split by length into micro-batches padded to length_buckets
+  (pack_micro_batches: the same loss, computed faster, for a few more compiles). Demos longer
+  than max_len are truncated (their tail, the answer included, is then not learned; a warning
+  says how many). The `params` argument is donated to the first step: use the returned ones.
 
   Args:
     warmup_steps: default 5% of steps.
     extra_examples: pre-tokenized (ids, loss_mask) sequences drawn alongside the demos, e.g.
       `pack_text` of the corpus (plain language-model text).
     callback: called as callback(step, metrics) after every step (host floats).
+    micro_batches, length_buckets: see pack_micro_batches; micro_batches must divide batch_size.
   Returns:
     params, and history: one dict per step {"step", "loss", "accuracy", "tokens", "grad_norm",
     "skipped", "lr" (the step's learning rate), "seconds" (wall time of the step)}.
   """
   if not demos:
     raise ValueError("run_sft needs at least one demonstration")
+  if micro_batches < 1 or batch_size % micro_batches:
+    raise ValueError(f"micro_batches={micro_batches} must be >= 1 and divide batch_size="
+                     f"{batch_size}")
   examples = tokenize_demos(tokenizer, demos, protocol, use_chat_template)
   examples += list(extra_examples)
   lengths = np.array([len(ids) for ids, _ in examples])
@@ -375,7 +466,8 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   history: list[dict[str, float]] = []
   for i in range(start, steps):
     t0 = time.perf_counter()
-    batch = pack_batch([examples[j] for j in next(batches)], max_len, pad_id)
+    batch = pack_micro_batches([examples[j] for j in next(batches)], max_len, pad_id,
+                               micro_batches, length_buckets)
     lr_now = float(schedule(applied))
     params, opt_state, metrics = step_fn(state["params"], state["opt_state"], batch)
     state = {"params": params, "opt_state": opt_state}

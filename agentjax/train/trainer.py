@@ -668,7 +668,8 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
         weight_decay=config.optimizer.weight_decay, clip_norm=config.optimizer.clip_norm or None,
         protocol=_protocol(config), use_chat_template=config.rollout.use_chat_template,
         log_every=config.train.log_every or 0, callback=callback, extra_examples=extra,
-        checkpointer=ckpt, stop=stop)
+        checkpointer=ckpt, stop=stop, micro_batches=s.micro_batches,
+        length_buckets=tuple(s.length_buckets))
   done = ckpt.latest_step() or 0
   ckpt.close()
   writer.close()
