@@ -214,7 +214,7 @@ def hf_tensors(cfg: QwenConfig, params: Any, dtype: Any = None) -> Iterator[tupl
 
 
 # Names beside an export `<parent>/<name>` (hidden, so that they never look like an export):
-#   .<name>.tmp-XXXX   a write in progress, or a dead one: never a complete export
+#   .<name>.tmp-<random>   a write in progress, or a dead one: never a complete export
 #   .<name>.bak-<ns>-<pid>   the previous export while the new one is moved into place
 _TMP, _BAK = ".tmp-", ".bak-"
 
