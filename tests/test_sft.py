@@ -206,13 +206,17 @@ def _numpy_reference(logits, tokens, weight):
   return -(target_logp * w).sum() / w.sum(), (hits * w).sum() / w.sum(), w.sum()
 
 
-def test_sft_loss_matches_numpy_cross_entropy(cfg, tokenizer, demos):
-  model = Qwen(cfg)
-  # Perturbed random weights: logits far from uniform, so the loss tests the targets it reads.
+def _perturbed_params(cfg):
+  """Random weights plus noise: logits far from uniform, so a loss tests the targets it reads."""
   params = init_params(cfg, jax.random.key(1))
   noise = jax.random.split(jax.random.key(2), len(jax.tree.leaves(params)))
-  params = jax.tree.unflatten(jax.tree.structure(params), [
+  return jax.tree.unflatten(jax.tree.structure(params), [
       p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), noise)])
+
+
+def test_sft_loss_matches_numpy_cross_entropy(cfg, tokenizer, demos):
+  model = Qwen(cfg)
+  params = _perturbed_params(cfg)
   examples = [tokenize_demo(tokenizer, d) for d in demos[:3]]
   batch = pack_batch(examples, max_len=400, pad_id=tokenizer.pad_token_id)
   forward = jax.jit(lambda t, v: model.apply({"params": params}, t, masks.positions_from_padding(v),
@@ -257,10 +261,7 @@ def test_sft_loss_matches_numpy_cross_entropy(cfg, tokenizer, demos):
 def test_micro_batch_loss_and_gradient_are_the_whole_batch_ones(cfg, tokenizer, demos):
   cfg = cfg.replace(num_layers=1)  # compiles faster; the sums do not depend on depth
   model = Qwen(cfg)
-  params = init_params(cfg, jax.random.key(1))
-  noise = jax.random.split(jax.random.key(2), len(jax.tree.leaves(params)))
-  params = jax.tree.unflatten(jax.tree.structure(params), [
-      p + 0.3 * jax.random.normal(k, p.shape) for p, k in zip(jax.tree.leaves(params), noise)])
+  params = _perturbed_params(cfg)
   examples = [tokenize_demo(tokenizer, d) for d in demos[:12]]
   whole = pack_batch(examples, max_len=400, pad_id=tokenizer.pad_token_id)
   forward = jax.jit(lambda t, v: model.apply({"params": params}, t, masks.positions_from_padding(v),

@@ -200,18 +200,10 @@ def _broadcast_to_tokens(per_traj: Array, loss_mask: Array) -> Array:
 
 
 def _masked_mean_std(x: Array, mask: Array) -> tuple[Array, Array]:
-  """Mean and population std of x over mask, as scalars (0, 0 for an empty mask).
-
-  Centred on a masked entry (the largest) first, as in `_pool_moments`: equal values give
-  exactly their value and std 0."""
-  mask = jnp.asarray(mask).astype(bool)
-  x = jnp.asarray(x).astype(_F32)
-  n = jnp.sum(mask).astype(_F32)
-  ref = jnp.where(n > 0, jnp.max(jnp.where(mask, x, -jnp.inf)), 0.0)
-  d = jnp.where(mask, x - ref, 0.0)
-  mean_dev = jnp.sum(d) / jnp.maximum(n, 1.0)
-  dev = jnp.where(mask, d - mean_dev, 0.0)
-  return ref + mean_dev, jnp.sqrt(jnp.sum(dev * dev) / jnp.maximum(n, 1.0))
+  """Mean and population std of x over mask, as scalars (0, 0 for an empty mask): the moments
+  of one pool (`_pool_moments`), so equal values give exactly their value and std 0."""
+  m = _pool_moments(jnp.asarray(x).astype(_F32), jnp.asarray(mask).astype(bool)[None], 0)
+  return m["ref"][0] + m["mean_dev"][0], jnp.sqrt(m["var"][0])
 
 
 def turn_mask_from(num_turns: Array, num_t: int) -> Array:
