@@ -34,6 +34,10 @@ setup(
         "bm25s>=0.2.5,<0.4",
         "tensorboardX>=2.6,<3",
         "tqdm>=4.60",
+        # The judge's "openai" backend (any OpenAI-compatible endpoint) and launch/serve.py.
+        "openai>=2.0,<3",
+        "fastapi>=0.110,<1",
+        "uvicorn>=0.30,<1",
     ],
     extras_require={
         # torch: exactly the CPU build that lies on local disk (other specs pull CUDA wheels).

@@ -113,6 +113,47 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rl.aggregation = "token-mean"
   c.rl.chunk = 256                   # vocab-chunked log-prob computation (tokens per chunk)
 
+  # ---- CW-GRPO's contribution weights (agentjax.rl.advantages.contribution_weighted_advantages)
+  c.cw = ml_collections.ConfigDict()
+  # Weights over a judged trajectory's rounds: softmax(gamma * c) over its non-answer rounds when
+  # gamma < inf_threshold, else the official code's "infinite" branch c / max(sum c, 1e-6), whose
+  # sum also counts the answer round's c (the code scores it too). The code reads gamma >= 10 as
+  # infinite; its script runs gamma = 100.
+  c.cw.gamma = 100.0
+  c.cw.inf_threshold = 10.0
+  # A correct trajectory (A > 0) whose every contribution is 0, in the infinite branch: "zero"
+  # (the code: its non-answer rounds get advantage 0, only the answer round keeps A) or "uniform"
+  # (every round keeps A, the softmax's limit). Counted as cw/fallback_rate.
+  c.cw.all_zero_fallback = "zero"
+
+  # ---- the judge (agentjax.judge): per-round retrieval / thinking verdicts for CW-GRPO
+  c.judge = ml_collections.ConfigDict()
+  c.judge.backend = "none"           # none | openai | local | oracle
+  c.judge.prompt_path = ""           # "" = agentjax/judge/prompts/cw_grpo.md (the paper's criteria)
+  # openai: any OpenAI-compatible chat-completions endpoint (vLLM, SGLang, launch/serve.py, ...)
+  c.judge.base_url = "http://127.0.0.1:8001/v1"
+  c.judge.model = "gpt-oss-120b"
+  c.judge.api_key_env = "OPENAI_API_KEY"   # environment variable holding the key ("EMPTY" if unset)
+  c.judge.temperature = 0.0
+  c.judge.max_tokens = 2048          # the judge's reply (its analysis and the JSON object)
+  c.judge.max_concurrency = 64       # requests in flight (the code's thread pool: 64)
+  c.judge.timeout_s = 120.0          # per request
+  c.judge.max_retries = 3            # attempts after the first, with exponential backoff
+  c.judge.retry_backoff_s = 1.0
+  # local: a Flax Qwen judge from a Hugging Face folder, greedy, on the run's mesh
+  c.judge.hf_path = ""
+  c.judge.max_new_tokens = 512
+  c.judge.max_prompt_tokens = 4096
+  # Which calls go out: the code judges rounds of trajectories whose outcome is > 0, the answer
+  # round included (its score only enters the infinite branch's sum). Skipping groups whose
+  # outcomes are all equal (advantage 0 for every member) changes no gradient.
+  c.judge.answer_round = True
+  c.judge.skip_collapsed_groups = True
+  # Study controls (agentjax.judge.controls): "none", "flip" (each bit flipped with noise_p) or
+  # "random" (each bit drawn with the judge's own marginal rate in the step).
+  c.judge.noise = "none"
+  c.judge.noise_p = 0.0
+
   # ---- optimizer: AdamW, global-norm clipping, warmup + cosine
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.lr = 1e-6

@@ -3,10 +3,11 @@
 from agentjax.agent.protocol import (ANSWER, INVALID, PROTOCOLS, SEARCH, SEARCH_R1, TOOL_CALL,
                                      Action, Protocol, format_documents, get_protocol)
 from agentjax.agent.rollout import (RolloutConfig, RolloutEngine, TrajectoryBatch, TurnHook,
-                                    encode_text, observation_ids, prompt_ids, transcripts_of)
+                                    TurnRecord, encode_text, observation_ids, prompt_ids,
+                                    transcripts_of)
 
 __all__ = [
     "ANSWER", "INVALID", "PROTOCOLS", "SEARCH", "SEARCH_R1", "TOOL_CALL", "Action", "Protocol",
     "format_documents", "get_protocol", "RolloutConfig", "RolloutEngine", "TrajectoryBatch",
-    "TurnHook", "encode_text", "observation_ids", "prompt_ids", "transcripts_of",
+    "TurnHook", "TurnRecord", "encode_text", "observation_ids", "prompt_ids", "transcripts_of",
 ]

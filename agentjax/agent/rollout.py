@@ -31,12 +31,34 @@ from agentjax.agent.protocol import (ANSWER, INVALID, SEARCH, Action, Protocol, 
                                      trajectory_error)
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
-from agentjax.retrieval import SearchBackend, SearchResponse
+from agentjax.retrieval import Document, SearchBackend, SearchResponse
 from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket, decode_bytes,
                                decode_layout, extend, generate, init_state, token_byte_table)
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
 TurnHook = Callable[[int, Sequence[int], Sequence[str]], Sequence[str | None]]
+
+
+@dataclasses.dataclass(frozen=True)
+class TurnRecord:
+  """What happened in one turn of one trajectory, as text (host side; for judges and logs).
+
+  text: the text the policy generated in the turn (hook text not included), decoded from the
+    exact sampled ids.
+  action: the parsed action (an "invalid" Action with the reason when the turn was cut off by the
+    token budget or was malformed).
+  documents: the documents the search returned ([] for an answer, an invalid action or a failed
+    search).
+  observation: the observation text fed after the turn, as fed (possibly cut by the budget).
+  search_error: the retriever's error for this turn's search, None otherwise.
+  hook_text: text injected before the turn by `before_turn` ("" if none).
+  """
+  text: str
+  action: Action
+  documents: tuple[Document, ...] = ()
+  observation: str = ""
+  search_error: str | None = None
+  hook_text: str = ""
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -114,6 +136,7 @@ class TrajectoryBatch:
   num_format_errors: np.ndarray    # [B] int32 invalid actions
   num_search_failures: np.ndarray  # [B] int32 searches the retriever failed
   answers: np.ndarray      # [B] object: answer text ("" if none); host-side
+  turns: np.ndarray        # [B] object: tuple of num_turns[b] TurnRecords (host-side text)
 
 
 class RolloutEngine:
@@ -245,6 +268,8 @@ class RolloutEngine:
     search_failures = np.zeros(rows, np.int32)
     answers = np.array([""] * rows, dtype=object)
     actions: list[list[Action]] = [[] for _ in range(rows)]  # each row's parsed turns
+    records: list[list[dict[str, Any]]] = [[] for _ in range(rows)]  # TurnRecord fields
+    hook_texts = [""] * rows
     sampled_tokens = 0
     search_queries, search_last_error = 0, None
     stop = (self.stop_table, self.eos_ids, jnp.int32(budget))
@@ -262,7 +287,8 @@ class RolloutEngine:
         for b, text in zip(active_rows, texts):
           if text:
             inject[b] = self.encode(text)[:max(0, budget - 1 - int(length[b]))]
-            transcripts[b] += self.decode(inject[b])
+            hook_texts[b] = self.decode(inject[b])
+            transcripts[b] += hook_texts[b]
         if any(inject):
           t0 = time.perf_counter()
           state = self._feed(policy, state, inject, turn_arr)
@@ -285,11 +311,15 @@ class RolloutEngine:
       for b in active_rows:
         text = self.decode(new_tokens[b, :num_new[b]])
         transcripts[b] += text
+        records[b].append(dict(text=text, hook_text=hook_texts[b]))
+        hook_texts[b] = ""
         if reason[b] == STOP_BUDGET:  # cut off mid-turn: no room left for any action
+          records[b][-1]["action"] = Action(INVALID, "cut off by the token budget")
           truncated[b] = done[b] = True
           continue
         action = self.parse(text)
         actions[b].append(action)
+        records[b][-1]["action"] = action
         if action.kind == ANSWER:
           answers[b], answered[b], done[b] = action.content, True, True
         elif action.kind == SEARCH:
@@ -307,8 +337,10 @@ class RolloutEngine:
           if error is not None:
             search_failures[b] += 1
             search_last_error = str(error)
+            records[b][-1]["search_error"] = str(error)
             observations[b] = self.observation_ids(*self.protocol.error_observation(error))
           else:
+            records[b][-1]["documents"] = tuple(docs)
             observations[b] = self.observation_ids(*self.protocol.observation(docs))
 
       for b in active_rows:
@@ -317,7 +349,9 @@ class RolloutEngine:
           # No room to generate after this observation: keep what fits and stop.
           observations[b] = observations[b][:max(0, room)]
           truncated[b] = done[b] = True
-        transcripts[b] += self.decode(observations[b])
+        observation = self.decode(observations[b])
+        transcripts[b] += observation
+        records[b][-1]["observation"] = observation
 
       if any(observations[b] for b in active_rows):
         t0 = time.perf_counter()
@@ -340,7 +374,8 @@ class RolloutEngine:
         format_valid=np.array([trajectory_error(a) is None for a in actions], bool),
         truncated=truncated & ~answered,
         group_ids=group_ids, num_format_errors=format_errors,
-        num_search_failures=search_failures, answers=answers)
+        num_search_failures=search_failures, answers=answers,
+        turns=_object_array([tuple(TurnRecord(**r) for r in row) for row in records]))
     metrics = dict(timings, sampled_tokens=float(sampled_tokens),
                    turns_mean=float(num_turns.mean()), answered=float(answered.mean()),
                    format_errors=float(format_errors.sum()),
@@ -350,10 +385,19 @@ class RolloutEngine:
     return batch, metrics
 
 
+def _object_array(items: Sequence[Any]) -> np.ndarray:
+  """[len(items)] object array holding each item as it is (np.array would unpack tuples)."""
+  out = np.empty(len(items), dtype=object)
+  for i, item in enumerate(items):
+    out[i] = item
+  return out
+
+
 def transcripts_of(batch: TrajectoryBatch, byte_table: Sequence[bytes]) -> list[str]:
   """Full text of each trajectory, decoded from its exact token ids."""
   tokens, valid = to_host((batch.tokens, batch.valid))
   return [decode_bytes(byte_table, tokens[b][valid[b]]) for b in range(tokens.shape[0])]
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook", "transcripts_of"]
+__all__ = ["RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook", "TurnRecord",
+           "transcripts_of"]
