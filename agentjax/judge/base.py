@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import importlib
+import os
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentjax.agent.rollout import TurnRecord
@@ -107,3 +108,33 @@ def build_judge(judge_config: Any, *, mesh: Any = None) -> Judge | None:
     raise ValueError(f"judge.backend: unknown backend {name!r}; known: "
                      f"{sorted(set(JUDGES) | set(BUILTIN_JUDGES) | {'none'})}")
   return JUDGES[name](judge_config, mesh=mesh)
+
+
+DEFAULT_PROMPT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts",
+                                   "cw_grpo.md")
+
+
+def load_prompt(judge_config: Any) -> str:
+  """The judge prompt template: judge.prompt_path, or the built-in prompts/cw_grpo.md."""
+  path = judge_config.prompt_path or DEFAULT_PROMPT_PATH
+  try:
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  except OSError as e:
+    raise ValueError(f"judge.prompt_path: cannot read {path!r}: {e}") from None
+
+
+def judge_identity(judge_config: Any) -> dict[str, Any]:
+  """What identifies a run's judge, without building it (no model is loaded): backend, model,
+  prompt hash and the study noise. Recorded in the run's config.json and every results file."""
+  backend = judge_config.backend
+  if backend == "none":
+    return {"backend": "none"}
+  if backend == "oracle":
+    model, prompt = "synthworld-gold-chain", "-"
+  else:
+    model = judge_config.model if backend == "openai" else \
+        os.path.basename(os.path.normpath(judge_config.hf_path or "")) or "?"
+    prompt = prompt_sha256(load_prompt(judge_config))
+  return {"backend": backend, "model": model, "prompt_sha256": prompt,
+          "noise": judge_config.noise, "noise_p": float(judge_config.noise_p)}
