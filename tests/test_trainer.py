@@ -90,6 +90,30 @@ def test_every_config_preset_validates(name, preset):
     assert config.rl.ig_mode == "log_prob"
 
 
+@pytest.mark.parametrize("preset", ["demo", "qwen3-8b", "qwen3-1.7b"])
+def test_cw_grpo_presets_follow_the_official_script(preset):
+  config = _config_module("cw_grpo").get_config(preset)
+  config_lib.validate(config)
+  assert config.algorithm == "cw_grpo" and config.cw.all_zero_fallback == "zero"
+  assert config.cw.gamma >= config.cw.inf_threshold  # gamma 100: the code's "infinite" branch
+  if preset == "demo":
+    assert config.judge.backend == "oracle" and config.rl.reward_metric == "f1"
+    return
+  # run_qwen3-8b_search_multiturn_cw-grpo.sh (verl 0.6.1)
+  assert config.rl.reward_metric == "em" and config.judge.backend == "openai"
+  assert (config.rollout.group_size, config.rl.prompts_per_step) == (4, 32)
+  assert config.optimizer.lr == 1e-6 and config.optimizer.warmup_steps == int(0.285 * 200)
+  assert config.optimizer.final_lr_ratio == 1.0 and config.train.steps == 200
+  batch = config.rl.prompts_per_step * config.rollout.group_size
+  assert batch // config.rl.minibatch_size == 4 and config.rl.ppo_epochs == 1
+  assert (config.rl.kl_coef, config.rl.kl_estimator, config.rl.entropy_coef) == (
+      0.001, "low_var_kl", 0.0)
+  assert config.rollout.max_turns == 10 and config.rollout.temperature == 1.0
+  assert (config.rl.std_estimator, config.rl.std_eps) == ("unbiased", 1e-6)
+  assert (config.judge.temperature, config.judge.max_retries) == (0.0, 3)
+  assert config.model.hf_path.endswith("Qwen3-1.7B" if preset == "qwen3-1.7b" else "Qwen3-8B")
+
+
 def test_unknown_preset_names_the_known_ones():
   with pytest.raises(ValueError, match="unknown preset 'big'.*demo"):
     _config_module("igpo").get_config("big")
@@ -97,7 +121,11 @@ def test_unknown_preset_names_the_known_ones():
 
 @pytest.mark.parametrize("override, message", [
     ({"algorithm": "ppo2"}, "config.algorithm='ppo2': unknown algorithm"),
-    ({"algorithm": "cw_grpo"}, "config.algorithm='cw_grpo': needs per-round judge scores"),
+    ({"algorithm": "cw_grpo"}, "config.judge.backend='none': algorithm 'cw_grpo' needs per-round"),
+    ({"judge.noise": "shuffle"}, "config.judge.noise='shuffle': must be one of"),
+    ({"cw.all_zero_fallback": "half"}, "config.cw.all_zero_fallback='half': must be one of"),
+    ({"algorithm": "cw_grpo", "judge.backend": "openai", "judge.base_url": "localhost:8001"},
+     "config.judge.base_url='localhost:8001': the openai judge needs an http"),
     ({"rollout.group_size": 1}, "config.rollout.group_size=1: algorithm 'igpo'"),
     ({"rollout.max_new_tokens": 600, "rollout.max_obs_tokens": 500},
      "config.rollout.max_total_tokens=512: leaves no room"),

@@ -22,8 +22,11 @@ from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 TRAINERS = ("rl", "sft")
 # Estimators that compare the rollouts of one question: a group of one gives no signal.
 GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
-# Registered estimators the trainer cannot feed yet (they need a judge model: a later issue).
+# Estimators that read per-round judge verdicts (retrieval_scores / thinking_scores).
 NEEDS_JUDGE = ("cw_grpo",)
+JUDGE_BACKENDS = ("none", "openai", "local", "oracle")
+JUDGE_NOISE = ("none", "flip", "random")
+CW_FALLBACKS = ("zero", "uniform")
 
 
 def _fail(field: str, value: Any, why: str) -> None:
@@ -123,8 +126,7 @@ def _validate_rl(config: Any) -> None:
   algorithm = _get(config, "algorithm")
   if algorithm not in ADVANTAGE_ESTIMATORS:
     _fail("algorithm", algorithm, f"unknown algorithm; known: {sorted(ADVANTAGE_ESTIMATORS)}")
-  if algorithm in NEEDS_JUDGE:
-    _fail("algorithm", algorithm, "needs per-round judge scores; the judge model is not built yet")
+  _validate_judge(config, algorithm)
   loss = _get(config, "rl.loss")
   if loss not in POLICY_LOSSES:
     _fail("rl.loss", loss, f"unknown policy loss; known: {sorted(POLICY_LOSSES)}")
@@ -189,6 +191,39 @@ def _validate_rl(config: Any) -> None:
     _fail("retrieval.backend", backend, "must be 'bm25' or 'http'")
   benchmark_list(_get(config, "data.train"), "data.train")
   benchmark_list(_get(config, "data.eval"), "data.eval")
+
+
+def _validate_judge(config: Any, algorithm: str) -> None:
+  backend = _get(config, "judge.backend")
+  if backend not in JUDGE_BACKENDS:
+    _fail("judge.backend", backend, f"must be one of {list(JUDGE_BACKENDS)}")
+  if algorithm in NEEDS_JUDGE and backend == "none":
+    _fail("judge.backend", backend, f"algorithm {algorithm!r} needs per-round judge verdicts: "
+          f"set judge.backend to one of {list(JUDGE_BACKENDS[1:])}")
+  if _get(config, "judge.noise") not in JUDGE_NOISE:
+    _fail("judge.noise", _get(config, "judge.noise"), f"must be one of {list(JUDGE_NOISE)}")
+  p = _get(config, "judge.noise_p")
+  if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+    _fail("judge.noise_p", p, "must be a probability in [0, 1]")
+  if _get(config, "cw.all_zero_fallback") not in CW_FALLBACKS:
+    _fail("cw.all_zero_fallback", _get(config, "cw.all_zero_fallback"),
+          f"must be one of {list(CW_FALLBACKS)}")
+  _non_negative(config, "cw.gamma")
+  _positive(config, "cw.inf_threshold")
+  if backend == "openai":
+    _positive(config, "judge.max_concurrency", "judge.timeout_s", "judge.max_tokens")
+    _non_negative(config, "judge.max_retries", "judge.retry_backoff_s", "judge.temperature")
+    url = str(_get(config, "judge.base_url"))
+    if not url.startswith(("http://", "https://")):
+      _fail("judge.base_url", url, "the openai judge needs an http(s):// URL of an "
+            "OpenAI-compatible endpoint (e.g. http://127.0.0.1:8001/v1)")
+  if backend == "local":
+    _positive(config, "judge.max_new_tokens", "judge.max_prompt_tokens")
+    if not _get(config, "judge.hf_path"):
+      _fail("judge.hf_path", "", "the local judge needs a Hugging Face folder")
+  if _get(config, "judge.prompt_path") and backend in ("openai", "local") and not os.path.isfile(
+      os.path.expanduser(_get(config, "judge.prompt_path"))):
+    _fail("judge.prompt_path", _get(config, "judge.prompt_path"), "no such file")
 
 
 def check_paths(config: Any) -> None:

@@ -85,13 +85,16 @@ def trim(batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
 
 
 def compute_advantages(name: str, batch: TrajectoryBatch, outcome: np.ndarray, ig: jax.Array,
+                       extra: Mapping[str, jax.Array] | None = None,
                        **kwargs: Any) -> tuple[jax.Array, dict[str, jax.Array]]:
   """Step 4: per-token advantages [B, S] with the estimator named in config (registry).
 
+  extra: more per-batch fields from earlier stages (CW-GRPO's retrieval_scores and
+  thinking_scores [B, T] from the judge pass); an estimator that does not take one ignores it.
   One jitted program per (estimator, settings, shapes), not one eager op per primitive."""
   fields = dict(outcome=jnp.asarray(outcome, jnp.float32), group_ids=jnp.asarray(batch.group_ids),
                 loss_mask=batch.loss_mask, turn_id=batch.turn_id,
-                num_turns=jnp.asarray(batch.num_turns), ig=ig)
+                num_turns=jnp.asarray(batch.num_turns), ig=ig, **(extra or {}))
   return _advantages(name, tuple(sorted(kwargs.items())), fields)
 
 
@@ -103,7 +106,8 @@ def _advantages(name, kwargs, fields):
 def advantage_kwargs(config: Any) -> dict[str, Any]:
   """The configuration keywords of the estimator `config.algorithm`, for `compute_advantages`.
 
-  IGPO: its turn discount, normalization pool and reward weights. Every estimator that divides
+  IGPO: its turn discount, normalization pool and reward weights. CW-GRPO: cw.gamma,
+  cw.inf_threshold, cw.all_zero_fallback. Every estimator that divides
   by a group std (grpo, gspo, igpo, cw_grpo) gets rl.std_estimator and rl.std_eps (its `eps`);
   REINFORCE++ gets rl.std_estimator only, choosing the variance of its batch whitening, which
   keeps its own eps (1e-8, verl's). drgrpo and rloo use no std and get nothing (nor does an
@@ -115,7 +119,11 @@ def advantage_kwargs(config: Any) -> dict[str, Any]:
   if name == "igpo":
     return dict(gamma=rl.gamma, norm_mode=rl.igpo_norm, ig_weight=rl.igpo_ig_weight,
                 outcome_weight=rl.igpo_outcome_weight, **std)
-  if name in ("grpo", "gspo", "cw_grpo"):
+  if name == "cw_grpo":
+    cw = config.cw
+    return dict(gamma=float(cw.gamma), inf_threshold=float(cw.inf_threshold),
+                all_zero_fallback=cw.all_zero_fallback, **std)
+  if name in ("grpo", "gspo"):
     return std
   if name in ("reinforce++", "reinforce++_baseline"):
     return dict(std_estimator=rl.std_estimator)

@@ -21,6 +21,8 @@ import numpy as np
 import optax
 
 from agentjax.agent import RolloutEngine
+from agentjax.judge import build_judge
+from agentjax.judge.stage import JudgePass
 from agentjax.parallel import use_mesh
 from agentjax.parallel.host import to_host
 from agentjax.rl import build_probes, outcome_rewards
@@ -76,6 +78,7 @@ class RLStep:
   schedule: optax.Schedule
   with_probes: bool
   adv_kwargs: Mapping[str, Any]
+  judge_pass: JudgePass | None = None  # CW-GRPO: verdicts per round between rewards and advantages
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
@@ -88,10 +91,12 @@ class RLStep:
                        norm_length=config.rollout.max_total_tokens)
     update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
         name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
+    judge = build_judge(config.judge, mesh=mesh)
     return cls(config=config, mesh=mesh, engine=engine, update=update, ref_params=ref_params,
                schedule=make_schedule(*schedule_args(config)),  # the optimizer's, for logging
                with_probes=config.algorithm == "igpo" or rl.probe_all,
-               adv_kwargs=advantage_kwargs(config))
+               adv_kwargs=advantage_kwargs(config),
+               judge_pass=JudgePass(judge, config.judge) if judge is not None else None)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -118,6 +123,17 @@ class RLStep:
     f1 = outcome_rewards(answers, row_golds, metric="f1")
     em = outcome_rewards(answers, row_golds, metric="em")
 
+    # 2b. the judge's verdicts per round (CW-GRPO), every call of the step at once
+    judge_fields, judge_metrics = {}, {}
+    if self.judge_pass is not None:
+      scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, outcome,
+                               [questions[g] for g in batch.group_ids],
+                               num_t=batch.turn_ends.shape[1] - 1,
+                               rng=np.random.default_rng([config.seed, step, 1]))
+      judge_fields = dict(retrieval_scores=jnp.asarray(scores.retrieval),
+                          thinking_scores=jnp.asarray(scores.thinking))
+      judge_metrics = scores.metrics
+
     # 3. one scoring pass: old (and reference) log-probs, IGPO's ground-truth probes
     t0 = time.perf_counter()
     probes = build_probes(self.engine.encode, row_golds,
@@ -128,7 +144,7 @@ class RLStep:
                            mode=rl.ig_mode, chunk=rl.chunk)
       # 4. advantages
       adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
-                                          **self.adv_kwargs)
+                                          extra=judge_fields, **self.adv_kwargs)
       jax.block_until_ready(adv)
     t_score = time.perf_counter() - t0
 
@@ -175,7 +191,11 @@ class RLStep:
         "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
         "tokens_per_s": valid_tokens / max(step_s, 1e-9),
         "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
-        "search_s": rollout_metrics["search_s"]}
+        "search_s": rollout_metrics["search_s"], **judge_metrics}
+    if "cw_fallback_count" in adv_stats:  # CW-GRPO: how often the all-zero fallback fired
+      count = float(adv_stats["cw_fallback_count"])
+      metrics["cw/fallback_count"] = count
+      metrics["cw/fallback_rate"] = count / max(float(adv_stats["cw_judged_positive"]), 1.0)
     return StepOutput(state={"params": params, "opt_state": opt_state, "rng": rng},
                       metrics=metrics, update_skipped=skipped, search_queries=queries,
                       search_failed=failed,
