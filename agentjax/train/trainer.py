@@ -51,6 +51,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from agentjax.agent import RolloutConfig, RolloutEngine
 from agentjax.compiles import CompileCounter
 from agentjax.jsonl import iter_json_objects
+from agentjax.judge import judge_identity
 from agentjax.models.qwen import QwenConfig, init_params, param_shardings
 from agentjax.models.qwen.checkpoint import load_hf, recover_export, save_hf
 from agentjax.models.tokenizer import load_tokenizer
@@ -221,8 +222,11 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
 
 
 def make_checkpointer(config: Any, workdir: str) -> Checkpointer:
+  # config.json also records the judge's identity (backend, model, prompt hash): CW-GRPO's
+  # numbers depend on the judge, and the prompt file can change under the same path.
+  recorded = dict(config.to_dict(), judge_identity=judge_identity(config.judge))
   return Checkpointer(workdir, save_every=config.train.checkpoint_every,
-                      keep=config.train.keep_checkpoints, config=config.to_dict(),
+                      keep=config.train.keep_checkpoints, config=recorded,
                       compat_keys=COMPAT_KEYS)
 
 
