@@ -42,6 +42,18 @@ def assert_consistent(batch):
     np.testing.assert_array_equal(turn_id[b, :n] >= 0, np.arange(n) >= batch.turn_ends[b, 0])
 
 
+def assert_turn_records(batch, eng):
+  """batch.turns: one TurnRecord per turn, whose texts are the transcript after the prompt."""
+  for b, text in enumerate(transcripts_of(batch, eng.byte_table)):
+    records = batch.turns[b]
+    assert len(records) == batch.num_turns[b]
+    prompt = eng.decode(np.asarray(batch.tokens[b, :batch.turn_ends[b, 0]]))
+    assert prompt + "".join(r.hook_text + r.text + r.observation for r in records) == text
+    for r in records:
+      assert (r.action.kind == SEARCH) or not r.documents
+      assert r.search_error is None or not r.documents
+
+
 def engine(world, **overrides):
   """An engine on the shared shapes: every test runs 2 questions x 2 (4 rows), greedy, in a
   1024-slot cache unless it is about other settings, so the jitted extend/generate programs
@@ -88,6 +100,10 @@ def test_scripted_trajectory_token_by_token(world):
   assert metrics["search_failures"] == 0 and metrics["format_errors"] == 0
   assert metrics["search_queries"] == 12.0 and metrics["search_last_error"] is None
   assert not batch.format_valid.any()  # never answered: malformed by the protocol's rule
+  assert_turn_records(batch, eng)
+  first = batch.turns[0][0]
+  assert first.action == Action(SEARCH, "Zorvath founder") and first.documents == tuple(docs)
+  assert first.observation == eng.decode(observation) and first.search_error is None
   text = transcripts_of(batch, eng.byte_table)[0]
   assert text.count("<information>Doc 1(Title: \"Zorvath\")") == 3
 
@@ -112,6 +128,9 @@ def test_sampled_branching_gives_ragged_turns_and_answers(world):
   np.testing.assert_array_equal(loss_mask.sum(1), 6 * batch.num_turns)
   assert metrics["answered"] == batch.answered.mean()
   assert_consistent(batch)
+  assert_turn_records(batch, eng)
+  for b in range(4):
+    assert (batch.turns[b][-1].action.kind == "answer") == batch.answered[b]
 
 
 def test_invalid_actions_and_eos(world):
@@ -159,6 +178,8 @@ def test_retriever_down_gives_error_observation(world):
   # The agent is shown that error (as much of it as rollout.max_obs_tokens lets through).
   assert eng.decode(eng.observation_ids(*SEARCH_R1.error_observation(error))) in text
   assert_consistent(batch)
+  assert_turn_records(batch, eng)
+  assert all(r.search_error == error and not r.documents for r in batch.turns[0])
 
 
 class BrokenBackend:
@@ -231,6 +252,9 @@ def test_before_turn_hook_and_two_policies(world):
   row = list(tokens[0])
   start = next(i for i in range(len(row)) if row[i:i + len(rubric)] == rubric)
   assert not loss_mask[0, start:start + len(rubric)].any()
+  assert_turn_records(batch, eng)
+  assert [r.hook_text for r in batch.turns[0]] == ["Rubric 0: cite a document.",
+                                                   "Rubric 1: cite a document."]
 
 
 def test_decode_layout_made_once_per_policy_per_rollout(world, monkeypatch):
@@ -268,6 +292,8 @@ def test_budget_truncation_and_prompt_too_long(world):
   assert batch.truncated.all() and list(batch.num_format_errors) == [0, 0]
   np.testing.assert_array_equal(np.asarray(batch.valid).sum(1), prompt_len + 4)
   assert_consistent(batch)
+  assert_turn_records(batch, eng)
+  assert batch.turns[0][0].action.kind == INVALID  # cut off: recorded, not parsed
   eng = engine(world, max_total_tokens=prompt_len)
   with pytest.raises(ValueError, match="max_total_tokens"):
     eng.run(agent.params(af.SEARCH), QUESTIONS[:1], jax.random.key(0))
