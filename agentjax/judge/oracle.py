@@ -1,0 +1,149 @@
+"""SynthWorld's oracle judge: per-round verdicts from the question's gold evidence chain.
+
+    judge = build_judge(config.judge)                    # judge.backend = "oracle"
+    verdicts = judge.judge([JudgeRequest(question, turns), ...])
+    verdicts = oracle_verdicts(question, turns)         # the same rule, as a pure function
+
+A SynthWorld question record carries "chain" (entity names, subject first, answer last) and
+"hops" (H). The passage of chain[h] states the relation from chain[h] to chain[h+1], so the
+evidence needed to answer is the H passages of chain[0..H-1]: the GOLD-CHAIN documents. A
+document is the gold document of hop h iff its title (Document.title with surrounding double
+quotes stripped), normalized like answers (agentjax.rl.rewards.normalize_answer, "standard":
+lowercase, punctuation deleted, articles dropped, whitespace collapsed), equals chain[h]
+normalized the same way. The answer entity's own passage (chain[H]) is not gold: it states
+nothing the question needs. Documents are identified by title, not id (the CW-GRPO judge prompt:
+documents with the same title are one entry).
+
+Our reading of the CW-GRPO criteria (methods.md §3.3, §3.9) on SynthWorld. Hop h is RESOLVED
+after round k iff a gold document of hop h was retrieved in some round <= k. For round k:
+
+  search round   retrieval = 1 iff round k retrieved a gold document of a hop not resolved before
+                   round k (relevant AND new; a gold document seen in an earlier round, or a
+                   second copy within round k of one already counted, adds nothing more).
+                 thinking = 1 iff the round's query, cleaned (agentjax.agent.protocol.clean_text)
+                   and normalized as above, mentions chain[h] (as whole words) for some hop h < H
+                   not resolved before round k: the search targets missing evidence. A query
+                   about an already-resolved hop, about the answer entity, or about nothing in
+                   the chain gets 0. A search that failed (search_error) is judged the same way:
+                   it retrieved nothing (retrieval 0), its query is still judged.
+  answer round   retrieval = 0 (an answer retrieves nothing).
+                 thinking = 1 iff every hop was resolved before the round (the answer is
+                   supported by retrieved evidence); an early answer gets 0, whatever it says
+                   (the judge does not compare the answer with the gold one).
+  invalid round  0/0, as a real verdict (ok=True): the round did no useful work.
+
+The rule does not check that a query naming chain[h], h >= 1, was grounded in the passage of
+chain[h-1] (a query can only name a bridge entity by guessing or by having read it; both count).
+
+A request whose question lacks "chain"/"hops" (not SynthWorld) or has malformed ones gives
+Verdict.failed for every round, which the trainer counts as judge failures.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from agentjax.agent.protocol import ANSWER, SEARCH, clean_text
+from agentjax.agent.rollout import TurnRecord
+from agentjax.judge.base import JudgeRequest, Verdict, register_judge
+# The one answer normalization, so that names match as answers do (rl.rewards is host-side
+# Python and never imports judge: no cycle).
+from agentjax.rl.rewards import normalize_answer
+
+ORACLE_IDENTITY = {"backend": "oracle", "model": "synthworld-gold-chain", "prompt_sha256": "-"}
+
+MISSING_CHAIN = "oracle needs a SynthWorld question (chain)"
+
+
+def _norm(text: str) -> str:
+  return normalize_answer(clean_text(text), "standard")
+
+
+def _title_key(title: str) -> str:
+  """A document title as compared with chain names: quotes stripped, normalized."""
+  title = title.strip()
+  if len(title) >= 2 and title[0] == title[-1] == '"':
+    title = title[1:-1]
+  return _norm(title)
+
+
+def _gold_chain(question: Mapping[str, Any]) -> tuple[list[str], str | None]:
+  """(normalized names of chain[0..H-1], None), or ([], why the record is unusable)."""
+  if not isinstance(question, Mapping) or "chain" not in question or "hops" not in question:
+    return [], MISSING_CHAIN
+  chain, hops = question["chain"], question["hops"]
+  if isinstance(chain, (str, bytes)) or not all(isinstance(n, str) for n in chain):
+    return [], f"{MISSING_CHAIN}: 'chain' must be a list of str, got {chain!r}"
+  chain = list(chain)
+  try:
+    hops = int(hops)
+  except (TypeError, ValueError):
+    return [], f"{MISSING_CHAIN}: 'hops' must be an int, got {hops!r}"
+  if not 1 <= hops <= len(chain) or not all(_norm(n) for n in chain[:hops]):
+    return [], (f"{MISSING_CHAIN}: 'hops'={hops} needs {hops} non-empty names in 'chain', "
+                f"got {chain!r}")
+  return [_norm(n) for n in chain[:hops]], None
+
+
+def _mentions(query: str, name: str) -> bool:
+  """Whether the normalized `name` occurs in the normalized `query` as whole words."""
+  return f" {name} " in f" {query} "
+
+
+def oracle_verdicts(question: Mapping[str, Any], turns: Sequence[TurnRecord]) -> list[Verdict]:
+  """The oracle's verdict of every round of one trajectory (see the module docstring).
+
+  Args:
+    question: a SynthWorld question record ("chain", "hops"; others ignored).
+    turns: the trajectory's rounds in order.
+  Returns:
+    len(turns) Verdicts; all Verdict.failed when the question has no usable gold chain.
+  """
+  gold, error = _gold_chain(question)
+  if error is not None:
+    return [Verdict.failed(error) for _ in turns]
+  hop_of = {}
+  for h, name in enumerate(gold):
+    hop_of.setdefault(name, h)  # a repeated name (never in SynthWorld) resolves its first hop
+  resolved = [False] * len(gold)
+  out = []
+  for k, turn in enumerate(turns):
+    kind = turn.action.kind
+    if kind == SEARCH:
+      query = _norm(turn.action.content)
+      targets = [h for h, name in enumerate(gold) if not resolved[h] and _mentions(query, name)]
+      new = []
+      for doc in turn.documents:
+        h = hop_of.get(_title_key(doc.title))
+        if h is not None and not resolved[h]:
+          resolved[h] = True
+          new.append(h)
+      retrieval, thinking = int(bool(new)), int(bool(targets))
+      analysis = (f"round {k} search: targets unresolved hops {targets}; retrieved new gold "
+                  f"hops {sorted(new)}; resolved {sum(resolved)}/{len(gold)}")
+    elif kind == ANSWER:
+      retrieval, thinking = 0, int(all(resolved))
+      analysis = (f"round {k} answer: {sum(resolved)}/{len(gold)} hops resolved before it "
+                  f"({'supported' if thinking else 'unsupported'})")
+    else:
+      retrieval, thinking = 0, 0
+      analysis = f"round {k} invalid action"
+    out.append(Verdict(retrieval, thinking, analysis))
+  return out
+
+
+class OracleJudge:
+  """The oracle as a Judge backend (host side, text only, no model)."""
+
+  def judge(self, requests: Sequence[JudgeRequest]) -> list[list[Verdict]]:
+    return [oracle_verdicts(r.question, r.turns) for r in requests]
+
+  def identity(self) -> dict[str, str]:
+    return dict(ORACLE_IDENTITY)
+
+
+@register_judge("oracle")
+def make_oracle_judge(judge_config: Any = None, *, mesh: Any = None) -> OracleJudge:
+  """The "oracle" backend; it reads no settings (judge_config and mesh are unused)."""
+  del judge_config, mesh
+  return OracleJudge()
