@@ -26,6 +26,10 @@ HF_CONFIGS = {
     "qwen3-tied-gqa4": dict(model_type="qwen3", vocab_size=211, hidden_size=64, intermediate_size=96,
                             num_hidden_layers=2, num_attention_heads=8, num_key_value_heads=2,
                             head_dim=16, tie_word_embeddings=True, rope_theta=2500.0),
+    # Covers every id of make_tokenizer_dir's 400-token tokenizer (chat completion tests).
+    "qwen2-chat": dict(model_type="qwen2", vocab_size=400, hidden_size=32, intermediate_size=64,
+                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                       tie_word_embeddings=True, rope_theta=10000.0),
 }
 
 CHAT_TEMPLATE = (

@@ -34,6 +34,7 @@ from agentjax.parallel.host import to_host
 from agentjax.retrieval import Document, SearchBackend, SearchResponse
 from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket, decode_bytes,
                                decode_layout, extend, generate, init_state, token_byte_table)
+from agentjax.sampling.eos import eos_token_ids
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
 TurnHook = Callable[[int, Sequence[int], Sequence[str]], Sequence[str | None]]
@@ -153,12 +154,8 @@ class RolloutEngine:
     self.model = Qwen(cfg)
     self.before_turn = before_turn
     self.byte_table = token_byte_table(tokenizer, cfg.vocab_size)
-    eos = set(cfg.eos_token_ids)
-    if tokenizer.eos_token_id is not None:
-      eos.add(int(tokenizer.eos_token_id))
-    if config.use_chat_template and "<|im_end|>" in tokenizer.get_vocab():
-      eos.add(int(tokenizer.convert_tokens_to_ids("<|im_end|>")))  # end of the assistant turn
-    self.eos_ids = jnp.asarray(sorted(eos), jnp.int32)
+    self.eos_ids = jnp.asarray(eos_token_ids(cfg, tokenizer, chat=config.use_chat_template),
+                               jnp.int32)
     self.stop_table = StopTable.build(self.byte_table, self.protocol.stop_strings)
     self.cache_len = bucket(config.max_total_tokens)
 

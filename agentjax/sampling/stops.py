@@ -49,9 +49,9 @@ class StopTable:
     stops = np.zeros((len(encoded), ls), np.uint8)
     for i, s in enumerate(encoded):
       stops[i, ls - len(s):] = np.frombuffer(s, np.uint8)
-    return cls(token_bytes=jnp.asarray(token_bytes), token_len=jnp.asarray(token_len),
-               stops=jnp.asarray(stops),
-               stop_len=jnp.asarray(np.array([len(s) for s in encoded], np.int32)))
+    # device_put, not jnp.asarray: the latter compiles a copy program per new shape.
+    return cls(*jax.device_put((token_bytes, token_len, stops,
+                                np.array([len(s) for s in encoded], np.int32))))
 
   @property
   def window_size(self) -> int:
