@@ -1,0 +1,127 @@
+"""agentjax.sampling.complete: batched completion against one-at-a-time runs and transformers."""
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from agentjax.compiles import CompileCounter
+from agentjax.sampling.complete import Completer
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def setup(hf_checkpoint, tiny_tokenizer_dir, tmp_path_factory):
+  """(Completer, transformers model, prompts): a tiny random Qwen2 with the 400-token tokenizer."""
+  src, hf_model = hf_checkpoint("qwen2-chat")
+  folder = str(tmp_path_factory.mktemp("chat_model"))
+  for d in (src, tiny_tokenizer_dir):
+    for name in os.listdir(d):
+      shutil.copy(os.path.join(d, name), folder)
+  completer = Completer.from_hf(folder, max_total_tokens=64)
+  prompts = [completer.chat_ids([{"role": "user", "content": "capital of Veltrana?"}]),
+             completer.encode("The quick brown"), completer.encode("Orsk")]
+  return completer, hf_model, prompts
+
+
+def _greedy_reference(hf_model, ids, max_new, eos_ids=()):
+  """transformers' greedy generate of one prompt: the generated ids (EOS included)."""
+  import torch
+
+  with torch.no_grad():
+    out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=int),
+                            max_new_tokens=max_new, do_sample=False,
+                            eos_token_id=list(eos_ids) or None, pad_token_id=0)
+  return tuple(out[0, len(ids):].tolist())
+
+
+def test_batched_greedy_equals_one_at_a_time_and_transformers(setup):
+  completer, hf_model, prompts = setup
+  batched = completer.complete(prompts, max_new_tokens=MAX_NEW)
+  assert [c.prompt_tokens for c in batched] == [len(p) for p in prompts]
+  for i, p in enumerate(prompts):
+    alone = completer.complete([p], max_new_tokens=MAX_NEW)[0]
+    assert alone == batched[i], i
+  # The random model never reaches an EOS within MAX_NEW (asserted: the comparison is then exact
+  # without modelling transformers' EOS padding).
+  for i in (0, 1):
+    ref = _greedy_reference(hf_model, prompts[i], MAX_NEW, completer.eos_ids)
+    assert batched[i].token_ids == ref, i
+    assert batched[i].finish_reason == "length" and len(ref) == MAX_NEW
+    assert batched[i].text == b"".join(completer.byte_table[t] for t in ref).decode(
+        "utf-8", errors="replace")
+
+
+def test_stop_strings_cut_the_text_and_eos_ends_a_row(setup):
+  completer, _, prompts = setup
+  free = completer.complete(prompts, max_new_tokens=MAX_NEW)
+  raw = [b"".join(completer.byte_table[t] for t in c.token_ids) for c in free]
+  # A stop string from the middle of row 1's free-running text, spanning a token boundary when
+  # the tokens allow it; row 0 and 2 stop there too only if it occurs in their text.
+  ends = np.cumsum([len(completer.byte_table[t]) for t in free[1].token_ids])
+  start = int(ends[2]) - 1
+  stop = raw[1][start:start + 2].decode("utf-8")
+  never = "\x07never\x07"
+  out = completer.complete(prompts, max_new_tokens=MAX_NEW, stop=[never, stop])
+  for c, r, f in zip(out, raw, free):
+    at = r.find(stop.encode())
+    if at < 0:
+      assert c == f
+      continue
+    # Reference: the first token whose bytes reach past the stop's end completes it.
+    cum = np.cumsum([len(completer.byte_table[t]) for t in f.token_ids])
+    k = int(np.argmax(cum >= at + len(stop.encode()))) + 1
+    assert c.token_ids == f.token_ids[:k]
+    assert c.text == r[:at].decode("utf-8", errors="replace")
+    assert c.finish_reason == "stop"
+  assert out[1].finish_reason == "stop"
+
+  # EOS: declare the 4th token row 2 emits an EOS id; the row ends there, the EOS not in text.
+  eos_tok = free[2].token_ids[3]
+  first = free[2].token_ids.index(eos_tok)
+  with_eos = Completer(completer.cfg.replace(eos_token_id=eos_tok), completer.params,
+                       completer.tokenizer, max_total_tokens=64)
+  c = with_eos.complete([prompts[2]], max_new_tokens=MAX_NEW)[0]
+  assert c.token_ids == free[2].token_ids[:first + 1] and c.finish_reason == "stop"
+  assert c.text == b"".join(completer.byte_table[t]
+                            for t in free[2].token_ids[:first]).decode("utf-8", errors="replace")
+
+
+def test_context_budget_too_long_prompts_and_compile_reuse(setup):
+  completer, _, prompts = setup
+  full = completer.complete(prompts, max_new_tokens=MAX_NEW)
+  tight = Completer(completer.cfg, completer.params, completer.tokenizer,
+                    max_total_tokens=len(prompts[0]) + 3)
+  out = tight.complete(prompts, max_new_tokens=MAX_NEW)
+  assert out[0].token_ids == full[0].token_ids[:3] and out[0].finish_reason == "length"
+  assert out[1] == full[1]  # short prompts keep their MAX_NEW tokens
+
+  with pytest.raises(ValueError, match="prompt 1: 20 tokens do not fit max_total_tokens=20"):
+    Completer(completer.cfg, completer.params, completer.tokenizer,
+              max_total_tokens=20).complete([[1] * 5, [1] * 20], max_new_tokens=4)
+  with pytest.raises(ValueError, match="prompt 2 is empty"):
+    completer.complete([[1], [2], []], max_new_tokens=4)
+  with pytest.raises(ValueError, match="prompt 0: token id 400 outside"):
+    completer.complete([[1, 400]], max_new_tokens=4)
+
+  # Same buckets (3 or 4 rows -> 4, prompt block 32, cache 32, max_new 16) and a stop set of the same padded
+  # shape ([4, 16]) as an earlier call: nothing compiles, not even the stop table's arrays.
+  completer.complete(prompts, max_new_tokens=MAX_NEW, stop=["ab"])
+  counter = CompileCounter()
+  again = completer.complete([prompts[2], prompts[1], prompts[0], prompts[1]],
+                             max_new_tokens=MAX_NEW - 2,
+                             stop=["\x01\x01", "\x02", "\x03\x03\x03"])
+  assert counter.count == 0
+  assert [c.token_ids for c in again] == [full[i].token_ids[:MAX_NEW - 2] for i in (2, 1, 0, 1)]
+
+
+def test_sampling_is_reproducible_per_seed(setup):
+  completer, _, prompts = setup
+  a = completer.complete(prompts, max_new_tokens=8, temperature=1.0, top_p=0.9, seed=5)
+  b = completer.complete(prompts, max_new_tokens=8, temperature=1.0, top_p=0.9, seed=5)
+  assert a == b
+  assert all(len(c.token_ids) == 8 and max(c.token_ids) < 400 for c in a)
+  with pytest.raises(ValueError, match="temperature"):
+    completer.complete(prompts, max_new_tokens=4, temperature=-1.0)
