@@ -1,4 +1,5 @@
-r"""IGPO vs GRPO on SynthWorld: the study of docs/results/ (issue 6).
+r"""The SynthWorld studies: IGPO vs GRPO (docs/results/, issue 6) and CW-GRPO vs GRPO
+(docs/results/cw_grpo/, issue 16), chosen by --study.
 
     python launch/compare.py                          # every size x method x seed, then the report
     python launch/compare.py --sizes=base --seeds=0   # a subset (finished runs are reused)
@@ -29,17 +30,31 @@ checkpoint. Several compare.py processes on one machine (e.g. started as cores f
 on one sweep: each run is claimed with a file lock (flock) under {root}/claims. The
 report (--out): results.md (tables), results.json, f1_vs_step.png, f1_minus_grpo_vs_step.png,
 collapse_vs_step.png, gt_entropy_vs_step.png.
+
+    python launch/compare.py --study=cw_grpo          # runs/cw_grpo -> docs/results/cw_grpo
+
+The CW-GRPO study (issue 16 section 5): the base size only, from the base SFT export of `make demo`
+(--sft_from=runs/demo: its world and SFT export are copied into --root when the SFT settings are
+the IGPO study's, so the two studies start from the same weights; otherwise it is trained here), the
+demo RL settings for --steps steps, no ground-truth probes. The methods differ only in the
+estimator and the judge (see CW_METHODS): GRPO; CW-GRPO with SynthWorld's oracle judge (gamma =
+inf branch, all-zero fallback "zero"); its controls with random contributions at the oracle's
+marginal rate, with the oracle's bits flipped with p = 0.2, and with gamma = 1 (softmax). Its report
+(--out): results.md (tables, the paper's claim beside ours), results.json, f1_vs_step.png,
+success_vs_step.png (training EM). Every run's result.json records its judge's identity.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import fcntl
 import json
 import logging
 import math
 import os
 import queue
+import shutil
 import subprocess
 import sys
 import time
@@ -52,23 +67,58 @@ SIZES = {
     "base": {},  # the demo preset's shape
     "wide": dict(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4),
 }
-# method: (config file, rl overrides). Under the demo's separate normalization with gamma = 1,
-# outcome_only gives exactly GRPO's advantages (every IG pool is all zero, so z = 0): it is kept
-# as the paper's ablation and as a check that the IGPO path reproduces GRPO.
+# method: (config file, config overrides by dotted key). Under the demo's separate normalization
+# with gamma = 1, outcome_only gives exactly GRPO's advantages (every IG pool is all zero, so z =
+# 0): it is kept as the paper's ablation and as a check that the IGPO path reproduces GRPO.
 METHODS = {
     "igpo": ("igpo", {}),
     "grpo": ("grpo", {}),
-    "outcome_only": ("igpo", {"igpo_ig_weight": 0.0}),
-    "ig_only": ("igpo", {"igpo_outcome_weight": 0.0}),
+    "outcome_only": ("igpo", {"rl.igpo_ig_weight": 0.0}),
+    "ig_only": ("igpo", {"rl.igpo_outcome_weight": 0.0}),
     "rloo": ("rloo", {}),
     "reinforcepp": ("reinforcepp", {}),
 }
+# CW-GRPO's study: the oracle judge (configs/cw_grpo.py:demo) and its controls. "random" draws
+# each bit with the judge's own marginal rate in the step; "flip" flips each bit with noise_p.
+CW_METHODS = {
+    "grpo": ("grpo", {}),
+    "cw_grpo": ("cw_grpo", {}),
+    "cw_random": ("cw_grpo", {"judge.noise": "random"}),
+    "cw_flip": ("cw_grpo", {"judge.noise": "flip", "judge.noise_p": 0.2}),
+    "cw_gamma1": ("cw_grpo", {"cw.gamma": 1.0}),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """One study's methods and defaults (--root, --out, --sizes, --sft_from when not given)."""
+  methods: dict
+  root: str
+  out: str
+  sizes: tuple
+  probe_all: bool  # the ground-truth probes (IGPO's IG and GT entropy, for every method)
+  sft_from: str  # a `make demo` folder whose world and SFT export to reuse ("" = none)
+
+
+STUDIES = {
+    "igpo": Study(METHODS, "runs/compare", "docs/results", tuple(SIZES), True, ""),
+    "cw_grpo": Study(CW_METHODS, "runs/cw_grpo", "docs/results/cw_grpo", ("base",), False,
+                     "runs/demo"),
+}
 SPLITS = ("dev", "test")
 
-_ROOT = flags.DEFINE_string("root", "runs/compare", "Folder of the world and every run.")
-_OUT = flags.DEFINE_string("out", "docs/results", "Where the tables and plots go.")
-_SIZES = flags.DEFINE_list("sizes", list(SIZES), "Model sizes (see the docstring).")
-_METHODS = flags.DEFINE_list("methods", list(METHODS), "Methods (see the docstring).")
+_STUDY = flags.DEFINE_enum("study", "igpo", list(STUDIES), "igpo: IGPO vs GRPO (docs/results); "
+                          "cw_grpo: CW-GRPO vs GRPO and its judge controls (docs/results/cw_grpo).")
+_ROOT = flags.DEFINE_string("root", "", "Folder of the world and every run (default: the study's, "
+                            "runs/compare or runs/cw_grpo).")
+_OUT = flags.DEFINE_string("out", "", "Where the tables and plots go (default: the study's, "
+                           "docs/results or docs/results/cw_grpo).")
+_SIZES = flags.DEFINE_list("sizes", [], "Model sizes (see the docstring; default: the study's).")
+_METHODS = flags.DEFINE_list("methods", [], "Methods (see the docstring; default: the study's).")
+_SFT_FROM = flags.DEFINE_string("sft_from", None, "A `make demo` folder (synthworld/, tfds/, "
+                                "bm25_index/, sft/hf_export) whose world and base SFT export are "
+                                "copied into --root when its SFT settings are this study's "
+                                "(default: the study's; \"\" = train the SFT here).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed: data order, rollouts, "
                            "minibatches).")
 _STEPS = flags.DEFINE_integer("steps", 20, "RL steps of every run.")
@@ -89,6 +139,26 @@ _HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the rep
 
 def _say(msg: str) -> None:
   print(msg, flush=True)
+
+
+def _study() -> Study:
+  return STUDIES[_STUDY.value]
+
+
+def _root() -> str:
+  return _ROOT.value or _study().root
+
+
+def _out() -> str:
+  return _OUT.value or _study().out
+
+
+def _sizes() -> list[str]:
+  return _SIZES.value or list(_study().sizes)
+
+
+def _methods() -> list[str]:
+  return _METHODS.value or list(_study().methods)
 
 
 def result_path(root: str, spec: str) -> str:
@@ -115,9 +185,11 @@ def sft_config(root: str, size: str):
   return config
 
 
-def rl_config(root: str, size: str, method: str, seed: int, steps: int):
+def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: str = "igpo"):
+  """The RL config of one run of `study`: the method's config file and overrides on the demo
+  preset, the world under `root`, the size's SFT export as the start."""
   import importlib
-  module, rl_overrides = METHODS[method]
+  module, overrides = STUDIES[study].methods[method]
   config = importlib.import_module(f"configs.{module}").get_config("demo")
   _point_at_world(config, root, size)
   config.model.hf_path = os.path.join(root, size, "sft", "hf_export")
@@ -129,19 +201,29 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int):
   config.data.eval_size = 0  # the final eval: the whole dev split
   config.train.checkpoint_every = 10
   config.train.export_hf = False
-  config.rl.probe_all = True
-  for k, v in rl_overrides.items():
-    config.rl[k] = v
+  config.rl.probe_all = STUDIES[study].probe_all
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    if leaf not in node:  # a typo must not become a new, unread field
+      raise KeyError(f"method {method!r}: config has no field {key!r}")
+    node[leaf] = value
   return config
 
 
 def _split_result(root: str, split: str, rows: list[dict]) -> dict:
+  """Eval rows ({"id", "f1", "em", ...} a question) as the report reads them; acc is the CW-GRPO
+  code's accuracy, the share of questions whose EM is > 0."""
   from agentjax.data.demo_world import f1_by_hops, hops_by_id
   n = len(rows)
   hops = hops_by_id(os.path.join(root, "synthworld", f"{split}.jsonl"))
-  return {"f1": sum(q["f1"] for q in rows) / n, "em": sum(q["em"] for q in rows) / n, "n": n,
+  return {"f1": sum(q["f1"] for q in rows) / n, "em": sum(q["em"] for q in rows) / n,
+          "acc": sum(q["em"] > 0 for q in rows) / n, "n": n,
           "per_hop": {f"{h}-hop": f1 for h, f1 in f1_by_hops(rows, hops).items()},
-          "f1_by_id": {q["id"]: q["f1"] for q in rows}}
+          "f1_by_id": {q["id"]: q["f1"] for q in rows},
+          "em_by_id": {q["id"]: q["em"] for q in rows}}
 
 
 def _eval_split(config, root: str, split: str, **source) -> dict:
@@ -154,21 +236,23 @@ def _eval_split(config, root: str, split: str, **source) -> dict:
   return _split_result(root, split, rows)
 
 
-def run_one(root: str, spec: str, steps: int) -> None:
-  """One size/method/seed RL run + its final dev/test eval, or the SFT (+ start eval) of a size."""
+def run_one(root: str, spec: str, steps: int, study: str = "igpo") -> None:
+  """One size/method/seed RL run + its final dev/test eval, or the SFT (+ start eval) of a size.
+  A size whose SFT export exists (a finished SFT, or one reused by _reuse_sft) is not trained."""
+  from agentjax.judge import judge_identity
   from agentjax.train.trainer import train
   size, method, seed = spec.split("/")
   if method == "sft":
-    config = sft_config(root, size)
-    train(config, os.path.join(root, size, "sft"))
+    if not os.path.exists(os.path.join(root, size, "sft", "hf_export", "config.json")):
+      train(sft_config(root, size), os.path.join(root, size, "sft"))
     start = os.path.join(root, size, "start.json")
     if not os.path.exists(start):
-      rl = rl_config(root, size, "igpo", 0, steps)
+      rl = rl_config(root, size, next(iter(STUDIES[study].methods)), 0, steps, study)
       _write(start, {split: _eval_split(rl, root, split, hf_path=rl.model.hf_path)
                      for split in SPLITS})
     return
   workdir = os.path.join(root, size, method, f"seed{seed}")
-  config = rl_config(root, size, method, int(seed), steps)
+  config = rl_config(root, size, method, int(seed), steps, study)
   t0 = time.time()
   train(config, workdir)
   # The trainer's final eval is the whole dev split (500 questions, greedy); test is added here.
@@ -177,6 +261,8 @@ def run_one(root: str, spec: str, steps: int) -> None:
   result["test"] = _eval_split(config, root, "test", workdir=workdir)
   result["minutes"] = (time.time() - t0) / 60  # of this invocation (less after a resume)
   result["steps"] = steps
+  result["judge"] = judge_identity(config.judge)  # backend, model, prompt hash, study noise
+  result["overrides"] = STUDIES[study].methods[method][1]
   _write(result_path(root, spec), result)
 
 
@@ -195,7 +281,7 @@ def _claim(spec: str) -> int | None:
   process holds it (several compare.py processes can share one sweep). The kernel drops the lock
   when every descriptor is closed: the run's subprocess inherits it, so a killed orchestrator
   does not free a run that is still training."""
-  folder = os.path.join(_ROOT.value, "claims")
+  folder = os.path.join(_root(), "claims")
   os.makedirs(folder, exist_ok=True)
   fd = os.open(os.path.join(folder, spec.replace("/", "_")), os.O_RDWR | os.O_CREAT, 0o644)
   try:
@@ -210,14 +296,15 @@ def _claim(spec: str) -> int | None:
 
 def _spawn(spec: str) -> tuple[str, int | None, float]:
   t0 = time.time()
-  fd = None if os.path.exists(result_path(_ROOT.value, spec)) else _claim(spec)
-  if fd is None or os.path.exists(result_path(_ROOT.value, spec)):  # done, or taken
+  root = _root()
+  fd = None if os.path.exists(result_path(root, spec)) else _claim(spec)
+  if fd is None or os.path.exists(result_path(root, spec)):  # done, or taken
     if fd is not None:
       os.close(fd)
     return spec, None, 0.0
-  log = os.path.join(_ROOT.value, spec.replace("/", "_") + ".log")
-  cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={_ROOT.value}",
-         f"--steps={_STEPS.value}"]
+  log = os.path.join(root, spec.replace("/", "_") + ".log")
+  cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={root}",
+         f"--steps={_STEPS.value}", f"--study={_STUDY.value}"]
   core = _FREE_CORES.get() if _PIN.value else None
   if core is not None:
     cmd = ["taskset", "-c", str(core)] + cmd
@@ -231,11 +318,74 @@ def _spawn(spec: str) -> tuple[str, int | None, float]:
   return spec, rc, time.time() - t0
 
 
+# Config fields that only say where the world is (use_demo_world), and sections the SFT trainer
+# does not read: an SFT export made with the same settings elsewhere differs from ours only there.
+_WORLD_PATH_KEYS = ("data.manual_dir", "data.data_dir", "retrieval.corpus_path",
+                    "retrieval.index_dir", "model.tokenizer_path", "sft.demos", "sft.corpus_path")
+_RL_ONLY_SECTIONS = ("judge.", "cw.")
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+  out = {}
+  for k, v in d.items():
+    if isinstance(v, dict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def sft_mismatch(recorded: dict, ours) -> list[str]:
+  """Fields (dotted) where a recorded SFT config.json differs from `ours` (a ConfigDict), world
+  paths and RL-only sections aside; [] when the export it made is the one we would train."""
+  mine = _flat(json.loads(json.dumps(ours.to_dict())))  # tuples as JSON lists, as recorded
+  theirs = _flat(recorded)
+  keep = lambda k: k not in _WORLD_PATH_KEYS and not k.startswith(_RL_ONLY_SECTIONS)  # noqa: E731
+  return sorted(k for k in set(mine) | set(theirs)
+                if keep(k) and mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
+
+
+def reuse_sft(root: str, source: str, topk: int) -> str:
+  """Copies the world (synthworld/, tfds/, bm25_index/) and the base SFT export of the `make demo`
+  folder `source` into `root` when they are the ones this study would build and train: the world
+  stamp matches (build_demo_world reuses it) and the SFT config differs only in world paths and
+  RL-only sections. The SFT is deterministic on one CPU machine, so training it again would give
+  the same export at the cost of the demo's SFT time. Returns what it did."""
+  from agentjax.data.demo_world import build_demo_world
+  target = os.path.join(root, "base", "sft", "hf_export")
+  if os.path.exists(os.path.join(target, "config.json")):
+    return f"base SFT export: {target} exists"
+  recorded = _read_json(os.path.join(source, "sft", "config.json"))
+  export = os.path.join(source, "sft", "hf_export")
+  if recorded is None or not os.path.exists(os.path.join(export, "config.json")):
+    return f"base SFT: no finished SFT in {source}/sft; trained here"
+  for name in ("synthworld", "tfds", "bm25_index"):
+    if not os.path.exists(os.path.join(root, name)):
+      shutil.copytree(os.path.join(source, name), os.path.join(root, name))
+  world = build_demo_world(os.path.join(root, "synthworld"), topk=topk)
+  if not world.startswith("SynthWorld and tokenizer: reusing"):
+    return f"{world}; base SFT: {source}'s world has other settings, so the SFT is trained here"
+  diff = sft_mismatch(recorded, sft_config(root, "base"))
+  if diff:
+    return (f"base SFT: {source}/sft was trained with other settings ({', '.join(diff)}); "
+            "trained here")
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  shutil.copytree(export, target + ".tmp", dirs_exist_ok=True)
+  shutil.copy(os.path.join(source, "sft", "config.json"),
+              os.path.join(root, "base", "sft", "config.json"))
+  os.replace(target + ".tmp", target)  # an interrupted copy never looks like an export
+  return f"base SFT export and world: copied from {source} (same world and SFT settings)"
+
+
 def _run_all() -> None:
   from agentjax.data.demo_world import build_demo_world
-  root = _ROOT.value
-  _say(build_demo_world(os.path.join(root, "synthworld"),
-                        topk=rl_config(root, "base", "igpo", 0, 1).retrieval.topk))
+  root, study = _root(), _STUDY.value
+  topk = rl_config(root, "base", next(iter(STUDIES[study].methods)), 0, 1, study).retrieval.topk
+  source = _study().sft_from if _SFT_FROM.value is None else _SFT_FROM.value
+  if source and "base" in _sizes():
+    os.makedirs(root, exist_ok=True)
+    _say(reuse_sft(root, source, topk))
+  _say(build_demo_world(os.path.join(root, "synthworld"), topk=topk))
   if _PIN.value:
     cores = sorted(os.sched_getaffinity(0))
     for k in range(_WORKERS.value):
@@ -243,12 +393,12 @@ def _run_all() -> None:
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
     for stage in ("sft", "rl"):
       if stage == "sft":
-        specs = [f"{s}/sft/0" for s in _SIZES.value]
+        specs = [f"{s}/sft/0" for s in _sizes()]
       else:  # only sizes whose SFT start is ready (another process may still be training one)
-        sizes = [s for s in _SIZES.value if os.path.exists(result_path(root, f"{s}/sft/0"))]
-        for s in set(_SIZES.value) - set(sizes):
+        sizes = [s for s in _sizes() if os.path.exists(result_path(root, f"{s}/sft/0"))]
+        for s in set(_sizes()) - set(sizes):
           _say(f"size {s}: its SFT start is not ready (held by another process?); skipped")
-        specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _METHODS.value]
+        specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _methods()]
       specs = [x for x in specs if not os.path.exists(result_path(root, x))]
       _say(f"{len(specs)} run(s): {' '.join(specs)}")
       for spec, rc, secs in pool.map(_spawn, specs):
@@ -421,21 +571,23 @@ def markdown(table: dict, steps: int, hardware: str) -> str:
   return "\n".join(lines)
 
 
-def plot(study: dict, out: str) -> list[str]:
-  """F1, collapse fraction and GT entropy reduction vs step (moving averages over full windows):
-  the mean over seeds as a line, the min-max over seeds as a band. outcome_only's line lies
-  under GRPO's (identical runs)."""
+IGPO_PANELS = (("f1", "f1_vs_step", "training F1"),
+               ("f1_minus_grpo", "f1_minus_grpo_vs_step", "training F1 − GRPO, paired by step"),
+               ("collapse_fraction", "collapse_vs_step", "outcome-collapse fraction"),
+               ("gt_entropy_reduction", "gt_entropy_vs_step", "GT entropy reduction (nats)"))
+CW_PANELS = (("f1", "f1_vs_step", "training F1"),
+             ("em", "success_vs_step", "training success rate (EM)"))
+
+
+def plot(study: dict, out: str, panels=IGPO_PANELS, title: str = "{size} model") -> list[str]:
+  """One figure per (metric key, file name, label) of `panels` vs step (moving averages over full
+  windows): the mean over seeds as a line, the min-max over seeds as a band. outcome_only's line
+  lies under GRPO's (identical runs)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   paths = []
-  for key, name, label in (("f1", "f1_vs_step", "training F1"),
-                           ("f1_minus_grpo", "f1_minus_grpo_vs_step",
-                            "training F1 − GRPO, paired by step"),
-                           ("collapse_fraction", "collapse_vs_step",
-                            "outcome-collapse fraction"),
-                           ("gt_entropy_reduction", "gt_entropy_vs_step",
-                            "GT entropy reduction (nats)")):
+  for key, name, label in panels:
     fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
     for ax, (size, s) in zip(axes[0], study.items()):
       grpo = _grpo_f1(s["runs"])
@@ -455,7 +607,7 @@ def plot(study: dict, out: str) -> list[str]:
         ax.fill_between(steps, [min(c[i] for c in curves) for i in range(len(steps))],
                         [max(c[i] for c in curves) for i in range(len(steps))], alpha=0.15,
                         color=line.get_color())
-      ax.set_title(f"{size} model")
+      ax.set_title(title.format(size=size))
       ax.set_xlabel("RL step")
       ax.set_ylabel(f"{label}\n({WINDOW}-step moving average)")
       ax.grid(alpha=0.3)
@@ -466,6 +618,145 @@ def plot(study: dict, out: str) -> list[str]:
     plt.close(fig)
     paths.append(path)
   return paths
+
+
+# ============================================================================ CW-GRPO report
+
+# Per-step metrics of a CW-GRPO run averaged over its steps: (column, metrics.jsonl key, weight
+# key or None). The contribution share and the Gini are means over a step's judged rounds and
+# trajectories, logged as 0 when the step judged nothing: they are averaged over steps weighted by
+# the step's judge calls, so such a step carries no weight. A method whose runs never log a key
+# (GRPO) shows "—".
+CW_STEP_METRICS = (("judge_calls", "judge/calls", None),
+                   ("judge_calls_saved", "judge/calls_saved", None),
+                   ("judge_failures", "judge/failures", None),
+                   ("contribution_share", "judge/contribution_share", "judge/calls"),
+                   ("gini", "judge/gini", "judge/calls"),
+                   ("fallback_rate", "cw/fallback_rate", None))
+# The paper's headline (abstract): CW-GRPO over GRPO; whether points or percent is not stated.
+PAPER_CLAIMS = (("Qwen3-8B", 5.0), ("Qwen3-1.7B", 6.3))
+
+
+def _step_mean(curve: list[dict], key: str, weight: str | None = None) -> float | None:
+  """Mean of `key` over the steps that log it (a finite value), weighted by the step's `weight`
+  value when given; None when no step logs it or every weight is 0."""
+  rows = [m for m in curve if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+  ws = [m.get(weight, 0.0) if weight else 1.0 for m in rows]
+  total = sum(ws)
+  return sum(w * m[key] for w, m in zip(ws, rows)) / total if total else None
+
+
+def _paired_by_step(r: dict, other: dict, key: str) -> float:
+  """Mean over steps of r's training `key` minus `other`'s at the same step (same seed)."""
+  return sum(m[key] - o[key] for m, o in zip(r["curve"], other["curve"])) / len(r["curve"])
+
+
+def summarize_cw(study: dict) -> dict:
+  """Per size and method of the CW-GRPO study: mean ± std over seeds of its figures, and the
+  paper's comparison (each method against GRPO) as absolute points and relative %."""
+  from agentjax.data.demo_world import paired_gain
+  table = {}
+  for size, s in study.items():
+    runs, start = s["runs"], s["start"]
+    grpo = {r["seed"]: r for r in runs.get("grpo", [])}
+    t = {"start": {split: {k: start[split][k] for k in ("f1", "em", "acc", "per_hop")
+                           if k in start[split]} for split in SPLITS},
+         "methods": {}, "vs_grpo": {}}
+    for method, rs in runs.items():
+      row = {"seeds": len(rs), "judge": rs[0].get("judge")}
+      if any(r.get("judge") != row["judge"] for r in rs):
+        row["judge"] = [r.get("judge") for r in rs]  # seeds with different judges: say so
+      for split in SPLITS:
+        for k in ("f1", "acc"):
+          row[f"{split}_{k}"] = _mean_std([r[split][k] for r in rs])
+        gains = [paired_gain(start[split]["f1_by_id"], r[split]["f1_by_id"]) for r in rs]
+        row[f"{split}_gain"] = _mean_std([g for g, _ in gains])
+        row[f"{split}_acc_gain"] = _mean_std([r[split]["acc"] - start[split]["acc"] for r in rs])
+      paired = [r for r in rs if r["seed"] in grpo]
+      for key in ("f1", "em"):
+        row[f"train_{key}_minus_grpo"] = _mean_std(
+            [_paired_by_step(r, grpo[r["seed"]], key) for r in paired]) if paired else None
+      for column, key, weight in CW_STEP_METRICS:
+        per_run = [_step_mean(r["curve"], key, weight) for r in rs]
+        per_run = [x for x in per_run if x is not None]
+        row[column] = _mean_std(per_run) if per_run else None
+      row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
+      t["methods"][method] = row
+      if method == "grpo" or not paired:
+        continue
+      # The paper's delta, both readings: absolute points (x100) and relative % of GRPO, of the
+      # seed means; per seed, the paired per-question test difference (same questions).
+      vs = {}
+      for k in ("acc", "f1"):
+        ours = row[f"test_{k}"][0]
+        base = _mean_std([r["test"][k] for r in grpo.values()])[0]
+        per_seed = [r["test"][k] - grpo[r["seed"]]["test"][k] for r in paired]
+        vs[k] = {"ours": ours, "grpo": base, "points": 100 * (ours - base),
+                 "relative_pct": 100 * (ours - base) / base if base else float("nan"),
+                 "per_seed_points": [round(100 * d, 2) for d in per_seed],
+                 "seeds_ahead": sum(d > 0 for d in per_seed), "seeds": len(per_seed)}
+      vs["f1"]["per_seed_paired_stderr"] = [
+          round(paired_gain(grpo[r["seed"]]["test"]["f1_by_id"], r["test"]["f1_by_id"])[1], 4)
+          for r in paired]
+      t["vs_grpo"][method] = vs
+    table[size] = t
+  return table
+
+
+def _cell(ms, digits: int = 3, sign: str = "") -> str:
+  return "—" if ms is None else _pm(ms, digits, sign)
+
+
+def markdown_cw(table: dict, steps: int, hardware: str) -> str:
+  """results.md of the CW-GRPO study: the method table and the paper's claim beside ours."""
+  lines = []
+  for size, t in table.items():
+    st = t["start"]
+    lines += [f"### {size} model ({hardware})", "",
+              f"SFT start (greedy, whole splits): dev F1 {st['dev']['f1']:.3f}, accuracy (EM > 0) "
+              f"{st['dev'].get('acc', st['dev']['em']):.3f}; test F1 {st['test']['f1']:.3f}, "
+              f"accuracy {st['test'].get('acc', st['test']['em']):.3f}. {steps} RL steps; mean ± "
+              f"sample std over seeds.", "",
+              "| method | seeds | dev F1 | dev accuracy | test F1 | test accuracy | test F1 gain vs "
+              "SFT (paired) | test accuracy gain vs SFT | training F1 − GRPO (paired by step) | "
+              "training success − GRPO (paired by step) | judge calls / step | calls saved / step "
+              "| contribution share | Gini of contributions | all-zero fallback rate | minutes |",
+              "| --- " * 16 + "|"]
+    for method, r in t["methods"].items():
+      lines.append(
+          f"| {method} | {r['seeds']} | {_pm(r['dev_f1'])} | {_pm(r['dev_acc'])} | "
+          f"{_pm(r['test_f1'])} | {_pm(r['test_acc'])} | {_pm(r['test_gain'], sign='+')} | "
+          f"{_pm(r['test_acc_gain'], sign='+')} | {_cell(r['train_f1_minus_grpo'], sign='+')} | "
+          f"{_cell(r['train_em_minus_grpo'], sign='+')} | {_cell(r['judge_calls'], 1)} | "
+          f"{_cell(r['judge_calls_saved'], 1)} | {_cell(r['contribution_share'])} | "
+          f"{_cell(r['gini'])} | {_cell(r['fallback_rate'])} | {_pm(r['minutes'], 1)} |")
+    judges = {m: r["judge"] for m, r in t["methods"].items()}
+    lines += ["", "Judges (agentjax.judge.judge_identity, from every run's result.json): "
+              + "; ".join(f"{m}: {json.dumps(j, sort_keys=True)}" for m, j in judges.items()), ""]
+    if t["vs_grpo"]:
+      lines += ["#### The paper's claim beside ours", "",
+                "The paper: CW-GRPO over GRPO, "
+                + ", ".join(f"+{v} on {m}" for m, v in PAPER_CLAIMS)
+                + " (points or percent not stated). Ours: test split, the seed means; points = "
+                "100 × (method − GRPO), relative = (method − GRPO) / GRPO. Per seed: the paired "
+                "difference with GRPO's run of the same seed, in points.", "",
+                "| method | test accuracy (GRPO) | Δ accuracy, points | Δ accuracy, relative | "
+                "per seed (points) | test F1 (GRPO) | Δ F1, points | Δ F1, relative | per seed "
+                "(points) |", "| --- " * 9 + "|"]
+      for method, vs in t["vs_grpo"].items():
+        cells = []
+        for k in ("acc", "f1"):
+          v = vs[k]
+          rel = "—" if math.isnan(v["relative_pct"]) else f"{v['relative_pct']:+.1f}%"
+          cells += [f"{v['ours']:.3f} ({v['grpo']:.3f})", f"{v['points']:+.1f}", rel,
+                    ", ".join(f"{d:+.1f}" for d in v["per_seed_points"])
+                    + f" ({v['seeds_ahead']}/{v['seeds']} ahead)"]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+      lines += ["", "| paper | backbone | claim over GRPO |", "| --- | --- | --- |"]
+      lines += [f"| CW-GRPO | {m} | +{v} (points or percent not stated) |"
+                for m, v in PAPER_CLAIMS]
+      lines.append("")
+  return "\n".join(lines)
 
 
 def _hardware() -> str:
@@ -488,20 +779,30 @@ def _no_nan(obj):
 
 
 def report() -> None:
-  study = collect(_ROOT.value, _SIZES.value, _METHODS.value, _SEEDS.value, _STEPS.value)
+  root, out = _root(), _out()
+  study = collect(root, _sizes(), _methods(), _SEEDS.value, _STEPS.value)
   if not study:
-    raise SystemExit(f"no finished size under {_ROOT.value} (run without --report_only first)")
-  os.makedirs(_OUT.value, exist_ok=True)
-  table = summarize(study, _TARGET.value)
-  text = markdown(table, _STEPS.value, _hardware())
-  with open(os.path.join(_OUT.value, "results.md"), "w") as f:
+    raise SystemExit(f"no finished size under {root} (run without --report_only first)")
+  os.makedirs(out, exist_ok=True)
+  if _STUDY.value == "cw_grpo":
+    table = summarize_cw(study)
+    text = markdown_cw(table, _STEPS.value, _hardware())
+    saved = {"study": "cw_grpo", "steps": _STEPS.value, "hardware": _hardware(),
+             "seed_band": "min-max over seeds", "paper_claims": dict(PAPER_CLAIMS),
+             "table": table}
+    panels, title = CW_PANELS, "{size} model: mean over seeds, band min-max over seeds"
+  else:
+    table = summarize(study, _TARGET.value)
+    text = markdown(table, _STEPS.value, _hardware())
+    saved = {"steps": _STEPS.value, "hardware": _hardware(), "target_gain": _TARGET.value,
+             "table": table}
+    panels, title = IGPO_PANELS, "{size} model"
+  with open(os.path.join(out, "results.md"), "w") as f:
     f.write(text)
-  _write(os.path.join(_OUT.value, "results.json"), _no_nan({
-      "steps": _STEPS.value, "hardware": _hardware(), "target_gain": _TARGET.value,
-      "table": table}))
-  paths = plot(study, _OUT.value)
+  _write(os.path.join(out, "results.json"), _no_nan(saved))
+  paths = plot(study, out, panels, title)
   _say(text)
-  _say(f"written: {os.path.join(_OUT.value, 'results.md')}, results.json, "
+  _say(f"written: {os.path.join(out, 'results.md')}, results.json, "
        + ", ".join(os.path.basename(p) for p in paths))
   _say(json.dumps({"compare": {size: {m: round(r["test_f1"][0], 4)
                                       for m, r in t["methods"].items()}
@@ -511,15 +812,16 @@ def report() -> None:
 def main(_):
   if _RUN.value:  # a run's log shows its steps (the trainer logs one line per step at INFO)
     logging.getLogger().setLevel(logging.INFO)
-    run_one(_ROOT.value, _RUN.value, _STEPS.value)
+    run_one(_root(), _RUN.value, _STEPS.value, _STUDY.value)
     return
   logging.getLogger().setLevel(logging.WARNING)
-  for name in _SIZES.value:
+  for name in _sizes():
     if name not in SIZES:
       raise app.UsageError(f"--sizes: unknown size {name!r}; known: {sorted(SIZES)}")
-  for name in _METHODS.value:
-    if name not in METHODS:
-      raise app.UsageError(f"--methods: unknown method {name!r}; known: {sorted(METHODS)}")
+  for name in _methods():
+    if name not in _study().methods:
+      raise app.UsageError(f"--methods: unknown method {name!r} in study {_STUDY.value!r}; "
+                           f"known: {sorted(_study().methods)}")
   if not _REPORT_ONLY.value:
     _run_all()
   report()

@@ -22,6 +22,7 @@ def compare():
   spec = importlib.util.spec_from_file_location("compare", os.path.join(ROOT, "launch",
                                                                          "compare.py"))
   module = importlib.util.module_from_spec(spec)
+  sys.modules["compare"] = module  # the importlib recipe: dataclasses look their module up
   sys.path.insert(0, ROOT)  # configs/
   spec.loader.exec_module(module)
   return module
@@ -212,3 +213,147 @@ def test_demo_world_statistics_against_numpy(tmp_path):
                              {f"q{i}": float(f) for i, f in enumerate(after)})
   d = after - before
   assert gain == pytest.approx(d.mean()) and stderr == pytest.approx(d.std(ddof=1) / 3)
+
+
+# ============================================================================ CW-GRPO study
+
+
+@pytest.mark.parametrize("method", ["grpo", "cw_grpo", "cw_random", "cw_flip", "cw_gamma1"])
+def test_cw_study_configs_differ_only_in_the_estimator_and_judge(compare, method):
+  config = compare.rl_config("/r", "base", method, seed=1, steps=20, study="cw_grpo")
+  config_lib.validate(config)
+  reference = compare.rl_config("/r", "base", "grpo", seed=1, steps=20, study="cw_grpo")
+  assert config.model.hf_path == "/r/base/sft/hf_export" and not config.rl.probe_all
+  diff = {k: v for k, v in _flatten(config.to_dict()).items()
+          if _flatten(reference.to_dict())[k] != v}
+  cw = {"algorithm": "cw_grpo", "judge.backend": "oracle"}
+  assert diff == {"grpo": {}, "cw_grpo": cw, "cw_random": dict(cw, **{"judge.noise": "random"}),
+                  "cw_flip": dict(cw, **{"judge.noise": "flip", "judge.noise_p": 0.2}),
+                  "cw_gamma1": dict(cw, **{"cw.gamma": 1.0})}[method]
+  assert config.cw.gamma >= config.cw.inf_threshold or method == "cw_gamma1"
+  assert config.cw.all_zero_fallback == "zero"
+
+
+def test_dotted_overrides_reach_their_field_and_a_typo_is_refused(compare, monkeypatch):
+  monkeypatch.setitem(compare.METHODS, "typo", ("grpo", {"judge.noise_pp": 0.2}))
+  monkeypatch.setitem(compare.METHODS, "noisy", ("grpo", {"judge.noise": "flip",
+                                                          "judge.noise_p": 0.2, "cw.gamma": 1.0}))
+  config = compare.rl_config("/r", "base", "noisy", seed=0, steps=3)
+  assert (config.judge.noise, config.judge.noise_p, config.cw.gamma) == ("flip", 0.2, 1.0)
+  with pytest.raises(KeyError, match="'typo'.*'judge.noise_pp'"):
+    compare.rl_config("/r", "base", "typo", seed=0, steps=3)
+
+
+def test_the_demo_sft_export_is_reused_only_when_its_settings_are_ours(compare, tmp_path):
+  from agentjax.data.demo_world import DEMO_WORLD
+  source, root = tmp_path / "demo", str(tmp_path / "study")
+  for name in ("synthworld", "tfds", "bm25_index", "sft/hf_export"):
+    os.makedirs(source / name)
+  # The stamp build_demo_world writes for these settings (so it reuses the copied world).
+  (source / "synthworld" / "demo_settings.json").write_text(json.dumps(dict(
+      DEMO_WORLD, vocab_size=1024, topk=1, first_query="question",
+      hop_weights=list(DEMO_WORLD["hop_weights"]), stop_early_rate=0.5)))
+  (source / "sft" / "hf_export" / "config.json").write_text("{}")
+  recorded = compare.sft_config(str(source), "base").to_dict()  # its own paths, as recorded
+  recorded["judge"] = {}  # an older run: RL-only sections absent
+  recorded["optimizer"]["lr"] *= 2
+  (source / "sft" / "config.json").write_text(json.dumps(recorded))
+  said = compare.reuse_sft(root, str(source), topk=1)
+  assert "optimizer.lr" in said and "trained here" in said
+  assert not os.path.exists(os.path.join(root, "base", "sft", "hf_export"))
+  recorded["optimizer"]["lr"] /= 2
+  (source / "sft" / "config.json").write_text(json.dumps(recorded))
+  assert "copied from" in compare.reuse_sft(root, str(source), topk=1)
+  assert os.path.exists(os.path.join(root, "base", "sft", "hf_export", "config.json"))
+  assert "exists" in compare.reuse_sft(root, str(source), topk=1)
+
+
+def _write_cw_study(root, rng):
+  """grpo and cw_grpo x 2 seeds of fake finished runs (4 questions a split, 6 steps)."""
+  world = os.path.join(root, "synthworld")
+  os.makedirs(world)
+  for split in ("dev", "test"):
+    with open(os.path.join(world, f"{split}.jsonl"), "w") as f:
+      for i in range(4):
+        f.write(json.dumps({"id": f"{split}_{i}", "hops": 1 + i // 2}) + "\n")
+
+  def split_result(split, f1s, ems):
+    ids = [f"{split}_{i}" for i in range(4)]
+    return {"f1": float(np.mean(f1s)), "em": float(np.mean(ems)), "acc": float(np.mean(ems > 0)),
+            "n": 4, "per_hop": {"1-hop": 0.0}, "f1_by_id": dict(zip(ids, map(float, f1s))),
+            "em_by_id": dict(zip(ids, map(float, ems)))}
+
+  os.makedirs(os.path.join(root, "base"))
+  start = {s: split_result(s, np.array([0.5, 0.0, 0.25, 0.0]), np.array([0., 0, 0, 1]))
+           for s in ("dev", "test")}
+  json.dump(start, open(os.path.join(root, "base", "start.json"), "w"))
+  truth = {}
+  for method in ("grpo", "cw_grpo"):
+    for seed in ("0", "1"):
+      wd = os.path.join(root, "base", method, f"seed{seed}")
+      os.makedirs(wd)
+      f1s, ems = rng.uniform(0, 1, 4).round(3), rng.integers(0, 2, 4).astype(float)
+      curve = [{"step": s + 1, "reward": 0.0, "f1": float(rng.uniform()),
+                "em": float(rng.uniform())} for s in range(6)]
+      if method == "cw_grpo":
+        for row in curve:
+          row.update({"judge/calls": float(rng.integers(0, 9)), "judge/calls_saved": 1.0,
+                      "judge/failures": 0.0, "judge/contribution_share": float(rng.uniform()),
+                      "judge/gini": float(rng.uniform()), "cw/fallback_rate": 0.25})
+        curve[2].update({"judge/calls": 0.0, "judge/gini": 0.0})  # nothing judged: no weight
+      with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in curve)
+      json.dump({"dev": split_result("dev", f1s, ems),
+                 "test": split_result("test", f1s[::-1], ems[::-1]), "minutes": 1.0,
+                 "steps": 6, "judge": {"backend": "oracle" if method != "grpo" else "none"}},
+                open(os.path.join(wd, "result.json"), "w"))
+      truth[method, seed] = (f1s[::-1], ems[::-1], curve)
+  return truth
+
+
+def test_cw_report_against_a_direct_computation(compare, tmp_path):
+  root = str(tmp_path / "runs")
+  truth = _write_cw_study(root, np.random.default_rng(3))
+  study = compare.collect(root, ["base"], ["grpo", "cw_grpo"], ["0", "1"], steps=6)
+  t = compare.summarize_cw(study)["base"]
+  cw, grpo = t["methods"]["cw_grpo"], t["methods"]["grpo"]
+  seeds = ("0", "1")
+  acc = {m: np.array([np.mean(truth[m, s][1] > 0) for s in seeds]) for m in ("grpo", "cw_grpo")}
+  f1 = {m: np.array([truth[m, s][0].mean() for s in seeds]) for m in ("grpo", "cw_grpo")}
+  assert cw["test_acc"] == pytest.approx((acc["cw_grpo"].mean(), acc["cw_grpo"].std(ddof=1)))
+  assert cw["test_acc_gain"][0] == pytest.approx(acc["cw_grpo"].mean() - 0.25)
+  assert cw["test_gain"][0] == pytest.approx(f1["cw_grpo"].mean() - 0.1875)
+  em_paired = [np.mean([a["em"] - b["em"] for a, b in zip(truth["cw_grpo", s][2],
+                                                          truth["grpo", s][2])]) for s in seeds]
+  assert cw["train_em_minus_grpo"][0] == pytest.approx(np.mean(em_paired))
+  gini = [np.average([r["judge/gini"] for r in truth["cw_grpo", s][2]],
+                     weights=[r["judge/calls"] for r in truth["cw_grpo", s][2]]) for s in seeds]
+  assert cw["gini"][0] == pytest.approx(np.mean(gini))
+  assert cw["judge_calls"][0] == pytest.approx(
+      np.mean([np.mean([r["judge/calls"] for r in truth["cw_grpo", s][2]]) for s in seeds]))
+  assert grpo["gini"] is None and grpo["train_f1_minus_grpo"] == (0.0, 0.0)
+  assert cw["judge"] == {"backend": "oracle"}
+  vs = t["vs_grpo"]["cw_grpo"]
+  d = acc["cw_grpo"].mean() - acc["grpo"].mean()
+  assert vs["acc"]["points"] == pytest.approx(100 * d)
+  assert vs["acc"]["relative_pct"] == pytest.approx(100 * d / acc["grpo"].mean())
+  assert vs["f1"]["per_seed_points"] == pytest.approx(100 * (f1["cw_grpo"] - f1["grpo"]), abs=0.01)
+  text = compare.markdown_cw(compare.summarize_cw(study), 6, "test CPU")
+  assert "| cw_grpo | 2 |" in text and "+6.3 on Qwen3-1.7B" in text and "test CPU" in text
+  assert f"{100 * d:+.1f}" in text
+
+
+def test_cw_report_cli_writes_its_files(tmp_path):
+  _write_cw_study(str(tmp_path / "runs"), np.random.default_rng(4))
+  out = tmp_path / "results"
+  proc = subprocess.run(
+      [sys.executable, "launch/compare.py", "--study=cw_grpo", "--report_only",
+       f"--root={tmp_path}/runs", f"--out={out}", "--methods=grpo,cw_grpo", "--seeds=0,1",
+       "--steps=6", "--hardware=test CPU"], cwd=ROOT, capture_output=True, text=True,
+      timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  assert sorted(os.listdir(out)) == ["f1_vs_step.png", "results.json", "results.md",
+                                     "success_vs_step.png"]
+  saved = json.loads((out / "results.json").read_text())
+  assert saved["study"] == "cw_grpo" and "NaN" not in (out / "results.json").read_text()
+  assert saved["table"]["base"]["vs_grpo"]["cw_grpo"]["acc"]["seeds"] == 2
