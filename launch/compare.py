@@ -717,8 +717,8 @@ def markdown_cw(table: dict, steps: int, hardware: str) -> str:
               f"{st['dev'].get('acc', st['dev']['em']):.3f}; test F1 {st['test']['f1']:.3f}, "
               f"accuracy {st['test'].get('acc', st['test']['em']):.3f}. {steps} RL steps; mean ± "
               f"sample std over seeds.", "",
-              "| method | seeds | dev F1 | dev accuracy | test F1 | test accuracy | test F1 gain vs "
-              "SFT (paired) | test accuracy gain vs SFT | training F1 − GRPO (paired by step) | "
+              "| method | seeds | dev F1 | dev accuracy | test F1 | test accuracy | test F1 gain "
+              "vs SFT (paired) | test accuracy gain vs SFT | training F1 − GRPO (paired by step) | "
               "training success − GRPO (paired by step) | judge calls / step | calls saved / step "
               "| contribution share | Gini of contributions | all-zero fallback rate | minutes |",
               "| --- " * 16 + "|"]
