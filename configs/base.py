@@ -144,6 +144,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.judge.hf_path = ""
   c.judge.max_new_tokens = 512
   c.judge.max_prompt_tokens = 4096
+  c.judge.max_batch = 0              # judge calls decoded together at most (0: all of the step's)
   # Which calls go out: the code judges rounds of trajectories whose outcome is > 0, the answer
   # round included (its score only enters the infinite branch's sum). Skipping groups whose
   # outcomes are all equal (advantage 0 for every member) changes no gradient.
