@@ -143,6 +143,9 @@ class JudgePass:
                "calls_saved": float(paper_calls - judged.sum()),
                "trajectories": float(len(requests)), "failures": float(failures),
                "seconds": seconds}
+    last = getattr(self.judge, "last_stats", None)  # a backend that retries (openai) says how often
+    if last is not None and hasattr(last, "retries"):
+      metrics["retries"] = float(last.retries) if requests else 0.0
     metrics.update(judge_metrics(retrieval, thinking, judged, num_turns,
                                  answer_round_judged=bool(cfg.answer_round)))
     if self.identity["backend"] != "oracle" and requests and all(
