@@ -9,8 +9,10 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import math
 
 import chex
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -160,23 +162,99 @@ def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6, w_i
   return out
 
 
-def ref_cw(a, ret, think, num_turns, mode, gamma):
+def ref_cw_weights(a, c, big_k, gamma, fallback, inf_threshold=10.0):
+  """The CW-GRPO code's weights of one trajectory (verl compute_cw_grpo_advantage, CW-GRPO
+  branch), a plain loop: c holds the K + 1 judged rounds' contributions, the answer round's last.
+  """
+  if a < 0:  # a wrong answer: contributions ignored, uniform weights
+    return [1.0 / big_k] * big_k
+  if gamma >= inf_threshold:  # "treat large gamma as infinity": the sum counts the answer round
+    total = 0.0
+    for x in c:
+      total += x
+    w = [c[k] / max(total, 1e-6) for k in range(big_k)]
+    if fallback == "uniform" and all(c[k] == 0 for k in range(big_k)):
+      w = [1.0 / big_k] * big_k
+    return w
+  top = max(c[:big_k])
+  e = [math.exp(gamma * (c[k] - top)) for k in range(big_k)]
+  return [x / sum(e) for x in e]
+
+
+def ref_cw_turns(a, ret, think, num_turns, gamma, fallback):
+  """[B, T] round advantages: A * K * w_k on non-answer rounds, A on the answer round."""
   b, num_t = ret.shape
   out = np.zeros((b, num_t))
   for i in range(b):
-    big_k = num_turns[i] - 1
-    c = [ret[i, k] * think[i, k] for k in range(big_k)]
-    if mode == "normalize":
-      s = sum(c)
-      w = [x / s for x in c] if s > 0 else [1.0 / max(big_k, 1)] * big_k
-    else:
-      m = max(c) if c else 0.0
-      e = [np.exp(gamma * x - gamma * m) for x in c]
-      w = [x / sum(e) for x in e]
-    for k in range(big_k):
-      out[i, k] = a[i] * big_k * w[k] if a[i] > 0 else a[i]
+    big_k = int(num_turns[i]) - 1
     out[i, big_k] = a[i]
+    if big_k == 0:
+      continue
+    c = [float(ret[i, k]) * float(think[i, k]) for k in range(big_k + 1)]
+    w = ref_cw_weights(float(a[i]), c, big_k, gamma, fallback)
+    for k in range(big_k):
+      out[i, k] = a[i] * big_k * w[k]
   return out
+
+
+def ref_cw_grpo(d, gamma, fallback, std_estimator="population", eps=1e-6):
+  """The cw_grpo estimator from scratch, as the code does it sample by sample: the GRPO advantage,
+  then per trajectory its weights and token advantages. Also the fallback / judged counts.
+
+  Returns:
+    adv [B, L], fallback count, judged-positive count.
+  """
+  o, g, ret, think = d["outcome"], d["group_ids"], d["retrieval_scores"], d["thinking_scores"]
+  a = ref_grpo(o, g, scale=True, eps=eps, std_estimator=std_estimator)
+  adv = np.zeros(d["loss_mask"].shape)
+  fired = judged = 0
+  for i in range(len(o)):
+    big_k = int(d["num_turns"][i]) - 1
+    c = [float(ret[i, k]) * float(think[i, k]) for k in range(big_k + 1)]
+    w = ref_cw_weights(a[i], c, big_k, gamma, fallback) if big_k > 0 else []
+    if a[i] > 0 and big_k > 0:
+      judged += 1
+      fired += gamma >= 10.0 and not any(c[:big_k])
+    for l in range(adv.shape[1]):
+      k = int(d["turn_id"][i, l])
+      if not d["loss_mask"][i, l] or k < 0:
+        continue  # prompt, observations, padding
+      adv[i, l] = a[i] if k == big_k else a[i] * big_k * w[k]
+  return adv, fired, judged
+
+
+def make_cw_batch(seed, num_t=4, length=26):
+  """A judged batch: EM outcomes in 4 non-contiguous groups (one all-correct: advantage 0),
+  num_turns 1..num_t, binary verdicts (1 past each row's answer round too: must be ignored), and
+  rows pinned to the edge cases: correct rows whose non-answer contributions are all 0 (answer
+  round c = 1 and c = 0), a correct row whose answer round c = 1 joins the infinite branch's sum,
+  K = 0 with A > 0 and A < 0, a wrong row with contributions."""
+  rng = np.random.default_rng(seed)
+  ids = np.array([7] * 4 + [3] * 4 + [100] * 3 + [42] * 3, np.int32)
+  outcome = np.array([1, 1, 0, 0, 1, 0, 0, 0, 1, 1, 0, 1, 1, 1], np.float32)
+  b = len(ids)
+  num_turns = rng.integers(1, num_t + 1, size=b).astype(np.int32)
+  num_turns[[0, 1, 3, 4, 8]] = rng.integers(2, num_t + 1, size=5)
+  num_turns[[9, 2]] = 1                      # K = 0: correct (A > 0) and wrong (A < 0)
+  ret = (rng.uniform(size=(b, num_t)) < 0.6).astype(np.float32)
+  think = (rng.uniform(size=(b, num_t)) < 0.7).astype(np.float32)
+  past = np.arange(num_t)[None, :] >= num_turns[:, None]
+  ret[past] = think[past] = 1.0
+  for i, answer_c in ((0, 1.0), (1, 0.0)):   # all non-answer c = 0 (the fallback fires)
+    k = num_turns[i] - 1
+    ret[i, :k] = 0.0
+    ret[i, k] = think[i, k] = answer_c
+  k = num_turns[4] - 1                       # answer round c = 1 next to a contributing round
+  ret[4, :k + 1] = think[4, :k + 1] = 0.0
+  ret[4, [0, k]] = think[4, [0, k]] = 1.0
+  ret[3, 0] = think[3, 0] = 1.0              # a wrong row with a contribution
+  ret[8, 0] = think[8, 0] = 1.0              # a correct row with a contribution
+  order = rng.permutation(b)
+  num_turns = num_turns[order]
+  turn_id, mask = make_layout(rng, num_turns, length)
+  return dict(outcome=outcome[order], group_ids=ids[order], num_turns=num_turns,
+              turn_id=turn_id, loss_mask=mask, retrieval_scores=ret[order],
+              thinking_scores=think[order])
 
 
 def ref_collapse(outcome, group_ids, tol=1e-6):
@@ -427,53 +505,96 @@ class TurnLevelTest(chex.TestCase):
           want[i, k] = acc
       assert_close(got, want)
 
-  @chex.variants(with_jit=True, without_jit=True)
-  @parameterized.product(mode=("normalize", "softmax"), gamma=(1.0, 2.5))
-  def test_contribution_weighted_random(self, mode, gamma):
-    fn = self.variant(functools.partial(adv_lib.contribution_weighted_advantages, mode=mode,
-                                        gamma=gamma))
-    for seed in SEEDS:
-      rng = np.random.default_rng(seed)
-      b, num_t = 12, 5
-      a = rng.normal(size=b).astype(np.float32)
-      a[:2] = 0.0
-      ret = rng.uniform(size=(b, num_t)).astype(np.float32)
-      ret[rng.uniform(size=(b, num_t)) < 0.3] = 0.0
-      ret[2] = 0.0  # no contribution anywhere: uniform fallback
-      think = rng.uniform(size=(b, num_t)).astype(np.float32)
-      num_turns = rng.integers(1, num_t + 1, size=b).astype(np.int32)
-      num_turns[2] = 4
-      a[2] = 1.5
-      got = fn(a, ret, think, num_turns)
-      assert_close(got, ref_cw(a, ret, think, num_turns, mode, gamma))
+  @parameterized.product(gamma=(0.5, 1.0, 3.0, 100.0, math.inf), fallback=("zero", "uniform"))
+  def test_cw_grpo_matches_official_rule(self, gamma, fallback):
+    # Through the registry, with verl's std (the paper presets), eager: the jitted kernel is
+    # checked in test_cw_jit_and_traced_gamma.
+    fn = functools.partial(adv_lib.get_advantage_estimator("cw_grpo"), gamma=gamma,
+                           all_zero_fallback=fallback, std_estimator="unbiased")
+    for seed in SEEDS[:2]:
+      d = make_cw_batch(seed)
+      adv, stats = fn(**d, ig=np.zeros((14, 4), np.float32))  # an unused batch field is dropped
+      want, fired, judged = ref_cw_grpo(d, gamma, fallback, std_estimator="unbiased")
+      assert_close(adv, want)
+      self.assertEqual(judged, 4)  # the correct rows with K >= 1 outside the all-correct group
+      self.assertEqual(fired, 2 if gamma >= 10 else 0)
+      self.assertEqual(float(stats["cw_judged_positive"]), judged)
+      self.assertEqual(float(stats["cw_fallback_count"]), fired)
+      assert_close(stats["collapse_fraction"], 0.25)  # the all-correct group
+      self.assertIn("adv_mean", stats)
 
   @chex.variants(with_jit=True, without_jit=True)
-  def test_contribution_weighted_hand_case(self):
-    a = np.array([2.0, -1.0, 2.0, 3.0], np.float32)
-    ret = np.array([[1.0, 0.5, 0.0, 7.0], [1.0, 0.5, 0.0, 7.0], [0.0, 0.0, 0.0, 7.0],
-                    [5.0, 5.0, 5.0, 5.0]], np.float32)
-    think = np.array([[1.0, 1.0, 0.0, 7.0], [1.0, 1.0, 0.0, 7.0], [1.0, 1.0, 1.0, 7.0],
-                      [1.0, 1.0, 1.0, 1.0]], np.float32)
-    num_turns = np.array([3, 3, 3, 1], np.int32)
-    got = self.variant(adv_lib.contribution_weighted_advantages)(a, ret, think, num_turns)
-    # Row 0: c = [1, .5], w = [2/3, 1/3], K = 2: rounds 2*2*w, answer 2.
-    assert_close(got, [[8 / 3, 4 / 3, 2.0, 0.0], [-1.0, -1.0, -1.0, 0.0],
-                       [2.0, 2.0, 2.0, 0.0], [3.0, 0.0, 0.0, 0.0]])
-    # Positive-advantage rounds keep the total A * K of uniform weighting.
-    assert_close(np.asarray(got)[0, :2].sum(), 2 * 2.0)
+  def test_cw_all_zero_contributions_issue_example(self):
+    a, ret, think, n = jnp.array([2.0]), jnp.zeros((1, 3)), jnp.ones((1, 3)), jnp.array([3])
+    cw = adv_lib.contribution_weighted_advantages
+    # The official code: gamma >= 10 gives weights c / max(sum c, 1e-6) = 0, so only the answer
+    # round is reinforced (the kernel before issue 16 gave [2, 2, 2] by default).
+    for kw, want in (({}, [0.0, 0.0, 2.0]),
+                     ({"all_zero_fallback": "zero"}, [0.0, 0.0, 2.0]),
+                     ({"all_zero_fallback": "uniform"}, [2.0, 2.0, 2.0]),
+                     ({"gamma": math.inf}, [0.0, 0.0, 2.0]),
+                     ({"gamma": 10.0}, [0.0, 0.0, 2.0]),
+                     ({"gamma": 9.5}, [2.0, 2.0, 2.0]),   # softmax of equal logits: uniform
+                     ({"gamma": 1.0, "all_zero_fallback": "zero"}, [2.0, 2.0, 2.0]),
+                     ({"gamma": 20.0, "inf_threshold": 50.0}, [2.0, 2.0, 2.0])):
+      got = self.variant(functools.partial(cw, **kw))(a, ret, think, n)
+      np.testing.assert_array_equal(np.asarray(got), [want], err_msg=str(kw))
+    # An answer round with c = 1 does not rescue the all-zero rounds (c / 1 = 0).
+    ret = jnp.array([[0.0, 0.0, 1.0]])
+    got = self.variant(cw)(a, ret, think, n)
+    np.testing.assert_array_equal(np.asarray(got), [[0.0, 0.0, 2.0]])
 
   @chex.variants(with_jit=True, without_jit=True)
-  def test_cw_grpo_estimator(self):
-    d = make_batch(4)
-    rng = np.random.default_rng(4)
-    ret = rng.uniform(size=(10, 4)).astype(np.float32)
-    think = rng.uniform(size=(10, 4)).astype(np.float32)
-    fn = self.variant(functools.partial(adv_lib.get_advantage_estimator("cw_grpo"),
-                                        mode="softmax", gamma=3.0))
-    adv, _ = fn(**d, retrieval_scores=ret, thinking_scores=think)
-    a = ref_grpo(d["outcome"], d["group_ids"], True)
-    turns = ref_cw(a, ret, think, d["num_turns"], "softmax", 3.0)
-    assert_close(adv, ref_tokens_from_turns(turns, d["turn_id"], d["loss_mask"]))
+  def test_cw_hand_cases(self):
+    # Rows: A = 2 with K = 2, c = [1, 0] and answer c = 1 / 0; c = [1, 1] with answer c = 1;
+    # A = -1.5 with contributions; A = 0; K = 0 with A = 3 and A = -1 (scores of the single round
+    # and past it ignored).
+    a = np.array([2.0, 2.0, 2.0, -1.5, 0.0, 3.0, -1.0], np.float32)
+    ret = np.array([[1, 0, 1, 1], [1, 0, 0, 1], [1, 1, 1, 0], [1, 0, 1, 1], [1, 0, 1, 1],
+                    [1, 1, 1, 1], [1, 1, 1, 1]], np.float32)
+    think = np.ones((7, 4), np.float32)
+    n = np.array([3, 3, 3, 3, 3, 1, 1], np.int32)
+    e = math.e
+    soft = [4 * e / (e + 1), 4 / (e + 1)]  # gamma 1, c = [1, 0]: 2 * 2 * softmax
+    want = {
+        math.inf: [[2, 0, 2, 0], [4, 0, 2, 0], [4 / 3, 4 / 3, 2, 0]],
+        1.0: [soft + [2, 0], soft + [2, 0], [2, 2, 2, 0]]}
+    tail = [[-1.5, -1.5, -1.5, 0], [0, 0, 0, 0], [3, 0, 0, 0], [-1, 0, 0, 0]]
+    for gamma in (math.inf, 1.0):
+      for fallback in ("zero", "uniform"):
+        fn = functools.partial(adv_lib.contribution_weighted_advantages, gamma=gamma,
+                               all_zero_fallback=fallback)
+        got = self.variant(fn)(a, ret, think, n)
+        assert_close(got, np.array(want[gamma] + tail), rtol=1e-6, atol=1e-6)
+        assert_close(got, ref_cw_turns(a, ret, think, n, gamma, fallback), rtol=1e-6, atol=1e-6)
+        # Without an answer-round c the multipliers K * w_k average to 1: row 1 keeps A * K.
+        assert_close(np.asarray(got)[1, :2].sum(), 2 * 2.0, rtol=1e-6)
+
+  def test_cw_jit_and_traced_gamma(self):
+    # gamma as a traced scalar picks its branch inside jit; the jitted registry estimator matches
+    # the reference.
+    d = make_cw_batch(2)
+    est = adv_lib.get_advantage_estimator("cw_grpo")
+    traced = jax.jit(lambda g, **f: est(**f, gamma=g, all_zero_fallback="zero")[0])
+    static = jax.jit(functools.partial(est, gamma=3.0, all_zero_fallback="uniform"))
+    adv, stats = static(**d)
+    want, fired, judged = ref_cw_grpo(d, 3.0, "uniform")
+    assert_close(adv, want)
+    self.assertEqual((float(stats["cw_fallback_count"]), float(stats["cw_judged_positive"])),
+                     (fired, judged))
+    for gamma in (3.0, 100.0, math.inf):
+      assert_close(traced(jnp.float32(gamma), **d), ref_cw_grpo(d, gamma, "zero")[0])
+
+  def test_cw_unknown_fallback(self):
+    d = make_cw_batch(0)
+    with self.assertRaisesRegex(ValueError, r"cw.all_zero_fallback 'spread'.*'zero', 'uniform'"):
+      adv_lib.get_advantage_estimator("cw_grpo")(**d, all_zero_fallback="spread")
+    with self.assertRaisesRegex(ValueError, "cw.gamma is NaN"):
+      adv_lib.contribution_weighted_advantages(
+          np.ones(14), d["retrieval_scores"], d["thinking_scores"], d["num_turns"],
+          gamma=math.nan)
+    with self.assertRaises(TypeError):  # the pre-issue-16 keyword is gone, not ignored
+      adv_lib.get_advantage_estimator("cw_grpo")(**d, mode="softmax")
 
 
 class StatisticsTest(chex.TestCase):
@@ -589,9 +710,8 @@ def ref_estimator(name, d, kw):
                            w_out=kw.get("outcome_weight", 1.0), **std)
     return ref_tokens_from_turns(turns, d["turn_id"], m)
   if name == "cw_grpo":
-    turns = ref_cw(ref_grpo(o, g, scale=True, **std), d["retrieval_scores"],
-                   d["thinking_scores"], d["num_turns"], "normalize", 1.0)
-    return ref_tokens_from_turns(turns, d["turn_id"], m)
+    return ref_cw_grpo(d, kw.get("gamma", 100.0), kw.get("all_zero_fallback", "zero"),
+                       **std)[0]
   raise AssertionError(f"no NumPy reference for the registered estimator {name!r}: add one")
 
 
@@ -737,7 +857,9 @@ class AdvantageKwargsTest(absltest.TestCase):
       assert_close(adv, ref_estimator(name, d, kw))
     config = importlib.import_module("configs.grpo").get_config("demo")
     config.algorithm = "cw_grpo"
-    self.assertEqual(rl_lib.advantage_kwargs(config), {"std_estimator": "population", "eps": 1e-6})
+    self.assertEqual(rl_lib.advantage_kwargs(config),
+                     {"std_estimator": "population", "eps": 1e-6, "gamma": 100.0,
+                      "inf_threshold": 10.0, "all_zero_fallback": "zero"})
 
 
 def test_registry():

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
+import numbers
 from typing import Callable
 
 import jax
@@ -517,67 +519,116 @@ def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Arra
   return adv, stats
 
 
+# CW-GRPO's readings of "every contribution is 0" (cw.all_zero_fallback); see
+# contribution_weighted_advantages.
+CW_FALLBACKS = ("zero", "uniform")
+
+
+def _cw_round_advantages(adv_outcome: Array, retrieval_scores: Array, thinking_scores: Array,
+                         num_turns: Array, gamma: float | Array, inf_threshold: float,
+                         all_zero_fallback: str) -> tuple[Array, Array, Array]:
+  """`contribution_weighted_advantages` plus, per trajectory, whether the all-zero fallback fired
+  and whether it was judged with a positive advantage (A > 0, K >= 1): ([B, T], [B], [B])."""
+  if all_zero_fallback not in CW_FALLBACKS:
+    raise ValueError(f"unknown cw.all_zero_fallback {all_zero_fallback!r}; known: {CW_FALLBACKS}")
+  for name, value in (("cw.gamma", gamma), ("cw.inf_threshold", inf_threshold)):
+    if isinstance(value, numbers.Real) and math.isnan(value):
+      raise ValueError(f"{name} is NaN")
+  num_t = retrieval_scores.shape[1]
+  num_k = jnp.asarray(num_turns).astype(jnp.int32) - 1  # [B] non-answer rounds K
+  k = jnp.arange(num_t)[None, :]
+  rounds = k < num_k[:, None]                            # the K non-answer rounds
+  judged = k <= num_k[:, None]                           # ... and the answer round
+  c = jnp.where(judged, retrieval_scores.astype(_F32) * thinking_scores.astype(_F32), 0.0)
+  c_rounds = jnp.where(rounds, c, 0.0)
+  k_f = jnp.maximum(num_k, 1).astype(_F32)[:, None]
+
+  # Both branches are computed and one is selected, so gamma may be traced; the softmax sees a
+  # finite stand-in for gamma where the infinite branch is taken (inf * 0 would be NaN).
+  gamma = jnp.asarray(gamma, _F32)
+  infinite = gamma >= inf_threshold
+  logits = jnp.where(rounds, jnp.where(infinite, 0.0, gamma) * c, -jnp.inf)
+  top = jnp.max(logits, axis=1, keepdims=True)
+  top = jnp.where(jnp.isfinite(top), top, 0.0)  # rows with no round: avoid inf - inf
+  e = jnp.where(rounds, jnp.exp(logits - top), 0.0)
+  w_soft = e / jnp.maximum(jnp.sum(e, axis=1, keepdims=True), 1e-30)
+  # The code's "infinite" branch: its sum runs over every judged round, the answer round's own
+  # c included (the judge scores it too), so an answer round with c = 1 lowers the other weights.
+  w_inf = c_rounds / jnp.maximum(jnp.sum(c, axis=1, keepdims=True), 1e-6)
+  all_zero = ~jnp.any(c_rounds != 0, axis=1)  # [B] no non-answer round contributed
+  if all_zero_fallback == "uniform":
+    w_inf = jnp.where(all_zero[:, None], rounds / k_f, w_inf)
+  w = jnp.where(infinite, w_inf, w_soft)
+
+  a = jnp.asarray(adv_outcome).astype(_F32)
+  # A <= 0: the code's uniform weights (K * 1/K = 1), i.e. every round keeps A.
+  round_adv = jnp.where(a[:, None] > 0, a[:, None] * k_f * w, a[:, None])
+  out = jnp.where(rounds, round_adv, jnp.where(k == num_k[:, None], a[:, None], 0.0))
+  positive = (a > 0) & (num_k >= 1)
+  return out, positive & infinite & all_zero, positive
+
+
 def contribution_weighted_advantages(adv_outcome: Array, retrieval_scores: Array,
                                      thinking_scores: Array, num_turns: Array, *,
-                                     mode: str = "normalize",
-                                     gamma: float | Array = 1.0) -> Array:
+                                     gamma: float | Array = 100.0, inf_threshold: float = 10.0,
+                                     all_zero_fallback: str = "zero") -> Array:
   """CW-GRPO: redistribute a positive outcome advantage over rounds by their contribution.
 
-  Over the K = num_turns - 1 non-answer rounds, c_k = retrieval_k * thinking_k (scores are
-  expected to be >= 0). Weights:
-    "normalize": w_k = c_k / sum(c); if sum(c) <= 0 (nothing contributed) w_k = 1/K (uniform);
-    "softmax":   w = softmax(gamma * c) over the valid rounds.
-  If A > 0, round k < K gets A * K * w_k (uniform weights give A everywhere) and the answer round
-  K keeps A; if A <= 0 every round 0..K gets A unchanged (no blame redistribution). Turns past
-  the answer round get 0.
+  The official code's rule (its verl `core_algos.compute_cw_grpo_advantage`). A trajectory has
+  K = num_turns - 1 non-answer rounds k = 0..K-1, then its answer round K; c_k = retrieval_k *
+  thinking_k (scores are expected in [0, 1], the judge gives {0, 1}). Weights over the
+  non-answer rounds:
+    gamma <  inf_threshold:  w = softmax(gamma * c) over the K non-answer rounds;
+    gamma >= inf_threshold:  w_k = c_k / max(sum_{j <= K} c_j, 1e-6), the code's "infinite"
+      gamma (it reads gamma >= 10 so). The sum includes the answer round's own c_K, which the
+      code's judge also scores. If every non-answer c is 0 the weights are all 0 ("zero", the
+      code: only the answer round is reinforced) or 1/K ("uniform", the softmax's limit), by
+      `all_zero_fallback`; this holds even when c_K = 1.
+  If A > 0, non-answer round k gets A * K * w_k; if A <= 0 every round gets A (the code's uniform
+  weights for A < 0; A = 0 gives 0 either way). The answer round keeps A; with K = 0 the single
+  round gets A. Turns past the answer round get 0.
 
   Args:
     adv_outcome: [B] outcome advantage (e.g. GRPO's).
-    retrieval_scores: [B, T].
+    retrieval_scores: [B, T] per round; column num_turns - 1 is the answer round's.
     thinking_scores: [B, T].
     num_turns: [B] int32 >= 1.
-    mode: "normalize" or "softmax".
-    gamma: softmax inverse temperature (ignored by "normalize").
+    gamma: contribution inverse temperature (cw.gamma), a float (inf allowed) or a scalar array.
+    inf_threshold: gamma at and above which the "infinite" branch is taken (cw.inf_threshold).
+    all_zero_fallback: "zero" or "uniform" (cw.all_zero_fallback), see above.
   Returns:
     [B, T] float32 turn-level advantages.
   """
-  num_t = retrieval_scores.shape[1]
-  num_k = jnp.asarray(num_turns).astype(jnp.int32) - 1  # [B] non-answer rounds
-  k = jnp.arange(num_t)[None, :]
-  rounds = k < num_k[:, None]
-  c = jnp.where(rounds, retrieval_scores.astype(_F32) * thinking_scores.astype(_F32), 0.0)
-  k_f = jnp.maximum(num_k, 1).astype(_F32)[:, None]
-  if mode == "normalize":
-    total = jnp.sum(c, axis=1, keepdims=True)
-    w = jnp.where(total > 0, c / jnp.where(total > 0, total, 1.0), rounds / k_f)
-  elif mode == "softmax":
-    logits = jnp.where(rounds, jnp.asarray(gamma, _F32) * c, -jnp.inf)
-    top = jnp.max(logits, axis=1, keepdims=True)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)  # rows with no round: avoid inf - inf
-    e = jnp.where(rounds, jnp.exp(logits - top), 0.0)
-    w = e / jnp.maximum(jnp.sum(e, axis=1, keepdims=True), 1e-30)
-  else:
-    raise ValueError(f"unknown mode {mode!r}; known: ('normalize', 'softmax')")
-  a = jnp.asarray(adv_outcome).astype(_F32)[:, None]
-  round_adv = jnp.where(a > 0, a * k_f * w, a)
-  return jnp.where(rounds, round_adv, jnp.where(k == num_k[:, None], a, 0.0))
+  return _cw_round_advantages(adv_outcome, retrieval_scores, thinking_scores, num_turns, gamma,
+                              inf_threshold, all_zero_fallback)[0]
 
 
 @register_advantage("cw_grpo")
 def cw_grpo_advantages(outcome: Array, group_ids: Array, retrieval_scores: Array,
                        thinking_scores: Array, num_turns: Array, turn_id: Array,
-                       loss_mask: Array, *, mode: str = "normalize", gamma: float | Array = 1.0,
+                       loss_mask: Array, *, gamma: float | Array = 100.0,
+                       inf_threshold: float = 10.0, all_zero_fallback: str = "zero",
                        scale_by_std: bool = True, std_estimator: str = "population",
                        eps: float = 1e-6,
                        collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """CW-GRPO: GRPO outcome advantage, contribution-weighted over rounds, spread to tokens.
 
   See `grpo_outcome_advantages` and `contribution_weighted_advantages`. The CW-GRPO code
-  (verl) uses std_estimator="unbiased", eps 1e-6.
+  (verl) uses std_estimator="unbiased", eps 1e-6, gamma 100 (the "infinite" branch), fallback
+  "zero".
+
+  Returns:
+    advantages [B, L] float32 and stats: the outcome statistics of every estimator, plus
+    "cw_judged_positive" (trajectories with A > 0 and at least one non-answer round: those whose
+    contributions move credit) and "cw_fallback_count" (those among them, in the infinite
+    branch, whose non-answer contributions are all 0: where `all_zero_fallback` decides).
   """
   a = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std,
                               std_estimator=std_estimator, eps=eps)
-  turn_adv = contribution_weighted_advantages(a, retrieval_scores, thinking_scores, num_turns,
-                                              mode=mode, gamma=gamma)
+  turn_adv, fired, positive = _cw_round_advantages(
+      a, retrieval_scores, thinking_scores, num_turns, gamma, inf_threshold, all_zero_fallback)
   adv = turn_to_token(turn_adv, turn_id, loss_mask)
-  return adv, _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  stats["cw_fallback_count"] = jnp.sum(fired).astype(_F32)
+  stats["cw_judged_positive"] = jnp.sum(positive).astype(_F32)
+  return adv, stats
