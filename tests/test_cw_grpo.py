@@ -1,0 +1,118 @@
+"""CW-GRPO steps end to end: a scripted agent, the judge pass, the contribution-weighted update.
+
+The scripted agent (tests/agent_fixtures.py) answers correctly or searches at every turn, so a
+step holds correct trajectories of one round (K = 0) and of two (K = 1) and failed ones: the
+judge is called for the correct ones of mixed groups only, and its verdicts reach the advantage.
+"""
+
+from __future__ import annotations
+
+import importlib
+import socket
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from agentjax.agent import RolloutConfig, RolloutEngine
+from agentjax.judge import JUDGES, Verdict, register_judge
+from agentjax.parallel import make_mesh
+from agentjax.retrieval import make_backend
+from agentjax.sampling import SamplingParams
+from agentjax.train.step import RLStep
+from tests import agent_fixtures as af
+from tests import retrieval_fixtures
+
+GROUP, QUESTIONS = 8, 2
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+  root = tmp_path_factory.mktemp("cw")
+  tok = af.scripted_tokenizer(str(root / "tok"))
+  backend = make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(root / "c.jsonl"),
+                         index_dir=str(root / "index"))
+  agent = af.ScriptedAgent(tok)
+  engine = RolloutEngine(agent.cfg, tok, backend, RolloutConfig(
+      group_size=GROUP, max_turns=2, max_new_tokens=8, max_obs_tokens=48, max_total_tokens=512,
+      topk=2, sampling=SamplingParams(temperature=1.0)))
+  return engine, agent.params(af.SEARCH, af.ANSWER)
+
+
+def _config(**judge):
+  c = importlib.import_module("configs.cw_grpo").get_config("demo")
+  c.rollout.group_size, c.rollout.max_turns, c.rollout.max_total_tokens = GROUP, 2, 512
+  c.rl.prompts_per_step, c.rl.minibatch_size, c.rl.kl_coef = QUESTIONS, GROUP * QUESTIONS, 0.0
+  c.train.steps = 3
+  c.judge.update(judge)
+  return c
+
+
+def _steps(setup, config, steps=3):
+  engine, params = setup
+  params = jax.tree.map(jnp.copy, params)  # the update donates its params
+  optimizer = optax.sgd(0.3)
+  rl_step = RLStep.build(config, make_mesh(-1, 1, 1), engine, optimizer, None)
+  state = {"params": params, "opt_state": optimizer.init(params), "rng": jax.random.key(0)}
+  questions = [{"question": "Who founded Zorvath?", "golden_answers": ["Aldric"]}] * QUESTIONS
+  out = []
+  for step in range(steps):
+    result = rl_step(state, questions, step)
+    state = result.state
+    out.append(result.metrics)
+  return out
+
+
+def _free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def fixed_judge():
+  """A registered judge giving every round retrieval = thinking = `value` (set per test)."""
+  state = {"value": 1, "requests": 0}
+
+  class Fixed:
+    def judge(self, requests):
+      state["requests"] += len(requests)
+      return [[Verdict(state["value"], state["value"])] * len(r.turns) for r in requests]
+
+    def identity(self):
+      return {"backend": "test_fixed"}
+
+  register_judge("test_fixed")(lambda cfg, mesh=None: Fixed())
+  yield state
+  del JUDGES["test_fixed"]
+
+
+def test_a_judge_server_that_is_down_costs_rounds_not_the_run(setup):
+  """Every call refused: the run trains to the end, each round 0/0, the failures counted; with
+  the code's "zero" fallback only the answer rounds of correct trajectories keep their A."""
+  config = _config(backend="openai", base_url=f"http://127.0.0.1:{_free_port()}/v1",
+                   timeout_s=2.0, max_retries=1, retry_backoff_s=0.01)
+  metrics = _steps(setup, config)
+  assert len(metrics) == 3 and all(np.isfinite(m["loss"]) for m in metrics)
+  calls = sum(m["judge/calls"] for m in metrics)
+  assert calls > 0 and sum(m["judge/failures"] for m in metrics) == calls
+  assert all(m["judge/contribution_share"] == 0 for m in metrics)
+  # Every correct two-round trajectory of a live group hit the all-zero fallback.
+  fired = sum(m["cw/fallback_count"] for m in metrics)
+  assert fired > 0 and all(m["cw/fallback_rate"] == 1.0 for m in metrics
+                           if m["cw/fallback_count"])
+
+
+def test_verdicts_reach_the_advantage(setup, fixed_judge):
+  """All-ones verdicts: the fallback never fires and the same step with all-zero verdicts
+  differs only through the contribution weights (its loss differs)."""
+  fixed_judge["value"] = 1
+  ones = _steps(setup, _config(backend="test_fixed"), steps=1)[0]
+  assert ones["judge/calls"] > 0 and ones["judge/failures"] == 0
+  assert ones["cw/fallback_count"] == 0 and ones["judge/contribution_share"] == 1.0
+  fixed_judge["value"] = 0
+  zeros = _steps(setup, _config(backend="test_fixed"), steps=1)[0]
+  assert zeros["judge/calls"] == ones["judge/calls"]  # same rollouts (same rng), same calls
+  assert zeros["cw/fallback_count"] > 0 and zeros["loss"] != ones["loss"]
