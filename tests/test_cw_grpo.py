@@ -116,3 +116,34 @@ def test_verdicts_reach_the_advantage(setup, fixed_judge):
   zeros = _steps(setup, _config(backend="test_fixed"), steps=1)[0]
   assert zeros["judge/calls"] == ones["judge/calls"]  # same rollouts (same rng), same calls
   assert zeros["cw/fallback_count"] > 0 and zeros["loss"] != ones["loss"]
+
+
+def test_the_openai_judge_against_launch_serve(setup, hf_checkpoint, tiny_tokenizer_dir,
+                                               tmp_path):
+  """The `openai` backend pointed at agentjax's own server (launch/serve.py's app, a tiny random
+  Qwen as the judge): every judged round is one request, the server decodes concurrent ones
+  together, and a random judge's junk replies are counted failures, never an exception."""
+  import os
+  import shutil
+
+  from agentjax.sampling.complete import Completer
+  from agentjax.serve import ServerThread, create_app
+
+  src, _ = hf_checkpoint("qwen2-chat")
+  folder = tmp_path / "judge-model"
+  folder.mkdir()
+  for d in (src, tiny_tokenizer_dir):
+    for name in os.listdir(d):
+      shutil.copy(os.path.join(d, name), folder)
+  prompt = tmp_path / "judge.md"  # a user's own prompt file (short: the tiny judge's context)
+  prompt.write_text("Score the last round as JSON.\n{{TRACE}}\n")
+  app = create_app(Completer.from_hf(str(folder), max_total_tokens=1024), model_name="judge",
+                   max_batch=64, batch_window_s=0.05, max_tokens_limit=8)
+  with ServerThread(app) as server:
+    config = _config(backend="openai", base_url=f"{server.url}/v1", model="judge",
+                     prompt_path=str(prompt), max_tokens=8, timeout_s=300.0, max_retries=0)
+    m = _steps(setup, config, steps=1)[0]
+    stats = app.state.batcher.stats()
+  calls = m["judge/calls"]
+  assert calls > 0 and stats["requests"] == calls and stats["batches"] < calls
+  assert m["judge/failures"] == calls and np.isfinite(m["loss"])
