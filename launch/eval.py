@@ -1,14 +1,25 @@
-r"""EM and F1 per benchmark with greedy decoding, from a run's checkpoint or a Hugging Face folder.
+r"""EM, F1 and accuracy per benchmark, from a run's checkpoint or a Hugging Face folder.
 
   python launch/eval.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
   python launch/eval.py --config=configs/igpo.py:qwen2.5-7b --hf_path=models/Qwen2.5-7B-Instruct \
       --config.data.eval_size=0 --output=results/qwen7b_test.json
+  # CW-GRPO's evaluation: its 400-question mix, 4 samples per question at temperature 1
+  python launch/eval.py --config=configs/cw_grpo.py:qwen3-8b --workdir=/mnt/shared/runs/cw8b \
+      --config.data.eval=cw_grpo_400 --samples=4 --temperature=1.0
 
-Benchmarks: config.data.eval (comma-separated), split config.data.eval_split, the first
-config.data.eval_size questions of each (0: all), with the config's retriever and rollout limits.
-Prints a table, writes JSON (per-question answers included) to --output (default
-{workdir}/eval_{split}_{step}.json, or {hf_path}_eval_{split}.json beside the folder), and prints
-one JSON line last. Multi-host: the same flags as launch/train.py; process 0 writes.
+Benchmarks: config.data.eval (comma-separated names, or a named list such as cw_grpo_400 that
+fixes each member's split and size: agentjax/data/searchqa.py BENCHMARK_LISTS), split
+config.data.eval_split, the first config.data.eval_size questions of each (0: all), with the
+config's retriever and rollout limits. Greedy, one rollout per question, unless --temperature:
+then --samples rollouts per question sampled at that temperature, seeded by config.seed.
+Accuracy is the share of samples whose answer EM > 0; "overall" is the mean over every sample of
+the mix (CW-GRPO's code), "average" the macro average over benchmarks
+(agentjax/train/evaluation.py).
+
+Prints a table, writes JSON (per-sample answers and the judge identity included) to --output
+(default {workdir}/eval_{split}_{step}[_samples{S}_t{T}].json, or
+{hf_path}_eval_{split}[...].json beside the folder), and prints one JSON line last. Multi-host:
+the same flags as launch/train.py; process 0 writes.
 """
 
 from __future__ import annotations
@@ -30,37 +41,58 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: evaluate its c
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _HF_PATH = flags.DEFINE_string("hf_path", None, "A Hugging Face folder to evaluate instead.")
 _OUTPUT = flags.DEFINE_string("output", None, "JSON output path.")
+_SAMPLES = flags.DEFINE_integer("samples", 1, "Rollouts per question (> 1 needs --temperature).")
+_TEMPERATURE = flags.DEFINE_float("temperature", None,
+                                  "Sampling temperature (> 0); unset: greedy decoding.")
 flags.mark_flag_as_required("config")
+
+
+def _rounded(scores):
+  return {k: round(v, 4) for k, v in scores.items()}
 
 
 def main(_):
   logging.getLogger().setLevel(logging.INFO)
   if (_WORKDIR.value is None) == (_HF_PATH.value is None):
     raise app.UsageError("give exactly one of --workdir or --hf_path")
+  if _SAMPLES.value < 1:
+    raise app.UsageError(f"--samples={_SAMPLES.value}: must be >= 1")
+  if _TEMPERATURE.value is not None and not _TEMPERATURE.value > 0:
+    raise app.UsageError(f"--temperature={_TEMPERATURE.value}: must be > 0 (unset: greedy)")
+  if _SAMPLES.value > 1 and _TEMPERATURE.value is None:
+    raise app.UsageError(f"--samples={_SAMPLES.value} needs --temperature: greedy samples are "
+                         f"identical")
   common.init_distributed()
   import jax
-  from agentjax.train.trainer import eval_benchmarks, format_table
+  from agentjax.train.evaluation import eval_benchmarks, format_table
   result = eval_benchmarks(_CONFIG.value, workdir=_WORKDIR.value, hf_path=_HF_PATH.value,
-                           step=_STEP.value)
+                           step=_STEP.value, samples=_SAMPLES.value,
+                           temperature=_TEMPERATURE.value)
   if jax.process_index() != 0:
     return
   split = result["split"]
+  sampled = "" if _TEMPERATURE.value is None else \
+      f"_samples{_SAMPLES.value}_t{_TEMPERATURE.value:g}"
   if _OUTPUT.value:
     output = _OUTPUT.value
-  elif _WORKDIR.value:  # one file per evaluated step
-    output = os.path.join(_WORKDIR.value, f"eval_{split}_{os.path.basename(result['source'])}.json")
+  elif _WORKDIR.value:  # one file per evaluated step (and sampling)
+    output = os.path.join(_WORKDIR.value,
+                          f"eval_{split}_{os.path.basename(result['source'])}{sampled}.json")
   else:  # beside the folder, named after it
     folder = os.path.abspath(_HF_PATH.value).rstrip("/")
-    output = f"{folder}_eval_{split}.json"
+    output = f"{folder}_eval_{split}{sampled}.json"
   os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
   with open(output, "w") as f:
     json.dump(result, f, indent=1)
   print(format_table(result))
   print(f"per-question results: {output}")
-  print(json.dumps({"eval": result["source"], "split": split,
-                    **{name: {"em": round(b["em"], 4), "f1": round(b["f1"], 4), "n": b["n"]}
+  print(json.dumps({"eval": result["source"], "split": split, "samples": result["samples"],
+                    "temperature": result["temperature"], "judge": result["judge"],
+                    **{name: {"accuracy": round(b["accuracy"], 4), "em": round(b["em"], 4),
+                              "f1": round(b["f1"], 4), "n": b["n"]}
                        for name, b in result["benchmarks"].items()},
-                    "average": {k: round(v, 4) for k, v in result["average"].items()}}))
+                    "overall": _rounded(result["overall"]),
+                    "average": _rounded(result["average"])}))
 
 
 if __name__ == "__main__":

@@ -328,15 +328,20 @@ def test_launch_eval_prints_a_table_and_json(runs):
   out = os.path.join(tmp, "eval_out.json")
   proc = subprocess.run(
       [sys.executable, "launch/eval.py", "--config=configs/igpo.py:demo",
-       f"--hf_path={os.path.join(tmp, 'a', 'hf_export')}", f"--output={out}", *overrides],
+       f"--hf_path={os.path.join(tmp, 'a', 'hf_export')}", f"--output={out}", "--samples=2",
+       "--temperature=1.0", *overrides],
       cwd=ROOT, capture_output=True, text=True, timeout=600)
   assert proc.returncode == 0, proc.stderr[-3000:]
   lines = proc.stdout.strip().splitlines()
-  assert lines[0].split() == ["benchmark", "n", "EM", "F1"] and lines[1].startswith("synthworld")
+  assert lines[0].split() == ["benchmark", "n", "acc", "EM", "F1"]
+  assert lines[1].startswith("synthworld")
   last = json.loads(lines[-1])
-  assert last["synthworld"]["n"] == 2 and "average" in last
+  assert last["synthworld"]["n"] == 2 and "average" in last and "overall" in last
+  assert last["samples"] == 2 and last["temperature"] == 1.0 and last["judge"]["backend"]
   with open(out) as f:
-    assert len(json.load(f)["per_question"]["synthworld"]) == 2
+    saved = json.load(f)
+  assert len(saved["per_question"]["synthworld"]) == 4  # 2 questions x 2 samples
+  assert saved["judge"] == last["judge"]
 
 
 def test_missing_eval_split_names_the_field(runs):

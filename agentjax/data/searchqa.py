@@ -75,6 +75,46 @@ _BENCHMARKS = (
 )
 BENCHMARKS = tuple(b.name for b in _BENCHMARKS)
 
+# Named benchmark lists that config.data.eval can take: (benchmark, questions, split) per member.
+# A member's questions are the first N of its split (in `natural_key` id order).
+BENCHMARK_LISTS = {
+    # CW-GRPO's evaluation mix (its code's data/agentgym/searchqa_test.json): MuSiQue 100 and 50
+    # of each other benchmark, 400 questions. The code takes AgentGym SearchQA's test indices into
+    # FlashRAG's splits; those indices are not available offline, so this is our reading: the
+    # first N questions of each benchmark's FlashRAG test split, or of its dev split where FlashRAG
+    # has no test split (hotpotqa, 2wikimultihopqa, musique).
+    "cw_grpo_400": (("musique", 100, "dev"), ("nq", 50, "test"), ("triviaqa", 50, "test"),
+                    ("popqa", 50, "test"), ("hotpotqa", 50, "dev"),
+                    ("2wikimultihopqa", 50, "dev"), ("bamboogle", 50, "test")),
+}
+
+
+def expand_benchmarks(value: str) -> list[tuple[str, int, str | None]]:
+  """A comma-separated benchmark value ('nq,cw_grpo_400') as (name, size, split) per benchmark.
+
+  A plain name gives (name, 0, None): its size and split are the config's (data.eval_size,
+  data.eval_split). A named list (BENCHMARK_LISTS) gives its members, each with its own size and
+  split. Raises ValueError naming an unknown name, an empty value or a benchmark named twice.
+  """
+  out = []
+  for name in (n.strip() for n in str(value).split(",")):
+    if not name:
+      continue
+    if name in BENCHMARK_LISTS:
+      out += list(BENCHMARK_LISTS[name])
+    elif name in BENCHMARKS:
+      out.append((name, 0, None))
+    else:
+      raise ValueError(f"unknown benchmark {name!r}; known: {list(BENCHMARKS)}, or a list: "
+                       f"{list(BENCHMARK_LISTS)}")
+  if not out:
+    raise ValueError("names no benchmark")
+  names = [n for n, _, _ in out]
+  twice = sorted({n for n in names if names.count(n) > 1})
+  if twice:
+    raise ValueError(f"names {twice} more than once")
+  return out
+
 
 def _check_text(value: Any, path: str, lineno: int, field: str) -> str:
   if not isinstance(value, str):

@@ -57,15 +57,13 @@ def _non_negative(config: Any, *fields: str) -> None:
 
 
 def benchmark_list(value: str, field: str) -> list[str]:
-  """'nq,hotpotqa' -> ['nq', 'hotpotqa'], each checked against the known benchmarks."""
-  from agentjax.data.searchqa import BENCHMARKS  # tfds import only when data is configured
-  names = [n.strip() for n in str(value).split(",") if n.strip()]
-  if not names:
-    _fail(field, value, "names no benchmark")
-  for n in names:
-    if n not in BENCHMARKS:
-      _fail(field, value, f"unknown benchmark {n!r}; known: {list(BENCHMARKS)}")
-  return names
+  """'nq,hotpotqa' -> ['nq', 'hotpotqa'], each checked against the known benchmarks; a named
+  list ('cw_grpo_400', agentjax.data.searchqa.BENCHMARK_LISTS) gives its members."""
+  from agentjax.data.searchqa import expand_benchmarks  # tfds import only when data is configured
+  try:
+    return [name for name, _, _ in expand_benchmarks(value)]
+  except ValueError as e:
+    _fail(field, value, str(e))
 
 
 def validate(config: Any) -> None:

@@ -59,7 +59,6 @@ from agentjax.parallel import make_mesh, use_mesh
 from agentjax.parallel.host import any_process, broadcast_from_primary, primary_first
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
-from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.checkpoint import Checkpointer, abstract_state
@@ -168,32 +167,6 @@ class QuestionStream:
         order = self._order(epoch)
       out.append(self.records[int(order[p % size])])
     return out
-
-
-def evaluate(engine: RolloutEngine, params: Any, records: Sequence[Mapping[str, Any]],
-             batch_size: int) -> dict[str, Any]:
-  """Greedy rollouts of every record; EM/F1 against its gold answers.
-
-  Batches are padded to batch_size (repeating the last question) so one compiled program serves
-  every batch. Returns {"n", "f1", "em", "format_ok", "turns", "per_question": [{"id",
-  "benchmark", "answer", "f1", "em", "turns", "format_ok"}]}.
-  """
-  rows = []
-  for start in range(0, len(records), batch_size):
-    chunk = list(records[start:start + batch_size])
-    real = len(chunk)
-    chunk += [chunk[-1]] * (batch_size - real)
-    batch, _ = engine.run(params, [r["question"] for r in chunk], jax.random.key(0))
-    for i, rec in enumerate(chunk[:real]):
-      answer = batch.answers[i] if batch.answered[i] else None
-      rows.append({"id": rec["id"], "benchmark": rec.get("benchmark", ""),
-                   "answer": answer, "golds": list(rec["golden_answers"]),
-                   "f1": f1_score(answer, rec["golden_answers"]),
-                   "em": exact_match(answer, rec["golden_answers"]),
-                   "turns": int(batch.num_turns[i]), "format_ok": bool(batch.format_valid[i])})
-  mean = lambda k: float(np.mean([r[k] for r in rows])) if rows else 0.0  # noqa: E731
-  return {"n": len(rows), "f1": mean("f1"), "em": mean("em"), "format_ok": mean("format_ok"),
-          "turns": mean("turns"), "per_question": rows}
 
 
 def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, cfg: QwenConfig,
@@ -567,64 +540,9 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
 # ============================================================================ eval
 
-
-def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | None = None,
-                    step: int | None = None) -> dict[str, Any]:
-  """EM/F1 of greedy rollouts on config.data.eval_split of every benchmark in config.data.eval.
-
-  The policy comes from a Hugging Face folder (`hf_path`) or from a run's checkpoint (`workdir`,
-  the latest step unless `step`). Returns {"source", "split", "benchmarks": {name: {"n", "em",
-  "f1", "format_ok", "turns"}}, "average": {"em", "f1"} (unweighted over benchmarks),
-  "per_question": {name: [...]}}.
-  """
-  if (workdir is None) == (hf_path is None):
-    raise ValueError("eval needs exactly one of workdir (a run's checkpoints) or hf_path")
-  config = config.copy_and_resolve_references()
-  if hf_path is not None:
-    config.model.hf_path, config.model.tokenizer_path = hf_path, ""
-  config_lib.validate(config)
-  config_lib.check_paths(config)
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  cfg, params, tokenizer = load_model(config, mesh)
-  source = hf_path
-  if workdir is not None:
-    _, state = init_train_state(config, cfg, params, mesh)
-    ckpt = make_checkpointer(config, os.path.expanduser(workdir))
-    restored = ckpt.restore_or_none(abstract_state(state), step=step)
-    ckpt.close()
-    if restored is None:
-      raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to evaluate")
-    params, source = restored[0]["params"], str(ckpt.step_dir(restored[2]))
-  engine = RolloutEngine(cfg, tokenizer, make_search_backend(config),
-                         rollout_config(config, greedy=True), mesh=mesh)
-  names = config_lib.benchmark_list(config.data.eval, "data.eval")
-  out = {"source": source, "split": config.data.eval_split, "benchmarks": {},
-         "per_question": {}}
-  # Every benchmark is loaded before any is evaluated: a missing split fails in seconds.
-  questions = {name: load_questions(config, [name], config.data.eval_split, "data.eval_split")
-               for name in names}
-  for name, records in questions.items():
-    if config.data.eval_size:
-      records = records[:config.data.eval_size]
-    with use_mesh(mesh):
-      result = evaluate(engine, params, records, config.train.eval_batch)
-    out["per_question"][name] = result.pop("per_question")
-    out["benchmarks"][name] = result
-    log.info("%s/%s: %d questions, EM %.4f F1 %.4f", name, config.data.eval_split, result["n"],
-             result["em"], result["f1"])
-  out["average"] = {k: float(np.mean([b[k] for b in out["benchmarks"].values()]))
-                    for k in ("em", "f1")}
-  return out
-
-
-def format_table(result: Mapping[str, Any]) -> str:
-  """The benchmarks of eval_benchmarks' result as a fixed-width text table."""
-  lines = [f"{'benchmark':<18}{'n':>6}{'EM':>9}{'F1':>9}"]
-  for name, b in result["benchmarks"].items():
-    lines.append(f"{name:<18}{b['n']:>6}{b['em']:>9.4f}{b['f1']:>9.4f}")
-  avg = result["average"]
-  lines.append(f"{'average':<18}{'':>6}{avg['em']:>9.4f}{avg['f1']:>9.4f}")
-  return "\n".join(lines)
+# Evaluation lives in agentjax/train/evaluation.py; its names stay importable from here (the RL
+# loop calls `evaluate` through this module's namespace, so tests can patch trainer.evaluate).
+from agentjax.train.evaluation import eval_benchmarks, evaluate, format_table  # noqa: E402,F401
 
 
 # ============================================================================ SFT
