@@ -7,7 +7,7 @@ for the official code's "infinite" gamma); with A <= 0 every round keeps A (plai
 answer round always keeps A. agentjax/rl/advantages.py `contribution_weighted_advantages`.
 
   python launch/train.py --config=configs/cw_grpo.py:demo --workdir=runs/demo/cw_grpo
-  python launch/serve.py --hf_path=models/gpt-oss-120b --port=8001 &   # or vLLM / SGLang
+  # the judge: vLLM / SGLang serving gpt-oss-120b (the code's), or launch/serve.py with a Qwen
   python launch/train.py --config=configs/cw_grpo.py:qwen3-8b --workdir=/mnt/shared/runs/cw8b \
       --config.judge.base_url=http://10.0.0.3:8001/v1 --config.judge.model=gpt-oss-120b
 
