@@ -34,10 +34,10 @@ collapse_vs_step.png, gt_entropy_vs_step.png.
     python launch/compare.py --study=cw_grpo          # runs/cw_grpo -> docs/results/cw_grpo
 
 The CW-GRPO study (issue 16 section 5): the base size only, from the base SFT export of `make demo`
-(--sft_from=runs/demo: its world and SFT export are copied into --root when the SFT settings are
-the IGPO study's, so the two studies start from the same weights; otherwise it is trained here), the
-demo RL settings for --steps steps, no ground-truth probes. The methods differ only in the
-estimator and the judge (see CW_METHODS): GRPO; CW-GRPO with SynthWorld's oracle judge (gamma =
+(--sft_from=runs/demo: its world and SFT export are copied into --root when its SFT settings are
+the ones this script's SFT uses, so it is the export the IGPO study's layout would train; otherwise
+it is trained here), the demo RL settings for --steps steps, no ground-truth probes. The methods
+differ only in the estimator and the judge (see CW_METHODS): GRPO; CW-GRPO with SynthWorld's oracle judge (gamma =
 inf branch, all-zero fallback "zero"); its controls with random contributions at the oracle's
 marginal rate, with the oracle's bits flipped with p = 0.2, and with gamma = 1 (softmax). Its report
 (--out): results.md (tables, the paper's claim beside ours), results.json, f1_vs_step.png,
@@ -622,26 +622,42 @@ def plot(study: dict, out: str, panels=IGPO_PANELS, title: str = "{size} model")
 
 # ============================================================================ CW-GRPO report
 
-# Per-step metrics of a CW-GRPO run averaged over its steps: (column, metrics.jsonl key, weight
-# key or None). The contribution share and the Gini are means over a step's judged rounds and
-# trajectories, logged as 0 when the step judged nothing: they are averaged over steps weighted by
-# the step's judge calls, so such a step carries no weight. A method whose runs never log a key
+
+
+def _non_answer_rounds(m: dict) -> float:
+  """A step's judged non-answer rounds: every judged trajectory also sends its answer round
+  (judge.answer_round, the code's protocol), one a trajectory."""
+  return m.get("judge/rounds", 0.0) - m.get("judge/trajectories", 0.0)
+
+
+def _extra_rounds(m: dict) -> float:
+  """sum over a step's judged trajectories of (K - 1), K its non-answer rounds: 0 when none has
+  the K >= 2 rounds a Gini needs (trajectories with K = 0 aside)."""
+  return max(_non_answer_rounds(m) - m.get("judge/trajectories", 0.0), 0.0)
+
+
+# Per-step metrics of a CW-GRPO run averaged over its steps: (column, metrics.jsonl key, weight of
+# a step or None). The contribution share is a mean over a step's judged non-answer rounds and the
+# Gini a mean over its judged trajectories with K >= 2 non-answer rounds, each logged as 0 when it
+# has nothing to average: they are averaged over steps weighted by what they average (the Gini by
+# the proxy _extra_rounds), so such a step carries no weight. A method whose runs never log a key
 # (GRPO) shows "—".
 CW_STEP_METRICS = (("judge_calls", "judge/calls", None),
                    ("judge_calls_saved", "judge/calls_saved", None),
                    ("judge_failures", "judge/failures", None),
-                   ("contribution_share", "judge/contribution_share", "judge/calls"),
-                   ("gini", "judge/gini", "judge/calls"),
+                   ("judged_trajectories", "judge/trajectories", None),
+                   ("contribution_share", "judge/contribution_share", _non_answer_rounds),
+                   ("gini", "judge/gini", _extra_rounds),
                    ("fallback_rate", "cw/fallback_rate", None))
 # The paper's headline (abstract): CW-GRPO over GRPO; whether points or percent is not stated.
 PAPER_CLAIMS = (("Qwen3-8B", 5.0), ("Qwen3-1.7B", 6.3))
 
 
-def _step_mean(curve: list[dict], key: str, weight: str | None = None) -> float | None:
-  """Mean of `key` over the steps that log it (a finite value), weighted by the step's `weight`
-  value when given; None when no step logs it or every weight is 0."""
+def _step_mean(curve: list[dict], key: str, weight=None) -> float | None:
+  """Mean of `key` over the steps that log it (a finite value), weighted by weight(step row) when
+  given; None when no step logs it or every weight is 0."""
   rows = [m for m in curve if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
-  ws = [m.get(weight, 0.0) if weight else 1.0 for m in rows]
+  ws = [weight(m) if weight else 1.0 for m in rows]
   total = sum(ws)
   return sum(w * m[key] for w, m in zip(ws, rows)) / total if total else None
 
@@ -680,6 +696,11 @@ def summarize_cw(study: dict) -> dict:
         per_run = [_step_mean(r["curve"], key, weight) for r in rs]
         per_run = [x for x in per_run if x is not None]
         row[column] = _mean_std(per_run) if per_run else None
+      # Non-answer rounds per judged trajectory, pooled over a run's steps (what a Gini sees).
+      per_run = [sum(map(_non_answer_rounds, r["curve"]))
+                 / sum(m["judge/trajectories"] for m in r["curve"]) for r in rs
+                 if sum(m.get("judge/trajectories", 0.0) for m in r["curve"])]
+      row["rounds_per_judged_trajectory"] = _mean_std(per_run) if per_run else None
       row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
       t["methods"][method] = row
       if method == "grpo" or not paired:
@@ -720,15 +741,17 @@ def markdown_cw(table: dict, steps: int, hardware: str) -> str:
               "| method | seeds | dev F1 | dev accuracy | test F1 | test accuracy | test F1 gain "
               "vs SFT (paired) | test accuracy gain vs SFT | training F1 − GRPO (paired by step) | "
               "training success − GRPO (paired by step) | judge calls / step | calls saved / step "
-              "| contribution share | Gini of contributions | all-zero fallback rate | minutes |",
-              "| --- " * 16 + "|"]
+              "| judged trajectories / step | non-answer rounds / judged trajectory | "
+              "contribution share | Gini of contributions | all-zero fallback rate | minutes |",
+              "| --- " * 18 + "|"]
     for method, r in t["methods"].items():
       lines.append(
           f"| {method} | {r['seeds']} | {_pm(r['dev_f1'])} | {_pm(r['dev_acc'])} | "
           f"{_pm(r['test_f1'])} | {_pm(r['test_acc'])} | {_pm(r['test_gain'], sign='+')} | "
           f"{_pm(r['test_acc_gain'], sign='+')} | {_cell(r['train_f1_minus_grpo'], sign='+')} | "
           f"{_cell(r['train_em_minus_grpo'], sign='+')} | {_cell(r['judge_calls'], 1)} | "
-          f"{_cell(r['judge_calls_saved'], 1)} | {_cell(r['contribution_share'])} | "
+          f"{_cell(r['judge_calls_saved'], 1)} | {_cell(r['judged_trajectories'], 1)} | "
+          f"{_cell(r['rounds_per_judged_trajectory'], 2)} | {_cell(r['contribution_share'])} | "
           f"{_cell(r['gini'])} | {_cell(r['fallback_rate'])} | {_pm(r['minutes'], 1)} |")
     judges = {m: r["judge"] for m, r in t["methods"].items()}
     lines += ["", "Judges (agentjax.judge.judge_identity, from every run's result.json): "

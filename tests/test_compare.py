@@ -297,10 +297,13 @@ def _write_cw_study(root, rng):
                 "em": float(rng.uniform())} for s in range(6)]
       if method == "cw_grpo":
         for row in curve:
-          row.update({"judge/calls": float(rng.integers(0, 9)), "judge/calls_saved": 1.0,
+          n, k = rng.integers(1, 4), rng.integers(1, 3)  # judged trajectories, rounds each
+          row.update({"judge/calls": float(n * (k + 1)), "judge/rounds": float(n * (k + 1)),
+                      "judge/trajectories": float(n), "judge/calls_saved": 1.0,
                       "judge/failures": 0.0, "judge/contribution_share": float(rng.uniform()),
                       "judge/gini": float(rng.uniform()), "cw/fallback_rate": 0.25})
-        curve[2].update({"judge/calls": 0.0, "judge/gini": 0.0})  # nothing judged: no weight
+        curve[2].update({"judge/calls": 0.0, "judge/rounds": 0.0, "judge/trajectories": 0.0,
+                         "judge/gini": 0.0, "judge/contribution_share": 0.0})  # nothing judged
       with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in curve)
       json.dump({"dev": split_result("dev", f1s, ems),
@@ -326,9 +329,17 @@ def test_cw_report_against_a_direct_computation(compare, tmp_path):
   em_paired = [np.mean([a["em"] - b["em"] for a, b in zip(truth["cw_grpo", s][2],
                                                           truth["grpo", s][2])]) for s in seeds]
   assert cw["train_em_minus_grpo"][0] == pytest.approx(np.mean(em_paired))
-  gini = [np.average([r["judge/gini"] for r in truth["cw_grpo", s][2]],
-                     weights=[r["judge/calls"] for r in truth["cw_grpo", s][2]]) for s in seeds]
+  def avg(s, key, weight):  # over steps, each weighted by what its value averages
+    rows = truth["cw_grpo", s][2]
+    return np.average([r[key] for r in rows], weights=[weight(r) for r in rows])
+  k = lambda r: r["judge/rounds"] - r["judge/trajectories"]  # noqa: E731  K summed over rows
+  gini = [avg(s, "judge/gini", lambda r: k(r) - r["judge/trajectories"]) for s in seeds]
   assert cw["gini"][0] == pytest.approx(np.mean(gini))
+  share = [avg(s, "judge/contribution_share", k) for s in seeds]
+  assert cw["contribution_share"][0] == pytest.approx(np.mean(share))
+  per_traj = [sum(map(k, truth["cw_grpo", s][2]))
+              / sum(r["judge/trajectories"] for r in truth["cw_grpo", s][2]) for s in seeds]
+  assert cw["rounds_per_judged_trajectory"][0] == pytest.approx(np.mean(per_traj))
   assert cw["judge_calls"][0] == pytest.approx(
       np.mean([np.mean([r["judge/calls"] for r in truth["cw_grpo", s][2]]) for s in seeds]))
   assert grpo["gini"] is None and grpo["train_f1_minus_grpo"] == (0.0, 0.0)
