@@ -37,9 +37,10 @@ The CW-GRPO study (issue 16 section 5): the base size only, from the base SFT ex
 (--sft_from=runs/demo: its world and SFT export are copied into --root when its SFT settings are
 the ones this script's SFT uses, so it is the export the IGPO study's layout would train; otherwise
 it is trained here), the demo RL settings for --steps steps, no ground-truth probes. The methods
-differ only in the estimator and the judge (see CW_METHODS): GRPO; CW-GRPO with SynthWorld's oracle judge (gamma =
-inf branch, all-zero fallback "zero"); its controls with random contributions at the oracle's
-marginal rate, with the oracle's bits flipped with p = 0.2, and with gamma = 1 (softmax). Its report
+differ only in the estimator and the judge (see CW_METHODS): GRPO; CW-GRPO with SynthWorld's
+oracle judge (gamma = inf branch, all-zero fallback "zero"); its controls with random contributions
+at the oracle's marginal rate, with the oracle's bits flipped with p = 0.2, and with gamma = 1
+(softmax). Its report
 (--out): results.md (tables, the paper's claim beside ours), results.json, f1_vs_step.png,
 success_vs_step.png (training EM). Every run's result.json records its judge's identity.
 """
