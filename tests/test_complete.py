@@ -106,8 +106,8 @@ def test_context_budget_too_long_prompts_and_compile_reuse(setup):
   with pytest.raises(ValueError, match="prompt 0: token id 400 outside"):
     completer.complete([[1, 400]], max_new_tokens=4)
 
-  # Same buckets (3 or 4 rows -> 4, prompt block 32, cache 32, max_new 16) and a stop set of the same padded
-  # shape ([4, 16]) as an earlier call: nothing compiles, not even the stop table's arrays.
+  # Same buckets (3 or 4 rows -> 4, prompt block 32, cache 32, max_new 16) and a stop set of the
+  # same padded shape ([4, 16]) as an earlier call: nothing compiles, not even the stop table.
   completer.complete(prompts, max_new_tokens=MAX_NEW, stop=["ab"])
   counter = CompileCounter()
   again = completer.complete([prompts[2], prompts[1], prompts[0], prompts[1]],
@@ -115,6 +115,42 @@ def test_context_budget_too_long_prompts_and_compile_reuse(setup):
                              stop=["\x01\x01", "\x02", "\x03\x03\x03"])
   assert counter.count == 0
   assert [c.token_ids for c in again] == [full[i].token_ids[:MAX_NEW - 2] for i in (2, 1, 0, 1)]
+
+
+def test_chunked_prefill_equals_one_block(setup, monkeypatch):
+  completer, _, prompts = setup
+  # 4 rows x 8 tokens a call: row 0's 18-token prompt is fed in 3 extends.
+  chunked = Completer(completer.cfg, completer.params, completer.tokenizer,
+                      max_total_tokens=64, prefill_tokens=32)
+  from agentjax.sampling import complete as complete_module
+  widths = []
+  real = complete_module.extend
+  monkeypatch.setattr(complete_module, "extend",
+                      lambda m, p, s, tokens, *a: widths.append(tokens.shape) or real(m, p, s,
+                                                                                     tokens, *a))
+  assert chunked.complete(prompts, max_new_tokens=MAX_NEW) == completer.complete(
+      prompts, max_new_tokens=MAX_NEW)
+  assert widths[:3] == [(4, 8)] * 3 and widths[3:] == [(4, 32)]
+
+
+def test_shared_prefix_is_prefilled_once_with_the_same_result(setup, monkeypatch):
+  completer, hf_model, _ = setup
+  head = "The quick brown fox jumps over the lazy dog. Who was born in which city? "
+  prompts = [completer.chat_ids([{"role": "user", "content": head + tail}])
+             for tail in ("Orsk", "Veltrana capital", "Orsk")]
+  from agentjax.sampling import complete as complete_module
+  assert complete_module._shared_prefix([np.array(p) for p in prompts]) >= 16
+  repeats = []
+  real = complete_module._repeat_rows
+  monkeypatch.setattr(complete_module, "_repeat_rows",
+                      lambda state, rows: repeats.append(rows) or real(state, rows))
+  batched = completer.complete(prompts, max_new_tokens=MAX_NEW)
+  assert repeats == [4]  # the shared path ran
+  assert batched[0] == batched[2]
+  for i, p in enumerate(prompts[:2]):
+    assert completer.complete([p], max_new_tokens=MAX_NEW)[0] == batched[i], i
+  assert batched[1].token_ids == _greedy_reference(hf_model, prompts[1], MAX_NEW,
+                                                   completer.eos_ids)
 
 
 def test_sampling_is_reproducible_per_seed(setup):

@@ -69,35 +69,47 @@ class LocalJudge:
     """One Verdict per round of each request; the calls decoded together. Never raises on a fault
     of the model or its replies."""
     start = time.perf_counter()
-    out: list[list[Verdict | None]] = [[None] * len(r.turns) for r in requests]
-    replies: list[list[str | None]] = [[None] * len(r.turns) for r in requests]
-    jobs, prompts = [], []
-    for i, request in enumerate(requests):
-      for k in range(len(request.turns)):
-        ids = self.completer.chat_ids(build_messages(self.template, request, k))
-        if len(ids) > self.max_prompt_tokens:
-          out[i][k] = Verdict.failed(f"judge prompt of {len(ids)} tokens exceeds "
-                                     f"judge.max_prompt_tokens={self.max_prompt_tokens}")
-        else:
-          jobs.append((i, k))
-          prompts.append(ids)
-    order = list(range(len(jobs)))
-    size = len(jobs)
-    if self.max_batch and len(jobs) > self.max_batch:
-      order.sort(key=lambda j: len(prompts[j]))
-      size = self.max_batch
-    for lo in range(0, len(order), max(size, 1)):
-      chunk = order[lo:lo + size]
-      for j, (verdict, reply) in zip(chunk, self._decode([prompts[j] for j in chunk])):
-        i, k = jobs[j]
-        out[i][k], replies[i][k] = verdict, reply
-    self.last_replies = replies
+    calls = [(request, k) for request in requests for k in range(len(request.turns))]
+    verdicts, replies = self.judge_calls(calls)
+    out: list[list[Verdict]] = []
+    self.last_replies = []
+    for request in requests:
+      n = len(request.turns)
+      out.append(verdicts[:n])
+      self.last_replies.append(replies[:n])
+      verdicts, replies = verdicts[n:], replies[n:]
     self.last_seconds = time.perf_counter() - start
     failed = [v.error for row in out for v in row if not v.ok]
     if failed:
       log.warning("local judge: %d of %d calls failed (scored 0/0); first: %s", len(failed),
-                  sum(len(row) for row in out), failed[0])
-    return out  # type: ignore[return-value]
+                  len(calls), failed[0])
+    return out
+
+  def judge_calls(self, calls: Sequence[tuple[JudgeRequest, int]]
+                  ) -> tuple[list[Verdict], list[str | None]]:
+    """(verdicts, replies) of judge calls (request, round k), decoded together (in max_batch
+    chunks); a reply is None where the prompt did not fit or the decode failed."""
+    verdicts: list[Verdict | None] = [None] * len(calls)
+    replies: list[str | None] = [None] * len(calls)
+    jobs, prompts = [], []
+    for j, (request, k) in enumerate(calls):
+      ids = self.completer.chat_ids(build_messages(self.template, request, k))
+      if len(ids) > self.max_prompt_tokens:
+        verdicts[j] = Verdict.failed(f"judge prompt of {len(ids)} tokens exceeds "
+                                     f"judge.max_prompt_tokens={self.max_prompt_tokens}")
+      else:
+        jobs.append(j)
+        prompts.append(ids)
+    order = list(range(len(jobs)))
+    size = len(jobs)
+    if self.max_batch and len(jobs) > self.max_batch:
+      order.sort(key=lambda i: len(prompts[i]))
+      size = self.max_batch
+    for lo in range(0, len(order), max(size, 1)):
+      chunk = order[lo:lo + size]
+      for i, (verdict, reply) in zip(chunk, self._decode([prompts[i] for i in chunk])):
+        verdicts[jobs[i]], replies[jobs[i]] = verdict, reply
+    return verdicts, replies  # type: ignore[return-value]
 
   def _decode(self, prompts: list[list[int]]) -> list[tuple[Verdict, str | None]]:
     """(verdict, reply) of each prompt, all in one Completer call."""

@@ -9,14 +9,22 @@ sampler in agentjax/sampling/sampler.py): prompts are fed in one forward pass, t
 `lax.while_loop` decodes every row until each stops on its own (EOS, a stop string, its token
 budget). Shapes are bucketed so that a stream of calls compiles a few programs, not one per call:
 
-  rows         next power of two >= len(prompts) (padding rows are inactive)
-  prompt block next power of two >= the longest prompt (>= 16)
+  rows         next power of two >= len(prompts) up to 16, then next multiple of 16 (padding rows
+               are inactive; a judge step's 40 calls decode as 48 rows, not 64)
+  prompt block next power of two >= the longest part fed (>= 16), at most the power of two
+               <= prefill_tokens / rows (>= 8): longer parts are fed in several `extend` calls,
+               which bounds the [rows, heads, block, cache] attention scores of one call (on a
+               2-core CPU at the demo shape, 16 rows x 64 prompt tokens a call prefill twice as
+               fast per row as 16 x 256)
   cache        next power of two >= min(max_total_tokens, longest prompt + max_new_tokens)
   max_new      next power of two >= max_new_tokens (>= 16), capped at the cache; each row's exact
                limit, min(its length + max_new_tokens, max_total_tokens), is its budget, a [B]
                vector the decode loop compares with every row's length
   stop strings [M, Ls] padded to M in {0, 4, 8, ...} (by repeating a stop) and Ls in {16, 32, ...}
                (left zero padding: stops are right-aligned and matched over their own length)
+
+A prefix common to every prompt of a call (a judge's instructions, a system prompt) is prefilled
+once, in one row, and its cache copied to every row; only the rest of each prompt is fed per row.
 
 The sampling settings (temperature, top_p) are static arguments of `generate`: each distinct
 setting compiles its own decode loop; greedy (temperature 0) is one setting.
@@ -25,6 +33,7 @@ setting compiles its own decode loop; greedy (temperature 0) is one setting.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import jax
@@ -32,16 +41,20 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentjax.models.qwen import Qwen, QwenConfig
+from agentjax.parallel import logical_to_sharding
 from agentjax.parallel.host import to_host
 from agentjax.sampling.eos import eos_token_ids
 from agentjax.sampling.sample import SamplingParams
-from agentjax.sampling.sampler import (STOP_EOS, STOP_STRING, bucket, decode_layout, extend,
-                                       generate, init_state)
+from agentjax.sampling.sampler import (STOP_EOS, STOP_STRING, DecodeState, bucket,
+                                       decode_layout, extend, generate, init_state,
+                                       state_logical_axes)
 from agentjax.sampling.stops import StopTable
 from agentjax.sampling.text import token_byte_table
 
 # Distinct stop-string sets whose padded tables are kept (a server sees the same few again).
 _STOP_CACHE_SIZE = 64
+# A prefix shared by every prompt of a call is prefilled once when it is at least this long.
+MIN_SHARED_PREFIX = 16
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,16 +83,21 @@ class Completer:
   """
 
   def __init__(self, cfg: QwenConfig, params: Any, tokenizer: Any, *,
-               max_total_tokens: int = 4096, mesh: jax.sharding.Mesh | None = None):
+               max_total_tokens: int = 4096, mesh: jax.sharding.Mesh | None = None,
+               prefill_tokens: int = 1024):
     """
     Args:
       cfg, params: the model (params on `mesh` when one is given).
       tokenizer: its transformers tokenizer.
       max_total_tokens: the context budget of a row, prompt and generated tokens together.
       mesh: place the decode state by the rules table (batch over data and fsdp).
+      prefill_tokens: prompt tokens (rows x width) fed per `extend` call, about.
     """
     if max_total_tokens < 2:
       raise ValueError(f"max_total_tokens must be >= 2, got {max_total_tokens}")
+    if prefill_tokens < 1:
+      raise ValueError(f"prefill_tokens must be >= 1, got {prefill_tokens}")
+    self.prefill_tokens = int(prefill_tokens)
     self.cfg, self.params, self.tokenizer, self.mesh = cfg, params, tokenizer, mesh
     self.max_total_tokens = int(max_total_tokens)
     self.model = Qwen(cfg)
@@ -95,7 +113,8 @@ class Completer:
 
   @classmethod
   def from_hf(cls, path: str, *, max_total_tokens: int = 4096,
-              mesh: jax.sharding.Mesh | None = None, dtype: str | None = None) -> "Completer":
+              mesh: jax.sharding.Mesh | None = None, dtype: str | None = None,
+              prefill_tokens: int = 1024) -> "Completer":
     """A Completer of a Hugging Face folder (config.json, safetensors, tokenizer).
 
     dtype: parameter and compute dtype ("float32", "bfloat16"); default: the config's float32.
@@ -106,7 +125,8 @@ class Completer:
     overrides = {} if dtype is None else {"param_dtype": dtype, "dtype": dtype}
     cfg, params = load_hf(path, mesh=mesh, **overrides)
     tokenizer = load_tokenizer(path, require_chat_template=False)
-    return cls(cfg, params, tokenizer, max_total_tokens=max_total_tokens, mesh=mesh)
+    return cls(cfg, params, tokenizer, max_total_tokens=max_total_tokens, mesh=mesh,
+               prefill_tokens=prefill_tokens)
 
   # ------------------------------------------------------------------ text -> ids (host)
 
@@ -179,7 +199,7 @@ class Completer:
       return []
 
     n = len(prompts)
-    rows = bucket(n, minimum=1)
+    rows = bucket(n, minimum=1) if n <= 16 else -(-n // 16) * 16
     lengths = np.zeros(rows, np.int32)
     lengths[:n] = [len(p) for p in prompts]
     longest = int(lengths.max())
@@ -187,15 +207,27 @@ class Completer:
     max_new = min(bucket(max_new_tokens), cache_len)
     # Each row's own limit; padding rows have budget 0 and are never active.
     budget = np.where(lengths > 0, np.minimum(lengths + max_new_tokens, self.max_total_tokens), 0)
-    block = np.zeros((rows, bucket(longest)), np.int32)
+    block = np.zeros((rows, longest), np.int32)
     for b, ids in enumerate(prompts):
       block[b, :len(ids)] = ids
 
     # Host arrays go in by device_put (jnp.asarray would compile a copy program per shape).
-    block, lengths_d, turn, active, budget = jax.device_put(
-        (block, lengths, np.full(rows, -1, np.int32), lengths > 0, budget.astype(np.int32)))
-    state = init_state(self.cfg, rows, cache_len, jax.random.key(seed), mesh=self.mesh)
-    state = extend(self.model, self.params, state, block, lengths_d, turn)
+    turn, active, budget = jax.device_put(
+        (np.full(rows, -1, np.int32), lengths > 0, budget.astype(np.int32)))
+    shared = _shared_prefix(prompts) if n > 1 else 0
+    if shared >= MIN_SHARED_PREFIX:
+      one = init_state(self.cfg, 1, cache_len, jax.random.key(seed))
+      one = self._feed(one, block[:1, :shared], np.array([shared], np.int32), turn[:1])
+      state = _repeat_rows(one, rows)
+      if self.mesh is not None:
+        state = jax.device_put(state, logical_to_sharding(state_logical_axes(state), state,
+                                                          self.mesh))
+      # Padding rows got the prefix too; they stay inactive.
+    else:
+      shared = 0
+      state = init_state(self.cfg, rows, cache_len, jax.random.key(seed), mesh=self.mesh)
+    state = self._feed(state, block[:, shared:], np.maximum(lengths - shared, 0) * (lengths > 0),
+                       turn)
     state, gen = generate(self.decode_model, self.decode_params, state, active, turn + 1,
                           (table, self._eos, budget), sampling, max_new)
     new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
@@ -203,6 +235,22 @@ class Completer:
     stops = [s.encode("utf-8") for s in stop]
     return [self._completion(new_tokens[b, :num_new[b]], int(reason[b]), stops, len(prompts[b]))
             for b in range(n)]
+
+  def _feed(self, state: DecodeState, block: np.ndarray, lengths: np.ndarray,
+            turn: jax.Array) -> DecodeState:
+    """Feeds row b's first lengths[b] tokens of block [B, L] in `extend` calls of a bucketed
+    width (see the module docstring); a row whose tokens have ended is left as it is."""
+    longest = int(lengths.max())
+    if longest == 0:
+      return state
+    chunk = 1 << max(3, (self.prefill_tokens // len(lengths)).bit_length() - 1)  # pow2 <= tokens/B
+    width = min(bucket(longest), chunk)
+    block = np.pad(block, ((0, 0), (0, -(-longest // width) * width - block.shape[1])))
+    for lo in range(0, block.shape[1], width):
+      part, fed = jax.device_put((block[:, lo:lo + width],
+                                  np.clip(lengths - lo, 0, width).astype(np.int32)))
+      state = extend(self.model, self.params, state, part, fed, turn)
+    return state
 
   def _completion(self, ids: np.ndarray, reason: int, stops: Sequence[bytes],
                   prompt_tokens: int) -> Completion:
@@ -214,6 +262,26 @@ class Completer:
     return Completion(text=text.decode("utf-8", errors="replace"), token_ids=ids,
                       finish_reason="stop" if reason in (STOP_EOS, STOP_STRING) else "length",
                       prompt_tokens=prompt_tokens)
+
+
+def _shared_prefix(prompts: Sequence[np.ndarray]) -> int:
+  """Length of the prefix common to every prompt, leaving each prompt at least one token of its
+  own (the row's next-token logits come from its last fed token)."""
+  limit = min(len(p) for p in prompts) - 1
+  first = prompts[0][:limit]
+  same = np.ones(limit, bool)
+  for p in prompts[1:]:
+    same &= p[:limit] == first
+  return int(limit if same.all() else np.argmin(same))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _repeat_rows(state: DecodeState, rows: int) -> DecodeState:
+  """A one-row state repeated to `rows` rows (every leaf whose first logical axis is batch)."""
+  specs = state_logical_axes(state)
+  return jax.tree.map(
+      lambda spec, x: jnp.repeat(x, rows, axis=0) if len(spec) and spec[0] == "batch" else x,
+      specs, state, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
 
 
 def _pad_stops(table: StopTable, rows: int) -> StopTable:
