@@ -23,7 +23,9 @@ Presets:
               at temperature 0, 3 retries, 64 requests in flight). There is no 1.7B script in the
               official repository: qwen3-1.7b is the 8B script with the smaller model (our reading).
               Evaluation as the code's eval: 4 samples at temperature 1 on its 400-question mix,
-              accuracy = EM > 0 (launch/eval.py --samples=4 --temperature=1.0).
+              accuracy = EM > 0 (the in-training eval stays greedy on data.eval's first benchmark):
+                python launch/eval.py --config=configs/cw_grpo.py:qwen3-8b --workdir=RUN \
+                    --config.data.eval=cw_grpo_400 --samples=4 --temperature=1.0
 
 Our readings where the paper is silent (each a field): cw.all_zero_fallback="zero" (the code;
 "uniform" is the softmax's limit), judge.skip_collapsed_groups=True (groups whose outcomes are all
