@@ -121,3 +121,21 @@ def test_unknown_backend_names_the_field(backend):
   from agentjax.judge import build_judge
   with pytest.raises(ValueError, match="judge.backend: unknown backend 'nope'.*oracle"):
     build_judge(_config(backend=backend))
+
+
+def test_random_control_draws_search_and_answer_rounds_apart():
+  """An oracle-like judge credits every search round and never an answer round: the random
+  control keeps that split (pooled, answer rounds would take credit from the search rounds)."""
+  judge = RecordingJudge(verdict=lambda i, k: Verdict(1, 1) if k < 2 else Verdict(0, 0))
+  out = _run(judge, _config(noise="random"), outcome=[1.0, 0.0, 1.0, 0.0] * 8,
+             group_ids=np.repeat(np.arange(8), 4), num_turns=[3, 1, 3, 2] * 8)
+  search = out.judged & (np.arange(4)[None, :] < 2)
+  assert search.any() and out.retrieval[search].all() and out.thinking[search].all()
+  assert not out.retrieval[out.judged & ~search].any()
+
+
+def test_controls_leave_failed_calls_at_zero():
+  judge = RecordingJudge(verdict=lambda i, k: Verdict.failed("down"))
+  out = _run(judge, _config(noise="flip", noise_p=1.0), outcome=[1.0, 0.0], group_ids=[0, 0],
+             num_turns=[3, 2])
+  assert out.metrics["judge/failures"] == 3 and not out.retrieval.any()

@@ -9,7 +9,10 @@ Modes (`judge.noise`), applied only to rounds that were judged:
   "flip"    each judged bit (retrieval and thinking alike) is flipped independently with
             probability p (`judge.noise_p`): robustness to a noisy judge.
   "random"  every judged round's (retrieval, thinking) pair is redrawn, independently of the round,
-            from the judge's own joint distribution of pairs over the judged rounds of the batch.
+            from the judge's own joint distribution of pairs over the judged rounds of the batch
+            of its stratum (the trainer passes two: search rounds and answer rounds, so an
+            answer round, whose c the oracle never credits but which enters the infinite-gamma
+            sum, does not trade credit with the search rounds).
             Each bit is then Bernoulli(its marginal rate: the mean of that bit over the judged
             rounds), and the contribution c = retrieval * thinking keeps the judge's rate as well
             (drawing the two bits independently would give c the rate r_ret * r_think, less credit
@@ -25,7 +28,8 @@ NOISE_MODES = ("none", "flip", "random")
 
 
 def apply_noise(retrieval: np.ndarray, thinking: np.ndarray, judged: np.ndarray, mode: str,
-                p: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+                p: float, rng: np.random.Generator,
+                strata: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
   """The bits after the study control `mode` (see the module docstring).
 
   Args:
@@ -34,6 +38,8 @@ def apply_noise(retrieval: np.ndarray, thinking: np.ndarray, judged: np.ndarray,
     mode: "none", "flip" or "random" (config judge.noise).
     p: flip probability in [0, 1] (config judge.noise_p; used by "flip" only).
     rng: the generator the draws come from.
+    strata: optional [B, T] int labels; "random" draws each stratum's rounds from that
+      stratum's own pairs (e.g. 1 on answer rounds, 0 on search rounds). None: one stratum.
   Returns:
     (retrieval, thinking), new [B, T] arrays of the input dtype.
   Raises:
@@ -57,10 +63,15 @@ def apply_noise(retrieval: np.ndarray, thinking: np.ndarray, judged: np.ndarray,
     retrieval = np.where(judged & flip_r, 1 - retrieval, retrieval).astype(retrieval.dtype)
     thinking = np.where(judged & flip_t, 1 - thinking, thinking).astype(thinking.dtype)
     return retrieval, thinking
-  # "random": draw each judged round's pair from the empirical joint of the judged pairs.
-  pairs = 2 * (retrieval[judged] != 0) + (thinking[judged] != 0)  # 0..3 = (ret, think) bits
-  probs = np.bincount(pairs, minlength=4) / pairs.size
-  drawn = rng.choice(4, size=int(judged.sum()), p=probs)
-  retrieval[judged] = drawn // 2
-  thinking[judged] = drawn % 2
+  # "random": draw each judged round's pair from the empirical joint of its stratum's pairs.
+  strata = np.zeros(judged.shape, np.int64) if strata is None else np.asarray(strata)
+  if strata.shape != judged.shape:
+    raise ValueError(f"apply_noise: strata {strata.shape} must have judged's shape {judged.shape}")
+  for label in np.unique(strata[judged]):
+    cell = judged & (strata == label)
+    pairs = 2 * (retrieval[cell] != 0) + (thinking[cell] != 0)  # 0..3 = (ret, think) bits
+    probs = np.bincount(pairs, minlength=4) / pairs.size
+    drawn = rng.choice(4, size=int(cell.sum()), p=probs)
+    retrieval[cell] = drawn // 2
+    thinking[cell] = drawn % 2
   return retrieval, thinking

@@ -116,27 +116,34 @@ class JudgePass:
         owners.append(b)
 
     t0 = time.perf_counter()
+    raised = False
     try:
       verdicts = self.judge.judge(requests) if requests else []
     except Exception as e:  # noqa: BLE001 - a judge fault must not end training: 0/0, counted
       verdicts = [[Verdict.failed(f"judge raised {e!r}")] * len(r.turns) for r in requests]
+      raised = True
     seconds = time.perf_counter() - t0
 
     retrieval = np.zeros((rows, num_t), np.int32)
     thinking = np.zeros((rows, num_t), np.int32)
     judged = np.zeros((rows, num_t), bool)
-    failures = 0
+    ok = np.zeros((rows, num_t), bool)
     for b, request, row_verdicts in zip(owners, requests, verdicts):
       if len(row_verdicts) != len(request.turns):  # a backend bug must not shift rounds
         row_verdicts = [Verdict.failed(f"judge returned {len(row_verdicts)} verdicts for "
                                        f"{len(request.turns)} rounds")] * len(request.turns)
       for k, v in enumerate(row_verdicts):
         judged[b, k] = True
-        failures += not v.ok
+        ok[b, k] = v.ok
         retrieval[b, k] = int(v.retrieval == 1) if v.ok else 0
         thinking[b, k] = int(v.thinking == 1) if v.ok else 0
+    failures = int((judged & ~ok).sum())
     clean_retrieval, clean_thinking = retrieval, thinking
-    retrieval, thinking = apply_noise(retrieval, thinking, judged, cfg.noise, cfg.noise_p, rng)
+    # The study controls act on real verdicts only (a failed call stays 0/0), search rounds and
+    # answer rounds apart (see agentjax.judge.controls).
+    answer_round = np.arange(num_t)[None, :] == (num_turns - 1)[:, None]
+    retrieval, thinking = apply_noise(retrieval, thinking, judged & ok, cfg.noise, cfg.noise_p,
+                                      rng, strata=answer_round.astype(np.int64))
 
     paper_calls = int(np.sum(np.where(paper_rows, sent, 0)))
     metrics = {"calls": float(judged.sum()), "calls_paper_rule": float(paper_calls),
@@ -145,7 +152,7 @@ class JudgePass:
                "seconds": seconds}
     last = getattr(self.judge, "last_stats", None)  # a backend that retries (openai) says how often
     if last is not None and hasattr(last, "retries"):
-      metrics["retries"] = float(last.retries) if requests else 0.0
+      metrics["retries"] = float(last.retries) if requests and not raised else 0.0
     metrics.update(judge_metrics(retrieval, thinking, judged, num_turns,
                                  answer_round_judged=bool(cfg.answer_round)))
     if self.identity["backend"] != "oracle" and requests and all(
@@ -156,6 +163,7 @@ class JudgePass:
       for b, request in zip(owners, requests):
         for k, v in enumerate(oracle_verdicts(request.question, request.turns)):
           o_ret[b, k], o_think[b, k] = v.retrieval, v.thinking
-      metrics.update(agreement(clean_retrieval, clean_thinking, o_ret, o_think, judged))
+      # Over the rounds the judge answered: a failed call says nothing about agreement.
+      metrics.update(agreement(clean_retrieval, clean_thinking, o_ret, o_think, judged & ok))
     return JudgeScores(retrieval=retrieval, thinking=thinking, judged=judged,
                        metrics={f"judge/{k}": float(v) for k, v in metrics.items()})
