@@ -135,7 +135,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.judge.model = "gpt-oss-120b"
   c.judge.api_key_env = "OPENAI_API_KEY"   # environment variable holding the key ("EMPTY" if unset)
   c.judge.temperature = 0.0
-  c.judge.max_tokens = 2048          # the judge's reply (its analysis and the JSON object)
+  # The judge's reply (its analysis and the JSON object); 0: not sent, the server's own limit
+  # applies (the official code sends none: a reasoning judge such as gpt-oss counts its
+  # reasoning tokens in max_tokens, and a cut reply is a failed round).
+  c.judge.max_tokens = 0
   c.judge.max_concurrency = 64       # requests in flight (the code's thread pool: 64)
   c.judge.timeout_s = 120.0          # per request
   c.judge.max_retries = 3            # attempts after the first, with exponential backoff

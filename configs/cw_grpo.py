@@ -55,6 +55,9 @@ def get_config(arg: str = "demo"):
   if arg == "qwen3-1.7b":
     config.model.hf_path = "models/Qwen3-1.7B"
   c = config
+  # The official agent calls its search tool in Qwen's native <tool_call> JSON (verl's
+  # multi-turn tool agent; the judge sees the calls inline), not Search-R1's <search> tags.
+  c.rollout.protocol = "tool_call"
   c.rl.reward_metric = "em"
   c.rollout.group_size = 4
   c.rl.prompts_per_step = 32

@@ -73,13 +73,14 @@ def _free_port():
 
 @pytest.fixture(scope="module")
 def fixed_judge():
-  """A registered judge giving every round retrieval = thinking = `value` (set per test)."""
-  state = {"value": 1, "requests": 0}
+  """A registered judge giving round k retrieval = thinking = value(k) (set per test)."""
+  state = {"value": lambda k: 1, "requests": 0}
 
   class Fixed:
     def judge(self, requests):
       state["requests"] += len(requests)
-      return [[Verdict(state["value"], state["value"])] * len(r.turns) for r in requests]
+      return [[Verdict(state["value"](k), state["value"](k)) for k in range(len(r.turns))]
+              for r in requests]
 
     def identity(self):
       return {"backend": "test_fixed"}
@@ -108,14 +109,45 @@ def test_a_judge_server_that_is_down_costs_rounds_not_the_run(setup):
 def test_verdicts_reach_the_advantage(setup, fixed_judge):
   """All-ones verdicts: the fallback never fires and the same step with all-zero verdicts
   differs only through the contribution weights (its loss differs)."""
-  fixed_judge["value"] = 1
+  fixed_judge["value"] = lambda k: 1
   ones = _steps(setup, _config(backend="test_fixed"), steps=1)[0]
   assert ones["judge/calls"] > 0 and ones["judge/failures"] == 0
   assert ones["cw/fallback_count"] == 0 and ones["judge/contribution_share"] == 1.0
-  fixed_judge["value"] = 0
+  fixed_judge["value"] = lambda k: 0
   zeros = _steps(setup, _config(backend="test_fixed"), steps=1)[0]
   assert zeros["judge/calls"] == ones["judge/calls"]  # same rollouts (same rng), same calls
   assert zeros["cw/fallback_count"] > 0 and zeros["loss"] != ones["loss"]
+
+
+@pytest.mark.parametrize("credited", [0, 1])
+def test_round_k_verdict_weights_turn_k_tokens(setup, fixed_judge, monkeypatch, credited):
+  """Round k's verdict lands on turn k's tokens. Two-turn correct trajectories (a search, then
+  the answer) with only round `credited` credited: crediting the search gives its tokens A
+  (K w = 1); crediting only the answer round leaves the search with c = 0, so the code's
+  "zero" fallback gives its tokens 0, while the answer's tokens keep A either way."""
+  import agentjax.train.step as step_lib
+  seen = {}
+  real = step_lib.compute_advantages
+
+  def spy(name, batch, outcome, ig, extra=None, **kw):
+    adv, stats = real(name, batch, outcome, ig, extra=extra, **kw)
+    seen.update(batch=batch, outcome=outcome, adv=adv, grpo=real("grpo", batch, outcome, ig)[0])
+    return adv, stats
+
+  monkeypatch.setattr(step_lib, "compute_advantages", spy)
+  fixed_judge["value"] = lambda k: int(k == credited)
+  _steps(setup, _config(backend="test_fixed"), steps=1)
+  batch = seen["batch"]
+  adv, grpo = np.asarray(seen["adv"]), np.asarray(seen["grpo"])
+  turn_id, mask = np.asarray(batch.turn_id), np.asarray(batch.loss_mask)
+  rows = [b for b in range(len(batch.num_turns))
+          if batch.num_turns[b] == 2 and batch.answered[b] and grpo[b][mask[b]].max() > 0]
+  assert rows  # the scripted agent gives such trajectories
+  for b in rows:
+    a = grpo[b][mask[b]][0]  # GRPO's A, the same on every sampled token of the row
+    search, answer = mask[b] & (turn_id[b] == 0), mask[b] & (turn_id[b] == 1)
+    np.testing.assert_allclose(adv[b][search], a if credited == 0 else 0.0, rtol=1e-6)
+    np.testing.assert_allclose(adv[b][answer], a, rtol=1e-6)
 
 
 def test_the_openai_judge_against_launch_serve(setup, hf_checkpoint, tiny_tokenizer_dir,
@@ -138,7 +170,7 @@ def test_the_openai_judge_against_launch_serve(setup, hf_checkpoint, tiny_tokeni
   prompt = tmp_path / "judge.md"  # a user's own prompt file (short: the tiny judge's context)
   prompt.write_text("Score the last round as JSON.\n{{TRACE}}\n")
   app = create_app(Completer.from_hf(str(folder), max_total_tokens=1024), model_name="judge",
-                   max_batch=64, batch_window_s=0.05, max_tokens_limit=8)
+                   max_batch=64, batch_window_s=2.0, max_tokens_limit=8)  # a step's calls: one batch
   with ServerThread(app) as server:
     config = _config(backend="openai", base_url=f"{server.url}/v1", model="judge",
                      prompt_path=str(prompt), max_tokens=8, timeout_s=300.0, max_retries=0)

@@ -52,6 +52,7 @@ class Stub:
     self.gate_target = gate                  # hold "gate" requests until this many are in flight
     self.gate = None
     self.hang_s = hang_s
+    self.bodies = []                         # every request body, in arrival order
 
   @staticmethod
   def completion(content):
@@ -61,7 +62,8 @@ class Stub:
 
   async def chat(self, request: fastapi.Request):
     body = await request.json()
-    text = body["messages"][0]["content"]
+    self.bodies.append(body)
+    text = "\n".join(m["content"] for m in body["messages"])
     case = re.search(r"case:(\w+)", text).group(1)
     question = re.search(r"Question: (.*)", text).group(1)
     k = text.count("Agent:\n") - 1
@@ -357,6 +359,16 @@ def test_render_tool_call_protocol_and_fallbacks():
                     "Agent:\n(no output)"]
 
 
+def test_max_tokens_zero_is_not_sent(stub, tmp_path):
+  """judge.max_tokens=0 (the default, as the official code): no max_tokens in the request, so a
+  reasoning judge is not cut off; a positive value is sent as is."""
+  for max_tokens, sent in ((0, None), (7, 7)):
+    stub.reset()
+    _judge(stub, tmp_path, ["good"], rounds=1, max_tokens=max_tokens)
+    assert stub.bodies and all(b.get("max_tokens") == sent for b in stub.bodies)
+    assert all(b["temperature"] == 0.0 for b in stub.bodies)
+
+
 def test_build_messages_fills_the_marker_only():
   # Literal braces in the template (a JSON example) survive; the trace's own braces too.
   template = 'Rate.\n{"analysis": "...", "thinking_reward": 0}\n' + TRACE_MARKER + "\nEnd {x}"
@@ -369,10 +381,14 @@ def test_build_messages_fills_the_marker_only():
   assert messages[0]["content"].endswith("<answer>A</answer>\nEnd {x}")
   with open(DEFAULT_PROMPT_PATH, encoding="utf-8") as f:
     builtin = f.read()
-  plain = _request("Who wrote X?", 2)
-  content = build_messages(builtin, plain, 0)[0]["content"]
-  assert TRACE_MARKER not in content and render_trace(plain, 0) in content
-  assert '"thinking_reward"' in content and '"retrieval_reward"' in content
+  plain = _request("Who wrote X? {{USER}}", 2)
+  # The built-in prompt follows the official layout: the instructions as the system message,
+  # "Here is the trace:" and the trace as the user message.
+  system, user = build_messages(builtin, plain, 0)
+  assert (system["role"], user["role"]) == ("system", "user")
+  assert user["content"] == "Here is the trace:\n\n" + render_trace(plain, 0) + "\n"
+  assert TRACE_MARKER not in system["content"] and "{{USER}}" not in system["content"]
+  assert '"thinking_reward"' in system["content"] and '"retrieval_reward"' in system["content"]
 
 
 # ---- parsing

@@ -111,6 +111,7 @@ def test_cw_grpo_presets_follow_the_official_script(preset):
   assert config.rollout.max_turns == 10 and config.rollout.temperature == 1.0
   assert (config.rl.std_estimator, config.rl.std_eps) == ("unbiased", 1e-6)
   assert (config.judge.temperature, config.judge.max_retries) == (0.0, 3)
+  assert config.judge.max_tokens == 0 and config.rollout.protocol == "tool_call"
   assert config.model.hf_path.endswith("Qwen3-1.7B" if preset == "qwen3-1.7b" else "Qwen3-8B")
 
 
@@ -124,6 +125,7 @@ def test_unknown_preset_names_the_known_ones():
     ({"algorithm": "cw_grpo"}, "config.judge.backend='none': algorithm 'cw_grpo' needs per-round"),
     ({"judge.noise": "shuffle"}, "config.judge.noise='shuffle': must be one of"),
     ({"cw.all_zero_fallback": "half"}, "config.cw.all_zero_fallback='half': must be one of"),
+    ({"judge.backend": "oracle"}, "config.judge.backend='oracle': algorithm 'igpo' does not read"),
     ({"algorithm": "cw_grpo", "judge.backend": "openai", "judge.base_url": "localhost:8001"},
      "config.judge.base_url='localhost:8001': the openai judge needs an http"),
     ({"rollout.group_size": 1}, "config.rollout.group_size=1: algorithm 'igpo'"),

@@ -83,7 +83,7 @@ def _check_config(cfg: Any) -> None:
             ("timeout_s", cfg.timeout_s > 0, "> 0"),
             ("max_retries", cfg.max_retries >= 0, ">= 0"),
             ("retry_backoff_s", cfg.retry_backoff_s >= 0, ">= 0"),
-            ("max_tokens", cfg.max_tokens >= 1, ">= 1"),
+            ("max_tokens", cfg.max_tokens >= 0, ">= 0 (0: not sent)"),
             ("temperature", cfg.temperature >= 0, ">= 0")]
   for name, ok, want in checks:
     if not ok:
@@ -162,9 +162,11 @@ class OpenAIJudge:
         time.sleep(self.retry_backoff_s * 2 ** (attempts - 1))
       attempts += 1
       try:
+        # max_tokens 0 is not sent (the official code sends none): the server's own limit
+        # applies, and a reasoning judge (gpt-oss) is not cut off in its reasoning.
+        limit = {"max_tokens": self.max_tokens} if self.max_tokens else {}
         response = self.client.chat.completions.create(
-            model=self.model, messages=messages, temperature=self.temperature,
-            max_tokens=self.max_tokens)
+            model=self.model, messages=messages, temperature=self.temperature, **limit)
       except openai.APIStatusError as e:
         error = f"HTTP {e.status_code}: {_short(e.message)}"
         if not _retried(e.status_code):

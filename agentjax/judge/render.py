@@ -22,6 +22,10 @@ from agentjax.agent.rollout import TurnRecord
 from agentjax.judge.base import JudgeRequest, Verdict
 
 TRACE_MARKER = "{{TRACE}}"
+# Optional, on a line of its own: what comes before it is the system message, what follows it
+# the user message (the official code sends its judge prompt as the system message and
+# "Here is the trace:" + the trace as the user message). Without it: one user message.
+USER_MARKER = "{{USER}}"
 
 # Chat-template markers the tool_call protocol feeds around its observations
 # ("<|im_end|>\n<|im_start|>user\n<tool_response>..."), and the protocols' observation wrappers.
@@ -87,10 +91,16 @@ def render_trace(request: JudgeRequest, upto: int) -> str:
 
 
 def build_messages(template: str, request: JudgeRequest, upto: int) -> list[dict[str, str]]:
-  """The chat messages of the judge call for round `upto`: one user message, the template with
-  the trace in place of {{TRACE}} (the official code sends no system message either)."""
+  """The chat messages of the judge call for round `upto`: the template with the trace in place
+  of {{TRACE}}; split at a {{USER}} line into a system and a user message (the official code's
+  layout), else one user message."""
   check_template(template)
-  return [{"role": "user", "content": template.replace(TRACE_MARKER, render_trace(request, upto))}]
+  trace = render_trace(request, upto)
+  if USER_MARKER not in template:  # split before filling: the trace may hold either marker
+    return [{"role": "user", "content": template.replace(TRACE_MARKER, trace)}]
+  system, user = template.split(USER_MARKER, 1)
+  return [{"role": "system", "content": system.strip().replace(TRACE_MARKER, trace) + "\n"},
+          {"role": "user", "content": user.strip().replace(TRACE_MARKER, trace) + "\n"}]
 
 
 def _object_in(text: str) -> tuple[dict[str, Any] | None, str | None]:

@@ -16,7 +16,9 @@ from agentjax.agent.protocol import PROTOCOLS
 # One ConfigError for model and run configs (re-exported here), and the model's own lists of
 # what QwenConfig accepts, so validation passes exactly what will load.
 from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigError
-from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, STD_ESTIMATORS
+from agentjax.judge.base import BUILTIN_JUDGES, JUDGES
+from agentjax.judge.controls import NOISE_MODES
+from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 TRAINERS = ("rl", "sft")
@@ -24,9 +26,7 @@ TRAINERS = ("rl", "sft")
 GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
 # Estimators that read per-round judge verdicts (retrieval_scores / thinking_scores).
 NEEDS_JUDGE = ("cw_grpo",)
-JUDGE_BACKENDS = ("none", "openai", "local", "oracle")
-JUDGE_NOISE = ("none", "flip", "random")
-CW_FALLBACKS = ("zero", "uniform")
+JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
 
 
 def _fail(field: str, value: Any, why: str) -> None:
@@ -193,13 +193,17 @@ def _validate_rl(config: Any) -> None:
 
 def _validate_judge(config: Any, algorithm: str) -> None:
   backend = _get(config, "judge.backend")
-  if backend not in JUDGE_BACKENDS:
-    _fail("judge.backend", backend, f"must be one of {list(JUDGE_BACKENDS)}")
+  if backend not in JUDGE_BACKENDS and backend not in JUDGES:  # built in, or registered
+    _fail("judge.backend", backend, f"must be one of {list(JUDGE_BACKENDS)} or a backend "
+          f"registered with agentjax.judge.register_judge")
   if algorithm in NEEDS_JUDGE and backend == "none":
     _fail("judge.backend", backend, f"algorithm {algorithm!r} needs per-round judge verdicts: "
           f"set judge.backend to one of {list(JUDGE_BACKENDS[1:])}")
-  if _get(config, "judge.noise") not in JUDGE_NOISE:
-    _fail("judge.noise", _get(config, "judge.noise"), f"must be one of {list(JUDGE_NOISE)}")
+  if algorithm not in NEEDS_JUDGE and backend != "none":  # calls whose verdicts nothing reads
+    _fail("judge.backend", backend, f"algorithm {algorithm!r} does not read judge verdicts "
+          f"(only {list(NEEDS_JUDGE)} do): set judge.backend=none")
+  if _get(config, "judge.noise") not in NOISE_MODES:
+    _fail("judge.noise", _get(config, "judge.noise"), f"must be one of {list(NOISE_MODES)}")
   p = _get(config, "judge.noise_p")
   if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
     _fail("judge.noise_p", p, "must be a probability in [0, 1]")
@@ -209,8 +213,9 @@ def _validate_judge(config: Any, algorithm: str) -> None:
   _non_negative(config, "cw.gamma")
   _positive(config, "cw.inf_threshold")
   if backend == "openai":
-    _positive(config, "judge.max_concurrency", "judge.timeout_s", "judge.max_tokens")
-    _non_negative(config, "judge.max_retries", "judge.retry_backoff_s", "judge.temperature")
+    _positive(config, "judge.max_concurrency", "judge.timeout_s")
+    _non_negative(config, "judge.max_retries", "judge.retry_backoff_s", "judge.temperature",
+                  "judge.max_tokens")
     url = str(_get(config, "judge.base_url"))
     if not url.startswith(("http://", "https://")):
       _fail("judge.base_url", url, "the openai judge needs an http(s):// URL of an "
