@@ -139,7 +139,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # applies (the official code sends none: a reasoning judge such as gpt-oss counts its
   # reasoning tokens in max_tokens, and a cut reply is a failed round).
   c.judge.max_tokens = 0
-  c.judge.max_concurrency = 64       # requests in flight (the code's thread pool: 64)
+  c.judge.max_concurrency = 64       # requests in flight (the code's pool: 64; its script: 128)
   c.judge.timeout_s = 120.0          # per request
   c.judge.max_retries = 3            # attempts after the first, with exponential backoff
   c.judge.retry_backoff_s = 1.0

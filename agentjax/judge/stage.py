@@ -90,10 +90,17 @@ class JudgePass:
     args = (turns, num_turns, group_ids, outcome, questions, num_t, rng)
     if jax.process_count() == 1 or self.identity["backend"] == "local":
       return self._score(*args)
-    out = self._score(*args) if jax.process_index() == 0 else None
-    got = broadcast_from_primary(None if out is None else dict(
-        retrieval=out.retrieval.tolist(), thinking=out.thinking.tolist(),
-        judged=out.judged.tolist(), metrics=out.metrics))
+    payload = None
+    if jax.process_index() == 0:
+      try:
+        out = self._score(*args)
+        payload = dict(retrieval=out.retrieval.tolist(), thinking=out.thinking.tolist(),
+                       judged=out.judged.tolist(), metrics=out.metrics)
+      except Exception as e:  # noqa: BLE001 - re-raised below on every process, none left waiting
+        payload = {"error": f"{type(e).__name__}: {e}"[:500]}
+    got = broadcast_from_primary(payload)
+    if "error" in got:
+      raise RuntimeError(f"the judge pass failed on process 0: {got['error']}")
     return JudgeScores(retrieval=np.asarray(got["retrieval"], np.int32),
                        thinking=np.asarray(got["thinking"], np.int32),
                        judged=np.asarray(got["judged"], bool), metrics=got["metrics"])

@@ -90,11 +90,11 @@ class Batcher:
     if not prompts:
       raise ValueError("submit needs at least one prompt")
     future: concurrent.futures.Future = concurrent.futures.Future()
-    with self._lock:
+    with self._lock:  # the put too: no job can land behind close()'s stop marker
       if self._closed:
         raise RuntimeError("the batcher is closed")
       self._stats["requests"] += 1
-    self._queue.put(_Job([list(p) for p in prompts], key, future))
+      self._queue.put(_Job([list(p) for p in prompts], key, future))
     return future
 
   def stats(self) -> dict[str, int]:
@@ -147,6 +147,14 @@ class Batcher:
         for job in jobs:
           if not job.future.done():
             job.future.set_exception(e)
+    # Closed: fail whatever is still queued rather than leave its caller waiting.
+    while True:
+      try:
+        job = self._queue.get_nowait()
+      except queue.Empty:
+        break
+      if job is not _STOP and not job.future.done():
+        job.future.set_exception(RuntimeError("the batcher is closed"))
 
   def _run(self, jobs: list[_Job]) -> None:
     # Jobs whose client went away (future cancelled) are dropped; the others can no longer be
