@@ -8,7 +8,7 @@ A SynthWorld question record carries "chain" (entity names, subject first, answe
 "hops" (H). The passage of chain[h] states the relation from chain[h] to chain[h+1], so the
 evidence needed to answer is the H passages of chain[0..H-1]: the GOLD-CHAIN documents. A
 document is the gold document of hop h iff its title (Document.title with surrounding double
-quotes stripped), normalized like answers (agentjax.rl.rewards.normalize_answer, "standard":
+quotes stripped), normalized like answers (agentjax.answers.normalize_answer, "standard":
 lowercase, punctuation deleted, articles dropped, whitespace collapsed), equals chain[h]
 normalized the same way. The answer entity's own passage (chain[H]) is not gold: it states
 nothing the question needs. Documents are identified by title, not id (the CW-GRPO judge prompt:
@@ -48,7 +48,7 @@ from agentjax.agent.rollout import TurnRecord
 from agentjax.judge.base import JudgeRequest, Verdict, register_judge
 # The one answer normalization, so that names match as answers do (rl.rewards is host-side
 # Python and never imports judge: no cycle).
-from agentjax.rl.rewards import normalize_answer
+from agentjax.answers import normalize_answer
 
 ORACLE_IDENTITY = {"backend": "oracle", "model": "synthworld-gold-chain", "prompt_sha256": "-"}
 

@@ -19,49 +19,22 @@ Answer matching comes in two normalizations:
 
 from __future__ import annotations
 
-import re
-import string
 from collections import Counter
 from typing import Sequence, Union
 
 import numpy as np
 
+from agentjax.answers import NORMALIZATIONS as _NORMALIZATIONS
+from agentjax.answers import normalize_answer
+
 Golds = Union[str, Sequence[str]]
 
-_NORMALIZATIONS = ("standard", "igpo")
 _METRICS = ("f1", "em")
 
-# str.translate tables: one C-level pass per string instead of a Python loop over characters.
-_DELETE_PUNCT = str.maketrans("", "", string.punctuation)
-_SPACE_PUNCT = str.maketrans(string.punctuation, " " * len(string.punctuation))
-_ARTICLES = re.compile(r"\b(a|an|the)\b")
-
 
 # ---------------------------------------------------------------------------------------------
-# Answer normalization and metrics.
+# Answer metrics (the normalization lives in agentjax/answers.py, shared with the judges).
 # ---------------------------------------------------------------------------------------------
-
-
-def normalize_answer(s: str | None, normalization: str = "standard") -> str:
-  """Normalize an answer string for matching.
-
-  Args:
-    s: the answer (None counts as the empty string: a trajectory that never answered).
-    normalization: "standard" (SQuAD / Search-R1 / FlashRAG) or "igpo" (see the module docstring).
-  Returns:
-    the normalized string, tokens separated by single spaces.
-  """
-  if s is None:
-    return ""
-  s = s.lower()
-  if normalization == "standard":
-    # Order as in the SQuAD script: lower, strip punctuation, drop articles, fix whitespace.
-    s = _ARTICLES.sub(" ", s.translate(_DELETE_PUNCT))
-  elif normalization == "igpo":
-    s = s.translate(_SPACE_PUNCT)
-  else:
-    raise ValueError(f"unknown normalization {normalization!r}; known: {_NORMALIZATIONS}")
-  return " ".join(s.split())
 
 
 def _as_list(golds: Golds) -> list[str]:
