@@ -133,24 +133,50 @@ def test_chunked_prefill_equals_one_block(setup, monkeypatch):
   assert widths[:3] == [(4, 8)] * 3 and widths[3:] == [(4, 32)]
 
 
-def test_shared_prefix_is_prefilled_once_with_the_same_result(setup, monkeypatch):
+def test_shared_prefix_is_attended_once_with_the_same_result(setup, monkeypatch):
   completer, hf_model, _ = setup
-  head = "The quick brown fox jumps over the lazy dog. Who was born in which city? "
-  prompts = [completer.chat_ids([{"role": "user", "content": head + tail}])
-             for tail in ("Orsk", "Veltrana capital", "Orsk")]
+  wide = Completer(completer.cfg, completer.params, completer.tokenizer, max_total_tokens=256,
+                   prefill_tokens=64)
+  head = ("The quick brown fox jumps over the lazy dog. Who was born in which city? " * 4)
+  prompts = [wide.chat_ids([{"role": "user", "content": head + tail}])
+             for tail in ("Orsk", "Veltrana capital of the north", "Orsk")]
   from agentjax.sampling import complete as complete_module
-  assert complete_module._shared_prefix([np.array(p) for p in prompts]) >= 16
-  repeats = []
-  real = complete_module._repeat_rows
-  monkeypatch.setattr(complete_module, "_repeat_rows",
-                      lambda state, rows: repeats.append(rows) or real(state, rows))
-  batched = completer.complete(prompts, max_new_tokens=MAX_NEW)
-  assert repeats == [4]  # the shared path ran
+  shared = complete_module._shared_prefix([np.array(p) for p in prompts])
+  assert shared >= complete_module.MIN_SHARED_PREFIX
+  # The prefix's cache has padding slots (a fine bucket above its length): they must be masked.
+  assert complete_module._fine_bucket(shared) > shared
+  calls = []
+  real_generate = complete_module.generate
+  monkeypatch.setattr(complete_module, "generate",
+                      lambda *a: calls.append((a[2].tokens.shape, a[-1])) or real_generate(*a))
+  batched = wide.complete(prompts, max_new_tokens=MAX_NEW)
+  # The shared path ran: own caches hold the rest of each prompt + the reply only.
+  (own_shape, prefix), = calls
+  assert int(prefix.length) == shared
+  assert own_shape == (4, complete_module._fine_bucket(max(map(len, prompts)) - shared + MAX_NEW))
   assert batched[0] == batched[2]
+  assert [c.prompt_tokens for c in batched] == [len(p) for p in prompts]
   for i, p in enumerate(prompts[:2]):
-    assert completer.complete([p], max_new_tokens=MAX_NEW)[0] == batched[i], i
-  assert batched[1].token_ids == _greedy_reference(hf_model, prompts[1], MAX_NEW,
-                                                   completer.eos_ids)
+    assert wide.complete([p], max_new_tokens=MAX_NEW)[0] == batched[i], i  # no prefix path
+    ref = _greedy_reference(hf_model, p, MAX_NEW, wide.eos_ids)
+    assert batched[i].token_ids == ref and len(ref) == MAX_NEW, i
+
+
+def test_shared_prefix_keeps_the_context_budget(setup):
+  completer, _, _ = setup
+  head = "The quick brown fox jumps over the lazy dog. " * 7
+  prompts = [completer.encode(head + tail) for tail in ("Orsk", "Veltrana", "a")]
+  from agentjax.sampling import complete as complete_module
+  assert complete_module._shared_prefix([np.array(p) for p in prompts]) >= 64
+  limit = max(map(len, prompts)) + 3
+  tight = Completer(completer.cfg, completer.params, completer.tokenizer,
+                    max_total_tokens=limit)
+  out = tight.complete(prompts, max_new_tokens=MAX_NEW)
+  wide = Completer(completer.cfg, completer.params, completer.tokenizer, max_total_tokens=256)
+  for p, c in zip(prompts, out):  # each row: prompt + new tokens = the budget, as alone
+    alone = wide.complete([p], max_new_tokens=limit - len(p))[0]
+    assert c.token_ids == alone.token_ids and c.finish_reason == "length"
+    assert len(p) + len(c.token_ids) == limit
 
 
 def test_sampling_is_reproducible_per_seed(setup):

@@ -78,6 +78,44 @@ def test_greedy_equals_repeated_argmax_of_full_forwards(preset):
     assert list(np.asarray(state.tokens[b, :len(seq)])) == seq
 
 
+def test_shared_prefix_equals_full_forwards_and_masks_its_padding():
+  from agentjax.models.qwen.model import KVCache
+  from agentjax.sampling.sampler import shared_prefix
+
+  cfg = QwenConfig.preset("tiny-qwen3")
+  params = spread_params(cfg, 1)
+  rng = np.random.RandomState(1)
+  head = list(rng.randint(0, cfg.vocab_size, 10))
+  tails = [list(rng.randint(0, cfg.vocab_size, n)) for n in (5, 1, 9)]
+  one = fill(init_state(cfg, 1, 16, jax.random.key(0)), cfg, params, [head], -1)
+  prefix = shared_prefix(one)
+  assert int(prefix.length) == 10
+  # Fault injection: large garbage in the prefix's 6 unused slots must be masked out.
+  poison = lambda x, axis: x.at[(slice(None),) * axis + (slice(10, None),)].set(30.0)
+  prefix = prefix.replace(cache=KVCache(tuple(poison(k, 3) for k in prefix.cache.keys),
+                                        tuple(poison(v, 2) for v in prefix.cache.values)))
+  state = init_state(cfg, 3, 32, jax.random.key(0))
+  width = 16
+  block = np.zeros((3, width), np.int32)
+  for b, t in enumerate(tails):
+    block[b, :len(t)] = t
+  state = extend(Qwen(cfg), params, state, jnp.asarray(block),
+                 jnp.asarray([len(t) for t in tails], jnp.int32), jnp.full((3,), -1, jnp.int32),
+                 prefix)
+  np.testing.assert_array_equal(np.asarray(state.length), [5, 1, 9])  # own slots only
+  for b, t in enumerate(tails):
+    np.testing.assert_allclose(np.asarray(state.next_logits[b]),
+                               full_logits(cfg, params, head + t)[-1], atol=2e-4, rtol=2e-4)
+  state, gen = generate(Qwen(cfg), params, state, jnp.ones(3, bool), jnp.zeros(3, jnp.int32),
+                        no_stop(cfg, 32), SamplingParams(greedy=True), 6, prefix)
+  for b, t in enumerate(tails):
+    seq = head + t
+    for _ in range(6):
+      seq.append(int(np.argmax(full_logits(cfg, params, seq)[-1])))
+    assert list(np.asarray(gen.new_tokens[b])) == seq[len(head) + len(t):], b
+    assert list(np.asarray(state.tokens[b, :len(seq) - 10])) == seq[10:], b
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_decode_layout_copies_only_the_moved_kernels(tied):
   """On CPU the decode layout is out_major_params' tree; the leaves it leaves alone (embedding,

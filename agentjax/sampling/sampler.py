@@ -8,6 +8,11 @@ the earlier context is never re-run); `generate` runs a `lax.while_loop` of one-
 
 Writes beyond a row's budget are dropped (scatter mode="drop"), never clamped onto live slots.
 Shapes: B batch, S cache slots, V vocab, T tokens fed in one call, N max new tokens.
+
+A `SharedPrefix` (the cache of a prompt prefix common to every row, prefilled once in one row)
+may be passed to `extend` and `generate`: each row then attends to the prefix's visible slots
+before its own, and its own slot j holds position prefix.length + j (the state's per-slot
+arrays cover the row's own tokens only). Without one, the programs are exactly the plain ones.
 """
 
 from __future__ import annotations
@@ -53,6 +58,28 @@ class DecodeState:
   rng: jax.Array
 
 
+@flax.struct.dataclass
+class SharedPrefix:
+  """A prompt prefix shared by every row of a state: its batch-1 KVCache (keys [1, N, D, P],
+  values [1, N, P, D]) and the number of its slots in use (scalar int32; the slots past it are
+  not attended, so P may be a bucket)."""
+  cache: KVCache
+  length: jax.Array
+
+  def attention_args(self) -> dict:
+    """The prefix arguments of Qwen.__call__."""
+    visible = jnp.arange(self.cache.length, dtype=jnp.int32) < self.length
+    return {"prefix": self.cache, "prefix_mask": visible}
+
+
+def shared_prefix(state: DecodeState) -> SharedPrefix:
+  """The prefix fed into a one-row state (its first state.length[0] slots), for other states."""
+  if state.length.shape != (1,):
+    raise ValueError(
+        f"a shared prefix comes from a one-row state, got {state.length.shape[0]} rows")
+  return SharedPrefix(cache=state.cache, length=state.length[0])
+
+
 def state_logical_axes(state: DecodeState) -> DecodeState:
   """Logical axis names of every DecodeState field (the rules table maps them to the mesh)."""
   per_token = P("batch", "length")
@@ -90,15 +117,23 @@ def _set_rows(buffer: jax.Array, slots: jax.Array, values) -> jax.Array:
   return buffer.at[rows, slots].set(values, mode="drop")
 
 
+def _positions(slots: jax.Array, prefix: SharedPrefix | None) -> tuple[jax.Array, dict]:
+  """Position ids of own slots [B, T] and the model's prefix arguments."""
+  if prefix is None:
+    return slots, {}
+  return slots + prefix.length, prefix.attention_args()
+
+
 @functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: jax.Array,
-           turn: jax.Array) -> DecodeState:
+           turn: jax.Array, prefix: SharedPrefix | None = None) -> DecodeState:
   """Feeds context tokens (prompt, observation, injected text) into the cache; nothing is sampled.
 
   Args:
     tokens: [B, T] int32, row b's first lengths[b] entries are fed (the rest is padding).
     lengths: [B] int32, may be 0 (the row is untouched); clipped to the room left in the cache.
     turn: [B] int32 turn id recorded for these tokens.
+    prefix: optional SharedPrefix every row's tokens follow (see the module docstring).
   """
   b, s = state.tokens.shape
   lengths = jnp.minimum(lengths, s - state.length)
@@ -106,8 +141,10 @@ def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: 
   slots = state.length[:, None] + offsets                                   # [B, T]
   write = jnp.where(offsets < lengths[:, None], slots, s)                   # s: dropped
   valid = _set_rows(state.valid, write, True)
-  hidden, cache = model.apply({"params": params}, tokens, slots, masks.cache_mask(valid, slots),
-                              cache=state.cache, cache_index=state.length, return_hidden=True)
+  positions, shared = _positions(slots, prefix)
+  hidden, cache = model.apply({"params": params}, tokens, positions,
+                              masks.cache_mask(valid, slots), cache=state.cache,
+                              cache_index=state.length, return_hidden=True, **shared)
   last = hidden[jnp.arange(b), jnp.maximum(lengths - 1, 0)]                 # [B, E]
   logits = model.apply({"params": params}, last, method=Qwen.logits)       # [B, V] only
   return state.replace(
@@ -143,7 +180,7 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
 @functools.partial(jax.jit, static_argnums=(0, 6, 7), donate_argnums=2)
 def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: jax.Array,
              stop: tuple[StopTable, jax.Array, jax.Array], sampling: SamplingParams,
-             max_new: int) -> tuple[DecodeState, Generation]:
+             max_new: int, prefix: SharedPrefix | None = None) -> tuple[DecodeState, Generation]:
   """Samples up to max_new tokens per active row, each row stopping on its own.
 
   Args:
@@ -151,6 +188,7 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     active: [B] bool rows that generate in this call.
     turn: [B] int32 turn id recorded for the sampled tokens.
     stop: (StopTable, eos_ids [E] int32, budget: scalar int32 max slots a row may fill).
+    prefix: optional SharedPrefix every row follows (the one its state was extended with).
   A row stops after an EOS id, after a stop string completes (the completing token is kept), at
   max_new tokens, or when it reaches the budget. Every sampled token is fed to the model, so the
   cache always holds the whole trajectory.
@@ -175,9 +213,10 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     tok, logp = sample_token(key, logits_vb, sampling, vocab_major=True)
     slot = jnp.where(active, state.length, s)                                 # s: dropped
     valid = state.valid.at[rows, slot].set(True, mode="drop")
-    hidden, cache = model.apply({"params": params}, tok[:, None], slot[:, None],
+    position, shared = _positions(slot[:, None], prefix)
+    hidden, cache = model.apply({"params": params}, tok[:, None], position,
                                 masks.cache_mask(valid, slot[:, None]), cache=state.cache,
-                                cache_index=slot, return_hidden=True)
+                                cache_index=slot, return_hidden=True, **shared)
     logits = model.apply({"params": params}, hidden[:, 0], method=Qwen.logits_vocab_major)
     logits_vb = jnp.where(active[None, :], logits, logits_vb)
     state = state.replace(

@@ -172,13 +172,46 @@ def _write_cache(buffer: Array, new: Array, index: Array, slot_axis: int) -> Arr
   return buffer.at[tuple(where)].set(new.astype(buffer.dtype), mode="drop")
 
 
+def _attend_with_prefix(qg: Array, scores: Array, values: Array,
+                        prefix: tuple[Array, Array, Array], dtype: Any) -> Array:
+  """Attention over a shared prefix's keys followed by each row's own (already masked) keys.
+
+  qg [B, N, M, D] queries; scores [B, N, M, S] their masked scores against the row's own keys;
+  values [B, N, S, D]; prefix (keys [1, N, D, P], values [1, N, P, D], visible [P] bool).
+  Returns [B, N, M, D]: softmax over the P + S keys, times their values.
+
+  The prefix is one batch-1 cache: its matmuls run per kv head n over all rows' queries at once,
+  [B * M, D] x [D, P], so the prefix is read once per call rather than once per row (the rows'
+  own caches hold only what follows it). One softmax in two parts: a shared max and sum.
+  """
+  b, n, m, d = qg.shape
+  p_keys, p_values, visible = prefix
+  q_n = jnp.swapaxes(qg, 0, 1)                                              # [N, B, M, D]
+  s_pre = jnp.einsum("nbmd,ndk->nbmk", q_n, p_keys[0].astype(dtype),
+                     preferred_element_type=_F32) * (d ** -0.5)             # [N, B, M, P]
+  s_pre = jnp.where(visible, s_pre, jnp.finfo(_F32).min)
+  top = jnp.maximum(jnp.swapaxes(jnp.max(s_pre, axis=-1), 0, 1), jnp.max(scores, axis=-1))
+  e_pre = jnp.exp(s_pre - jnp.swapaxes(top, 0, 1)[..., None])              # [N, B, M, P]
+  e_own = jnp.exp(scores - top[..., None])                                   # [B, N, M, S]
+  total = jnp.swapaxes(jnp.sum(e_pre, axis=-1), 0, 1) + jnp.sum(e_own, axis=-1)   # [B, N, M]
+  inv = (1.0 / total)[..., None]
+  out_pre = jnp.einsum("nbmk,nkd->nbmd", (e_pre * jnp.swapaxes(inv, 0, 1)).astype(dtype),
+                       p_values[0].astype(dtype), preferred_element_type=_F32)
+  out_own = jnp.einsum("bnmk,bnkd->bnmd", (e_own * inv).astype(dtype), values.astype(dtype),
+                       preferred_element_type=_F32)
+  return (jnp.swapaxes(out_pre, 0, 1) + out_own).astype(dtype)
+
+
 class Attention(nn.Module):
   cfg: QwenConfig
   out_major: bool = False
 
   @nn.compact
   def __call__(self, x: Array, cos: Array, sin: Array, mask: Array,
-               kv: tuple[Array, Array] | None, cache_index: Array | None):
+               kv: tuple[Array, Array] | None, cache_index: Array | None,
+               prefix: tuple[Array, Array, Array] | None = None):
+    """prefix: optional (keys [1, N, D, P], values [1, N, P, D], visible [P] bool), a cache
+    shared by every row and placed before each row's own keys (see Qwen.__call__)."""
     cfg = self.cfg
     dtype, pdtype = _dtype(cfg.dtype), _dtype(cfg.param_dtype)
     b, q_len, _ = x.shape
@@ -213,8 +246,11 @@ class Attention(nn.Module):
                         preferred_element_type=_F32) * (d ** -0.5)
     mask_m = jnp.repeat(mask, g, axis=1) if g > 1 else mask               # [B, Q*G, K]
     scores = jnp.where(mask_m[:, None], scores, jnp.finfo(_F32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("bnmk,bnkd->bnmd", probs, values.astype(dtype))      # [B, N, Q*G, D]
+    if prefix is None:
+      probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+      out = jnp.einsum("bnmk,bnkd->bnmd", probs, values.astype(dtype))    # [B, N, Q*G, D]
+    else:
+      out = _attend_with_prefix(qg, scores, values, prefix, dtype)
     out = out.reshape(b, n, q_len, g, d).transpose(0, 2, 1, 3, 4).reshape(b, q_len, n * g, d)
     out = Linear((cfg.hidden_size,), ("heads", "head_dim", "embed"), in_dims=2, dtype=dtype,
                  param_dtype=pdtype, out_major=self.out_major, name="o_proj")(out)
@@ -245,12 +281,12 @@ class DecoderLayer(nn.Module):
   out_major: bool = False
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask, kv, cache_index):
+  def __call__(self, x, cos, sin, mask, kv, cache_index, prefix=None):
     cfg = self.cfg
     pdtype = _dtype(cfg.param_dtype)
     h, new_kv = Attention(cfg, self.out_major, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="input_layernorm")(x),
-        cos, sin, mask, kv, cache_index)
+        cos, sin, mask, kv, cache_index, prefix)
     x = x + h
     x = x + MLP(cfg, self.out_major, name="mlp")(
         RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="post_attention_layernorm")(x))
@@ -287,7 +323,8 @@ class Qwen(nn.Module):
 
   def __call__(self, tokens: Array, positions: Array, attention_mask: Array,
                cache: KVCache | None = None, cache_index: Array | None = None,
-               return_hidden: bool = False) -> tuple[Array, KVCache | None]:
+               return_hidden: bool = False, prefix: KVCache | None = None,
+               prefix_mask: Array | None = None) -> tuple[Array, KVCache | None]:
     """Runs the decoder.
 
     Args:
@@ -298,12 +335,18 @@ class Qwen(nn.Module):
       cache_index: [B] int32, the slot where each row's first token of this call is written.
       return_hidden: return the final-norm hidden states [B, Q, E] instead of logits, so that a
         sampler projects only the positions it samples from (see `logits`).
+      prefix: optional KVCache of batch 1 (keys [1, N, D, P], values [1, N, P, D]) shared by
+        every row: each query attends to its visible slots, then to its own K keys (a prompt
+        prefix common to a batch, read once for all rows; `positions` must count it).
+      prefix_mask: [P] bool, the prefix slots every query sees (required with `prefix`).
     Returns:
       (logits [B, Q, V] float32, or hidden [B, Q, E]), and the updated cache (None without one).
     """
     cfg = self.cfg
     if cache is not None and cache_index is None:
       raise ValueError("cache_index [B] is required when a cache is given")
+    if (prefix is None) != (prefix_mask is None):
+      raise ValueError("prefix and prefix_mask [P] are given together")
     # mode="clip": an out-of-range id (padding garbage) must not put NaN into the row, since
     # masked attention still multiplies its value by 0.
     x = jnp.take(self.embed_tokens, tokens, axis=0, mode="clip").astype(_dtype(cfg.dtype))
@@ -312,7 +355,8 @@ class Qwen(nn.Module):
     keys, values = [], []
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.keys[i], cache.values[i])
-      x, new_kv = layer(x, cos, sin, attention_mask, kv, cache_index)
+      shared = None if prefix is None else (prefix.keys[i], prefix.values[i], prefix_mask)
+      x, new_kv = layer(x, cos, sin, attention_mask, kv, cache_index, shared)
       if new_kv is not None:
         keys.append(new_kv[0])
         values.append(new_kv[1])
