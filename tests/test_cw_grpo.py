@@ -170,7 +170,8 @@ def test_the_openai_judge_against_launch_serve(setup, hf_checkpoint, tiny_tokeni
   prompt = tmp_path / "judge.md"  # a user's own prompt file (short: the tiny judge's context)
   prompt.write_text("Score the last round as JSON.\n{{TRACE}}\n")
   app = create_app(Completer.from_hf(str(folder), max_total_tokens=1024), model_name="judge",
-                   max_batch=64, batch_window_s=2.0, max_tokens_limit=8)  # a step's calls: one batch
+                   max_batch=64, batch_window_s=2.0,  # a step's calls meet in one batch
+                   max_tokens_limit=8)
   with ServerThread(app) as server:
     config = _config(backend="openai", base_url=f"{server.url}/v1", model="judge",
                      prompt_path=str(prompt), max_tokens=8, timeout_s=300.0, max_retries=0)

@@ -16,6 +16,7 @@ import httpx
 import openai
 import pytest
 
+from agentjax.sampling.complete import PromptError
 from agentjax.serve import Batcher, SamplingKey, ServerThread, create_app
 
 MODEL = "tiny-chat"
@@ -52,6 +53,10 @@ class FakeCompleter:
                                                      tuple(stop), seed)))
     if any(666 in p for p in prompts):
       raise RuntimeError("injected fault: id 666")
+    if any(777 in p for p in prompts):  # an internal error that happens to be a ValueError
+      raise ValueError("injected fault: a shape mismatch")
+    if any(888 in p for p in prompts):  # the completer refuses this request
+      raise PromptError("prompt 0: injected refusal")
     return [_Completion(str(p[::-1]), tuple(p[::-1][:max_new_tokens]), "length", len(p))
             for p in prompts]
 
@@ -133,6 +138,10 @@ def test_app_answers_a_model_failure_with_500_and_goes_on():
   from fastapi.testclient import TestClient
 
   client = TestClient(create_app(FakeCompleter(), model_name="fake", batch_window_s=0.0))
+  internal = client.post("/v1/completions", json={"model": "fake", "prompt": [1, 777]})
+  assert internal.status_code == 500 and "shape mismatch" in internal.json()["error"]["message"]
+  refused = client.post("/v1/completions", json={"model": "fake", "prompt": [1, 888]})
+  assert refused.status_code == 400 and "injected refusal" in refused.json()["error"]["message"]
   bad = client.post("/v1/completions", json={"model": "fake", "prompt": [1, 666]})
   assert bad.status_code == 500
   assert bad.json()["error"]["type"] == "server_error"

@@ -59,6 +59,12 @@ _STOP_CACHE_SIZE = 64
 MIN_SHARED_PREFIX = 64
 
 
+
+class PromptError(ValueError):
+  """A request's prompts or settings that the Completer refuses (an empty or too long prompt,
+  an id outside the vocabulary, a bad max_new_tokens, temperature or stop string): the caller's
+  fault, unlike any other error of a call (a server maps this one to 400, the rest to 500)."""
+
 @dataclasses.dataclass(frozen=True)
 class Completion:
   """One prompt's completion.
@@ -152,7 +158,7 @@ class Completer:
       return self._no_stops
     if key not in self._stop_tables:
       if any(not isinstance(s, str) or not s for s in key):
-        raise ValueError(f"stop strings must be non-empty strings, got {list(key)!r}")
+        raise PromptError(f"stop strings must be non-empty strings, got {list(key)!r}")
       if len(self._stop_tables) >= _STOP_CACHE_SIZE:
         self._stop_tables.pop(next(iter(self._stop_tables)))
       # Only the stop arrays come from build: the token bytes are the ones built once.
@@ -177,26 +183,27 @@ class Completer:
     Returns:
       P Completions, in the order of `prompts`.
     Raises:
-      ValueError naming the prompt's index when a prompt is empty, holds an id outside the
-      vocabulary, or does not fit (len >= max_total_tokens); and for bad settings.
+      PromptError (a ValueError) naming the prompt's index when a prompt is empty, holds an id
+      outside the vocabulary, or does not fit (len >= max_total_tokens); and for bad settings.
     """
     if max_new_tokens < 1:
-      raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+      raise PromptError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
-      raise ValueError(f"temperature must be >= 0, got {temperature}")
+      raise PromptError(f"temperature must be >= 0, got {temperature}")
     sampling = SamplingParams(greedy=True) if temperature == 0 else \
         SamplingParams(temperature=float(temperature), top_p=float(top_p))
     table = self.stop_table(stop)
     prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
     for i, ids in enumerate(prompts):
       if not len(ids):
-        raise ValueError(f"prompt {i} is empty")
+        raise PromptError(f"prompt {i} is empty")
       if len(ids) >= self.max_total_tokens:
-        raise ValueError(f"prompt {i}: {len(ids)} tokens do not fit max_total_tokens="
+        raise PromptError(f"prompt {i}: {len(ids)} tokens do not fit max_total_tokens="
                          f"{self.max_total_tokens} (prompt and at least one new token)")
       if ids.min() < 0 or ids.max() >= self.cfg.vocab_size:
-        raise ValueError(f"prompt {i}: token id {int(ids.max() if ids.max() >= 0 else ids.min())}"
-                         f" outside the vocabulary [0, {self.cfg.vocab_size})")
+        bad = int(ids.max() if ids.max() >= 0 else ids.min())
+        raise PromptError(f"prompt {i}: token id {bad} outside the vocabulary "
+                          f"[0, {self.cfg.vocab_size})")
     if not prompts:
       return []
 

@@ -44,6 +44,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from agentjax.sampling.complete import PromptError
 from agentjax.serve.batcher import Batcher, SamplingKey
 
 _INT64 = 2**63
@@ -232,7 +233,7 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
     # that goes away cancels the future, and the worker drops the job if it has not started.
     try:
       return await asyncio.wrap_future(batcher.submit(prompts, key))
-    except ValueError as e:  # the completer's own checks of a request's prompts or settings
+    except PromptError as e:  # the completer's own checks of a request's prompts or settings
       raise ClientError(f"the model refused the request: {e}") from e
     except Exception as e:  # noqa: BLE001  this request failed; the worker goes on
       raise ClientError(f"the model failed on this request: {type(e).__name__}: {e}",
