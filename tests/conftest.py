@@ -63,3 +63,17 @@ def tokenizer(world_dir, tmp_path_factory):
   folder = str(tmp_path_factory.mktemp("tokenizer"))
   assert train_tokenizer(synthworld_texts(world_dir), folder, vocab_size=1024) == folder
   return load_tokenizer(folder)
+
+
+@pytest.fixture(scope="session")
+def chat_model_dir(hf_checkpoint, tiny_tokenizer_dir, tmp_path_factory):
+  """A Hugging Face folder "tiny-chat": the tiny random qwen2-chat checkpoint with the chat-template
+  tokenizer beside it (what Completer.from_hf, the local judge and launch/serve.py load)."""
+  import shutil
+  src, _ = hf_checkpoint("qwen2-chat")
+  folder = tmp_path_factory.mktemp("chat_model") / "tiny-chat"
+  folder.mkdir()
+  for d in (src, tiny_tokenizer_dir):
+    for name in os.listdir(d):
+      shutil.copy(os.path.join(d, name), folder)
+  return str(folder)

@@ -1,7 +1,5 @@
 """agentjax.sampling.complete: batched completion against one-at-a-time runs and transformers."""
 
-import os
-import shutil
 
 import numpy as np
 import pytest
@@ -13,14 +11,10 @@ MAX_NEW = 12
 
 
 @pytest.fixture(scope="module")
-def setup(hf_checkpoint, tiny_tokenizer_dir, tmp_path_factory):
+def setup(hf_checkpoint, chat_model_dir):
   """(Completer, transformers model, prompts): a tiny random Qwen2 with the 400-token tokenizer."""
-  src, hf_model = hf_checkpoint("qwen2-chat")
-  folder = str(tmp_path_factory.mktemp("chat_model"))
-  for d in (src, tiny_tokenizer_dir):
-    for name in os.listdir(d):
-      shutil.copy(os.path.join(d, name), folder)
-  completer = Completer.from_hf(folder, max_total_tokens=64)
+  _, hf_model = hf_checkpoint("qwen2-chat")
+  completer = Completer.from_hf(chat_model_dir, max_total_tokens=64)
   prompts = [completer.chat_ids([{"role": "user", "content": "capital of Veltrana?"}]),
              completer.encode("The quick brown"), completer.encode("Orsk")]
   return completer, hf_model, prompts

@@ -150,26 +150,16 @@ def test_round_k_verdict_weights_turn_k_tokens(setup, fixed_judge, monkeypatch, 
     np.testing.assert_allclose(adv[b][answer], a, rtol=1e-6)
 
 
-def test_the_openai_judge_against_launch_serve(setup, hf_checkpoint, tiny_tokenizer_dir,
-                                               tmp_path):
+def test_the_openai_judge_against_launch_serve(setup, chat_model_dir, tmp_path):
   """The `openai` backend pointed at agentjax's own server (launch/serve.py's app, a tiny random
   Qwen as the judge): every judged round is one request, the server decodes concurrent ones
   together, and a random judge's junk replies are counted failures, never an exception."""
-  import os
-  import shutil
-
   from agentjax.sampling.complete import Completer
   from agentjax.serve import ServerThread, create_app
 
-  src, _ = hf_checkpoint("qwen2-chat")
-  folder = tmp_path / "judge-model"
-  folder.mkdir()
-  for d in (src, tiny_tokenizer_dir):
-    for name in os.listdir(d):
-      shutil.copy(os.path.join(d, name), folder)
   prompt = tmp_path / "judge.md"  # a user's own prompt file (short: the tiny judge's context)
   prompt.write_text("Score the last round as JSON.\n{{TRACE}}\n")
-  app = create_app(Completer.from_hf(str(folder), max_total_tokens=1024), model_name="judge",
+  app = create_app(Completer.from_hf(chat_model_dir, max_total_tokens=1024), model_name="judge",
                    max_batch=64, batch_window_s=2.0,  # a step's calls meet in one batch
                    max_tokens_limit=8)
   with ServerThread(app) as server:

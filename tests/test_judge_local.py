@@ -1,8 +1,6 @@
 """The "local" judge backend: a tiny random Qwen2 from a Hugging Face folder."""
 
 import json
-import os
-import shutil
 
 import pytest
 
@@ -34,13 +32,8 @@ def _requests():
 
 
 @pytest.fixture(scope="module")
-def judge_config(hf_checkpoint, tiny_tokenizer_dir, tmp_path_factory):
-  src, _ = hf_checkpoint("qwen2-chat")
-  folder = str(tmp_path_factory.mktemp("judge") / "tiny-judge")
-  os.makedirs(folder)
-  for d in (src, tiny_tokenizer_dir):
-    for name in os.listdir(d):
-      shutil.copy(os.path.join(d, name), folder)
+def judge_config(chat_model_dir, tmp_path_factory):
+  folder = chat_model_dir
   prompt = str(tmp_path_factory.mktemp("prompt") / "judge.md")
   with open(prompt, "w") as f:
     f.write(TEMPLATE)
@@ -57,7 +50,7 @@ def judge(judge_config):
 
 def test_one_batched_decode_per_judge_call_and_junk_replies_fail(judge, monkeypatch):
   assert isinstance(judge, LocalJudge)
-  assert judge.identity()["backend"] == "local" and judge.identity()["model"] == "tiny-judge"
+  assert judge.identity()["backend"] == "local" and judge.identity()["model"] == "tiny-chat"
   requests = _requests()
   completer = judge.completer
   # Every round's prompt, built independently: the chat template over render's messages.

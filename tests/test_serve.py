@@ -7,8 +7,6 @@ fault isolation are also tested alone with a fake completer (no model, no compil
 
 import concurrent.futures
 import dataclasses
-import os
-import shutil
 import threading
 import types
 
@@ -155,16 +153,11 @@ def test_app_answers_a_model_failure_with_500_and_goes_on():
 
 
 @pytest.fixture(scope="module")
-def served(hf_checkpoint, tiny_tokenizer_dir, tmp_path_factory):
+def served(chat_model_dir):
   """(openai client, base URL, app, Completer): a tiny Qwen2 served on a free loopback port."""
   from agentjax.sampling.complete import Completer
 
-  src, _ = hf_checkpoint("qwen2-chat")
-  folder = str(tmp_path_factory.mktemp("served_model"))
-  for d in (src, tiny_tokenizer_dir):
-    for name in os.listdir(d):
-      shutil.copy(os.path.join(d, name), folder)
-  completer = Completer.from_hf(folder, max_total_tokens=CONTEXT)
+  completer = Completer.from_hf(chat_model_dir, max_total_tokens=CONTEXT)
   app = create_app(completer, model_name=MODEL, max_batch=MAX_BATCH, batch_window_s=0.005,
                    max_tokens_limit=LIMIT, max_request_bytes=MAX_BYTES)
   with ServerThread(app) as server:
