@@ -1,7 +1,7 @@
 r"""An agentjax model behind the OpenAI API (chat and text completions), for any OpenAI client.
 
     python launch/serve.py --hf_path=models/Qwen2.5-0.5B-Instruct --port=8001
-    python launch/serve.py --config=configs/cw_grpo.py:demo --workdir=runs/demo/cw_grpo --port=8001
+    python launch/serve.py --workdir=runs/demo/cw_grpo --port=8001      # a run's latest checkpoint
     curl -s 127.0.0.1:8001/v1/models
     curl -s 127.0.0.1:8001/v1/chat/completions -H 'Content-Type: application/json' -d \
         '{"model": "Qwen2.5-0.5B-Instruct", "messages": [{"role": "user", "content": "Hi"}],
@@ -13,7 +13,7 @@ judge.model set to the served name.
 
 --hf_path serves a Hugging Face folder (config.json, safetensors, tokenizer with a chat template
 for chat requests); --workdir serves a training run's checkpoint (the latest, or --step), restored
-with the run's --config as launch/eval.py restores it. The model's name (/v1/models, and the
+as launch/eval.py restores it, with the config the run recorded (its config.json) or --config. The model's name (/v1/models, and the
 "model" every request must give) is --model_name, by default the folder's basename.
 
 Concurrent requests are decoded together: a worker takes the requests that arrive within
@@ -34,10 +34,9 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _HF_PATH = flags.DEFINE_string("hf_path", None, "A Hugging Face folder to serve.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: serve its checkpoint (needs "
-                               "--config).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: serve its checkpoint.")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config file and preset "
-                                          "(with --workdir).")
+                                          "(with --workdir; default: the workdir's config.json).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --workdir (default: the latest).")
 _MODEL_NAME = flags.DEFINE_string("model_name", None, "The served model's name (default: the "
                                   "basename of --hf_path or --workdir).")
@@ -61,12 +60,10 @@ def main(_):
   logging.getLogger().setLevel(logging.INFO)
   if (_WORKDIR.value is None) == (_HF_PATH.value is None):
     raise app.UsageError("give exactly one of --hf_path or --workdir")
-  if _WORKDIR.value is not None and _CONFIG.value is None:
-    raise app.UsageError("--workdir needs the run's --config (e.g. configs/cw_grpo.py:demo)")
   import uvicorn
 
   from agentjax.sampling.complete import Completer
-  from agentjax.serve.app import completer_from_run, create_app
+  from agentjax.serve.app import completer_from_run, create_app, recorded_config
 
   folder = os.path.abspath(os.path.expanduser(_HF_PATH.value or _WORKDIR.value)).rstrip("/")
   if _HF_PATH.value is not None:
@@ -74,7 +71,11 @@ def main(_):
                                   dtype=_DTYPE.value)
     source = folder
   else:
-    completer, source = completer_from_run(_CONFIG.value, folder, step=_STEP.value,
+    try:
+      config = _CONFIG.value if _CONFIG.value is not None else recorded_config(folder)
+    except ValueError as e:
+      raise app.UsageError(f"{e}; or give the run's --config (e.g. configs/cw_grpo.py:demo)")
+    completer, source = completer_from_run(config, folder, step=_STEP.value,
                                            max_total_tokens=_MAX_TOTAL_TOKENS.value)
   name = _MODEL_NAME.value or os.path.basename(folder)
   server_app = create_app(completer, model_name=name, max_batch=_MAX_BATCH.value,

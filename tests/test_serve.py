@@ -293,7 +293,7 @@ def test_a_runs_checkpoint_is_served_with_its_trained_params(tiny_tokenizer_dir,
   import numpy as np
 
   from agentjax.parallel import make_mesh
-  from agentjax.serve.app import completer_from_run
+  from agentjax.serve.app import completer_from_run, recorded_config
   from agentjax.train.trainer import init_train_state, load_model, make_checkpointer
   from tests.trainer_fixtures import tiny_config
 
@@ -306,10 +306,14 @@ def test_a_runs_checkpoint_is_served_with_its_trained_params(tiny_tokenizer_dir,
   state["params"] = jax.tree.map(lambda p: p + 0.25, state["params"])
   with make_checkpointer(config, workdir) as ckpt:
     assert ckpt.save(3, state, {"position": 0}, force=True)
-  completer, source = completer_from_run(config, workdir, max_total_tokens=32)
-  assert source.endswith("3")
-  for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(completer.params),
-                               jax.tree.leaves(state["params"])):
-    np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(path))
+  # With the run's --config, and with the config the run recorded (serve.py --workdir alone).
+  for run_config in (config, recorded_config(workdir)):
+    completer, source = completer_from_run(run_config, workdir, max_total_tokens=32)
+    assert source.endswith("3")
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(completer.params),
+                                 jax.tree.leaves(state["params"])):
+      np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(path))
+  with pytest.raises(ValueError, match="cannot read the run's config .*config.json"):
+    recorded_config(str(tmp_path / "empty"))
   with pytest.raises(FileNotFoundError, match="no checkpoint"):
     completer_from_run(config, str(tmp_path / "empty"), max_total_tokens=32)

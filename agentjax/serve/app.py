@@ -446,6 +446,23 @@ class BodyLimitMiddleware:
 # ============================================================================ loading
 
 
+def recorded_config(workdir: str) -> Any:
+  """The config a training run recorded in {workdir}/config.json (what it trained with), as a
+  ConfigDict; ValueError naming the file when it cannot be read."""
+  import json
+  import os
+
+  import ml_collections
+  path = os.path.join(workdir, "config.json")
+  try:
+    with open(path, encoding="utf-8") as f:
+      recorded = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ValueError(f"cannot read the run's config {path}: {e}") from None
+  recorded.pop("judge_identity", None)  # recorded beside the config, not a config field
+  return ml_collections.ConfigDict(recorded)
+
+
 def completer_from_run(config: Any, workdir: str, *, step: int | None = None,
                        max_total_tokens: int = 4096) -> tuple[Any, str]:
   """(Completer, checkpoint directory) of a training run's checkpoint (the latest unless `step`).
