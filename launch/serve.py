@@ -34,7 +34,9 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 _HF_PATH = flags.DEFINE_string("hf_path", None, "A Hugging Face folder to serve.")
-_WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: serve its checkpoint.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: serve its checkpoint (without "
+                               "--config, its config.json, whose relative paths are the run's: "
+                               "start from the folder the run started in).")
 _CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config file and preset "
                                           "(with --workdir; default: the workdir's config.json).")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --workdir (default: the latest).")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from agentjax.compiles import CompileCounter
-from agentjax.sampling.complete import Completer
+from agentjax.sampling.complete import Completer, PromptError
 
 MAX_NEW = 12
 
@@ -99,6 +99,8 @@ def test_context_budget_too_long_prompts_and_compile_reuse(setup):
     completer.complete([[1], [2], []], max_new_tokens=4)
   with pytest.raises(ValueError, match="prompt 0: token id 400 outside"):
     completer.complete([[1, 400]], max_new_tokens=4)
+  with pytest.raises(PromptError, match="top_p"):  # a request's fault: a server's 400
+    completer.complete([[1]], max_new_tokens=4, temperature=1.0, top_p=1.5)
 
   # Same buckets (3 or 4 rows -> 4, prompt block 32, cache 32, max_new 16) and a stop set of the
   # same padded shape ([4, 16]) as an earlier call: nothing compiles, not even the stop table.

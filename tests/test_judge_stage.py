@@ -22,8 +22,9 @@ def _config(**overrides):
 class RecordingJudge:
   """Verdicts from a function of (request index, round); records every judge() call."""
 
-  def __init__(self, verdict=lambda i, k: Verdict(1, k % 2), raises=None, short=False):
-    self.verdict, self.raises, self.short = verdict, raises, short
+  def __init__(self, verdict=lambda i, k: Verdict(1, k % 2), raises=None, short=False,
+               drop=False):
+    self.verdict, self.raises, self.short, self.drop = verdict, raises, short, drop
     self.calls = []
 
   def judge(self, requests):
@@ -31,6 +32,8 @@ class RecordingJudge:
     if self.raises:
       raise self.raises
     out = [[self.verdict(i, k) for k in range(len(r.turns))] for i, r in enumerate(requests)]
+    if self.drop:  # one trajectory's verdicts missing
+      return out[:-1]
     return [v[:-1] for v in out] if self.short else out
 
   def identity(self):
@@ -92,7 +95,8 @@ def test_answer_round_can_be_left_out():
 
 
 def test_a_judge_that_raises_or_miscounts_gives_zero_and_counts_failures():
-  for judge in (RecordingJudge(raises=ConnectionError("down")), RecordingJudge(short=True)):
+  for judge in (RecordingJudge(raises=ConnectionError("down")), RecordingJudge(short=True),
+                RecordingJudge(drop=True)):
     out = _run(judge, _config(), outcome=[1.0, 0.0, 0.5, 0.0], group_ids=[0, 0, 1, 1],
                num_turns=[3, 2, 2, 1])
     assert out.metrics["judge/failures"] == out.metrics["judge/calls"] == 5

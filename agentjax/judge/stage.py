@@ -1,10 +1,10 @@
 """The judge pass of an RL step (CW-GRPO): which rounds go to the judge, its verdicts as arrays.
 
     judge_pass = JudgePass(build_judge(config.judge, mesh=mesh), config.judge)
-    scores = judge_pass(batch, row_questions, outcome, rng)   # between rewards and advantages
-    adv, stats = compute_advantages("cw_grpo", batch, outcome, ig,
-                                    retrieval_scores=scores.retrieval,
-                                    thinking_scores=scores.thinking, ...)
+    scores = judge_pass(batch.turns, batch.num_turns, batch.group_ids, outcome, row_questions,
+                        num_t, rng)                         # between rewards and advantages
+    adv, stats = compute_advantages("cw_grpo", batch, outcome, ig, extra=dict(
+        retrieval_scores=scores.retrieval, thinking_scores=scores.thinking), ...)
 
 Which trajectories are judged: those whose outcome reward is > 0 (the CW-GRPO code's rule: a
 wrong answer's rounds are not analysed), except, with judge.skip_collapsed_groups, those in a
@@ -17,6 +17,10 @@ enters the infinite-gamma branch's sum). Every call of the step goes to the judg
 Rounds that are not judged get 0/0, like a failed call; the advantage kernel reads only judged
 trajectories' scores (A > 0 needs outcome > 0, hence judged, unless the group was skipped, where
 A = 0). Host side only: the verdicts come from text.
+
+The judge/ metrics of the bits (retrieval_mean, contribution_share, gini) describe what the
+advantage reads, i.e. after the study controls (judge.noise); the oracle agreement compares the
+judge's own verdicts.
 """
 
 from __future__ import annotations
@@ -111,10 +115,10 @@ class JudgePass:
     judged_rows, paper_rows = rows_to_judge(outcome, np.asarray(group_ids),
                                             cfg.skip_collapsed_groups)
     num_turns = np.asarray(num_turns)
+    answered = np.array([len(t) > 0 and t[-1].action.kind == "answer" for t in turns], bool)
     # Rounds sent per row: every turn, or all but the answer turn of a row that answered.
     sent = num_turns.copy()
     if not cfg.answer_round:
-      answered = np.array([len(t) > 0 and t[-1].action.kind == "answer" for t in turns])
       sent = num_turns - answered.astype(num_turns.dtype)
     requests, owners = [], []
     for b in np.flatnonzero(judged_rows):
@@ -129,6 +133,10 @@ class JudgePass:
     except Exception as e:  # noqa: BLE001 - a judge fault must not end training: 0/0, counted
       verdicts = [[Verdict.failed(f"judge raised {e!r}")] * len(r.turns) for r in requests]
       raised = True
+    if len(verdicts) != len(requests):  # a backend bug must not drop or shift trajectories
+      verdicts = [[Verdict.failed(f"judge returned {len(verdicts)} verdict lists for "
+                                  f"{len(requests)} trajectories")] * len(r.turns)
+                  for r in requests]
     seconds = time.perf_counter() - t0
 
     retrieval = np.zeros((rows, num_t), np.int32)
@@ -148,7 +156,7 @@ class JudgePass:
     clean_retrieval, clean_thinking = retrieval, thinking
     # The study controls act on real verdicts only (a failed call stays 0/0), search rounds and
     # answer rounds apart (see agentjax.judge.controls).
-    answer_round = np.arange(num_t)[None, :] == (num_turns - 1)[:, None]
+    answer_round = (np.arange(num_t)[None, :] == (num_turns - 1)[:, None]) & answered[:, None]
     retrieval, thinking = apply_noise(retrieval, thinking, judged & ok, cfg.noise, cfg.noise_p,
                                       rng, strata=answer_round.astype(np.int64))
 

@@ -16,10 +16,14 @@ budget). Shapes are bucketed so that a stream of calls compiles a few programs, 
                which bounds the [rows, heads, block, cache] attention scores of one call (on a
                2-core CPU at the demo shape, 16 rows x 64 prompt tokens a call prefill twice as
                fast per row as 16 x 256)
-  cache        next power of two >= min(max_total_tokens, longest prompt + max_new_tokens)
+  cache        next power of two >= min(max_total_tokens, longest prompt + max_new_tokens);
+               with a shared prefix (below), the prefix cache and the own caches are
+               `_fine_bucket` sizes instead (4 per octave), so programs are bounded by the
+               product rows x prefix size x own size x max_new x sampling settings
   max_new      next power of two >= max_new_tokens (>= 16), capped at the cache; each row's exact
-               limit, min(its length + max_new_tokens, max_total_tokens), is its budget, a [B]
-               vector the decode loop compares with every row's length
+               limit, min(its length + max_new_tokens, max_total_tokens) (with a shared prefix of
+               P tokens: min(own length + max_new_tokens, max_total_tokens - P)), is its budget, a
+               [B] vector the decode loop compares with every row's length
   stop strings [M, Ls] padded to M in {0, 4, 8, ...} (by repeating a stop) and Ls in {16, 32, ...}
                (left zero padding: stops are right-aligned and matched over their own length)
 
@@ -190,8 +194,11 @@ class Completer:
       raise PromptError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
       raise PromptError(f"temperature must be >= 0, got {temperature}")
-    sampling = SamplingParams(greedy=True) if temperature == 0 else \
-        SamplingParams(temperature=float(temperature), top_p=float(top_p))
+    try:
+      sampling = SamplingParams(greedy=True) if temperature == 0 else \
+          SamplingParams(temperature=float(temperature), top_p=float(top_p))
+    except ValueError as e:  # a bad top_p: the request's fault
+      raise PromptError(str(e)) from None
     table = self.stop_table(stop)
     prompts = [np.asarray(p, np.int64).reshape(-1) for p in prompts]
     for i, ids in enumerate(prompts):
@@ -289,9 +296,10 @@ def _shared_prefix(prompts: Sequence[np.ndarray]) -> int:
 
 
 def _fine_bucket(n: int) -> int:
-  """n rounded up to a multiple of an eighth of its power-of-two bucket (>= 16): at most 12.5%
-  padding for the caches a decode step reads in full (1500 -> 1536, where bucket gives 2048),
-  with eight shapes per octave."""
+  """n rounded up to a multiple of an eighth of its power-of-two bucket (>= 16) for the caches a
+  decode step reads in full: 1500 -> 1536 where bucket gives 2048. bucket(n) is the top of n's
+  octave, so this is four shapes per octave and at most ~25% padding (1025 -> 1280); from 64 to
+  4096 tokens, 28 sizes in all."""
   step = max(16, bucket(n) // 8)
   return -(-n // step) * step
 

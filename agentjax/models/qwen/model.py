@@ -346,7 +346,7 @@ class Qwen(nn.Module):
     if cache is not None and cache_index is None:
       raise ValueError("cache_index [B] is required when a cache is given")
     if (prefix is None) != (prefix_mask is None):
-      raise ValueError("prefix and prefix_mask [P] are given together")
+      raise ValueError("prefix and prefix_mask [P] must be given together")
     # mode="clip": an out-of-range id (padding garbage) must not put NaN into the row, since
     # masked attention still multiplies its value by 0.
     x = jnp.take(self.embed_tokens, tokens, axis=0, mode="clip").astype(_dtype(cfg.dtype))
