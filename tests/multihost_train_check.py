@@ -27,6 +27,7 @@ def main():
   p.add_argument("--num_processes", type=int, default=1)
   p.add_argument("--process_id", type=int, default=0)
   p.add_argument("--port", type=int, default=0)
+  p.add_argument("--algorithm", default="igpo")  # cw_grpo: process 0 judges, every host gets it
   args = p.parse_args()
   os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count="
                              f"{8 // args.num_processes}")
@@ -40,7 +41,8 @@ def main():
   from agentjax.train.trainer import train
   from tests.trainer_fixtures import tiny_config
 
-  config = tiny_config(args.world_dir, args.tokenizer_dir, args.tmp, steps=2)
+  config = tiny_config(args.world_dir, args.tokenizer_dir, args.tmp, algorithm=args.algorithm,
+                       steps=2)
   config.rl.prompts_per_step = 4   # 8 trajectories: one per device on the data axis
   config.rl.minibatch_size = 8
   config.train.eval_every = 0

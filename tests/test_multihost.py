@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "multihost_train_check.py")
 SEARCH_SCRIPT = os.path.join(ROOT, "tests", "multihost_search_check.py")
 TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_per_s",
-          "sampled_tokens_per_s", "eval/seconds", "compiles")
+          "sampled_tokens_per_s", "eval/seconds", "compiles", "judge/seconds")
 
 
 def _free_port() -> int:
@@ -30,13 +30,15 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path) -> dict:
+def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path,
+         algorithm: str = "igpo") -> dict:
   base = tmp_path / layout
   base.mkdir()
   out = str(base / "result.npz")
   args = [f"--workdir={base / 'run'}", f"--world_dir={world_dir}",
           f"--tokenizer_dir={tokenizer_dir}", f"--tmp={base}", f"--out={out}",
-          f"--num_processes={num_processes}", f"--port={_free_port()}"]
+          f"--num_processes={num_processes}", f"--port={_free_port()}",
+          f"--algorithm={algorithm}"]
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("XLA_FLAGS", None)
   procs = [subprocess.Popen([sys.executable, SCRIPT, *args, f"--process_id={i}"], cwd=ROOT,
@@ -52,13 +54,17 @@ def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path) ->
 
 
 @pytest.mark.slow  # two jax processes compiling an RL step each: minutes on 2 cores
-def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path):
+# cw_grpo: the judge pass (SynthWorld's oracle) runs on process 0 and is broadcast.
+@pytest.mark.parametrize("algorithm", ["igpo", "cw_grpo"])
+def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path, algorithm):
   tokenizer_dir = tokenizer.name_or_path
-  single = _run("single", 1, world_dir, tokenizer_dir, tmp_path)
-  multi = _run("multi", 2, world_dir, tokenizer_dir, tmp_path)
+  single = _run("single", 1, world_dir, tokenizer_dir, tmp_path, algorithm)
+  multi = _run("multi", 2, world_dir, tokenizer_dir, tmp_path, algorithm)
   rows_s = {r["step"]: r for r in single["metrics"]}
   rows_m = {r["step"]: r for r in multi["metrics"]}
   assert sorted(rows_s) == sorted(rows_m) == [1, 2]
+  if algorithm == "cw_grpo":  # the training rows of both steps carry the judge pass's metrics
+    assert sorted(r["step"] for r in multi["metrics"] if "judge/calls" in r) == [1, 2]
   for step in (1, 2):
     for key, value in rows_s[step].items():
       if key not in TIMING:
