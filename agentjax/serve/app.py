@@ -467,34 +467,20 @@ def completer_from_run(config: Any, workdir: str, *, step: int | None = None,
                        max_total_tokens: int = 4096) -> tuple[Any, str]:
   """(Completer, checkpoint directory) of a training run's checkpoint (the latest unless `step`).
 
-  The run's policy is restored as launch/eval.py restores it (trainer.eval_benchmarks): the
-  config's model and mesh, the full train state as the target (orbax reads it shard by shard
-  into place), then only its params are kept.
+  The run's policy is restored as launch/eval.py restores it (trainer.restore_policy, on the
+  config's model and mesh).
   """
-  import os
-
   from agentjax.parallel import make_mesh
   from agentjax.sampling.complete import Completer
   from agentjax.train import config as config_lib
-  from agentjax.train.checkpoint import abstract_state
-  from agentjax.train.trainer import init_train_state, load_model, make_checkpointer
+  from agentjax.train.trainer import restore_policy
 
   config = config.copy_and_resolve_references()
   config_lib.validate(config)
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  cfg, params, tokenizer = load_model(config, mesh)
-  _, state = init_train_state(config, cfg, params, mesh)
-  ckpt = make_checkpointer(config, os.path.expanduser(workdir))
-  try:
-    restored = ckpt.restore_or_none(abstract_state(state), step=step)
-  finally:
-    ckpt.close()
-  if restored is None:
-    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to serve")
-  del state  # the optimizer state is not needed to serve
-  completer = Completer(cfg, restored[0]["params"], tokenizer, max_total_tokens=max_total_tokens,
-                        mesh=mesh)
-  return completer, str(ckpt.step_dir(restored[2]))
+  cfg, params, tokenizer, source = restore_policy(config, workdir, mesh, step=step,
+                                                  purpose="serve")
+  return Completer(cfg, params, tokenizer, max_total_tokens=max_total_tokens, mesh=mesh), source
 
 
 # ============================================================================ in-process serving

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from typing import Any, Mapping, Sequence
 
 import jax
@@ -154,9 +153,8 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   from agentjax.judge import judge_identity
   from agentjax.parallel import make_mesh, use_mesh
   from agentjax.train import config as config_lib
-  from agentjax.train.checkpoint import abstract_state
-  from agentjax.train.trainer import (init_train_state, load_model, make_checkpointer,
-                                      make_search_backend, rollout_config)
+  from agentjax.train.trainer import (load_model, make_search_backend, restore_policy,
+                                      rollout_config)
   if (workdir is None) == (hf_path is None):
     raise ValueError("eval needs exactly one of workdir (a run's checkpoints) or hf_path")
   if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
@@ -172,16 +170,11 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   config_lib.validate(config)
   config_lib.check_paths(config)
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  cfg, params, tokenizer = load_model(config, mesh)
-  source = hf_path
   if workdir is not None:
-    _, state = init_train_state(config, cfg, params, mesh)
-    ckpt = make_checkpointer(config, os.path.expanduser(workdir))
-    restored = ckpt.restore_or_none(abstract_state(state), step=step)
-    ckpt.close()
-    if restored is None:
-      raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to evaluate")
-    params, source = restored[0]["params"], str(ckpt.step_dir(restored[2]))
+    cfg, params, tokenizer, source = restore_policy(config, workdir, mesh, step=step,
+                                                    purpose="evaluate")
+  else:
+    (cfg, params, tokenizer), source = load_model(config, mesh), hf_path
   rollout = rollout_config(config, greedy=True)  # one trajectory per question
   if temperature is not None:
     r = config.rollout

@@ -203,6 +203,24 @@ def make_checkpointer(config: Any, workdir: str) -> Checkpointer:
                       compat_keys=COMPAT_KEYS)
 
 
+def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
+                   step: int | None = None, purpose: str = "restore"
+                   ) -> tuple[QwenConfig, Any, Any, str]:
+  """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
+  for eval and serving. The full train state is the restore target (orbax reads it shard by shard
+  into place, FSDP included); only its params are kept. FileNotFoundError without a checkpoint."""
+  cfg, params, tokenizer = load_model(config, mesh)
+  _, state = init_train_state(config, cfg, params, mesh)
+  ckpt = make_checkpointer(config, os.path.expanduser(workdir))
+  try:
+    restored = ckpt.restore_or_none(abstract_state(state), step=step)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to {purpose}")
+  return cfg, restored[0]["params"], tokenizer, str(ckpt.step_dir(restored[2]))
+
+
 # ============================================================================ metrics
 
 
