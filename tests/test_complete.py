@@ -156,6 +156,13 @@ def test_shared_prefix_is_attended_once_with_the_same_result(setup, monkeypatch)
     assert wide.complete([p], max_new_tokens=MAX_NEW)[0] == batched[i], i  # no prefix path
     ref = _greedy_reference(hf_model, p, MAX_NEW, wide.eos_ids)
     assert batched[i].token_ids == ref and len(ref) == MAX_NEW, i
+  # The prefix length is data, not a shape: a call whose shared prefix is one token shorter, in
+  # the same buckets, compiles nothing.
+  shorter = [p[:5] + p[6:] for p in prompts]
+  assert complete_module._fine_bucket(shared - 1) == complete_module._fine_bucket(shared)
+  counter = CompileCounter()
+  wide.complete(shorter, max_new_tokens=MAX_NEW)
+  assert counter.count == 0 and int(calls[-1][1].length) == shared - 1
 
 
 def test_shared_prefix_keeps_the_context_budget(setup):

@@ -234,20 +234,21 @@ class Completer:
       block[b, :len(ids) - shared] = ids[shared:]
 
     # Host arrays go in by device_put (jnp.asarray would compile a copy program per shape).
-    turn, active, budget = jax.device_put(
-        (np.full(rows, -1, np.int32), lengths > 0, budget.astype(np.int32)))
+    turn, gen_turn, one_turn, active, budget = jax.device_put(
+        (np.full(rows, -1, np.int32), np.zeros(rows, np.int32), np.full(1, -1, np.int32),
+         lengths > 0, budget.astype(np.int32)))
     prefix = None
     if shared:
       one = init_state(self.cfg, 1, _fine_bucket(shared), jax.random.key(seed))
       head = prompts[0][None, :shared].astype(np.int32)
-      one = self._feed(one, head, np.array([shared], np.int32), turn[:1])
+      one = self._feed(one, head, np.array([shared], np.int32), one_turn)
       prefix = shared_prefix(one)
       if self.mesh is not None:  # replicated: every row's queries read all of it
         prefix = jax.device_put(prefix, jax.sharding.NamedSharding(
             self.mesh, jax.sharding.PartitionSpec()))
     state = init_state(self.cfg, rows, cache_len, jax.random.key(seed), mesh=self.mesh)
     state = self._feed(state, block, lengths, turn, prefix)
-    state, gen = generate(self.decode_model, self.decode_params, state, active, turn + 1,
+    state, gen = generate(self.decode_model, self.decode_params, state, active, gen_turn,
                           (table, self._eos, budget), sampling, max_new, prefix)
     new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
     del state
