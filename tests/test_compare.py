@@ -62,14 +62,19 @@ def _flatten(d, prefix=""):
   return out
 
 
-def _write_study(root, rng):
-  """Two methods x 2 seeds of fake finished runs on a 4-question world (2 one-hop, 2 two-hop)."""
+def _write_world(root):
+  """A 4-question world per split (2 one-hop, 2 two-hop): what the reports read of it."""
   world = os.path.join(root, "synthworld")
   os.makedirs(world)
   for split in ("dev", "test"):
     with open(os.path.join(world, f"{split}.jsonl"), "w") as f:
       for i in range(4):
         f.write(json.dumps({"id": f"{split}_{i}", "hops": 1 + i // 2}) + "\n")
+
+
+def _write_study(root, rng):
+  """Two methods x 2 seeds of fake finished runs on a 4-question world (2 one-hop, 2 two-hop)."""
+  _write_world(root)
 
   def split_result(split, f1s):
     return {"f1": float(np.mean(f1s)), "em": 0.0, "n": 4, "per_hop": {
@@ -270,12 +275,7 @@ def test_the_demo_sft_export_is_reused_only_when_its_settings_are_ours(compare, 
 
 def _write_cw_study(root, rng):
   """grpo and cw_grpo x 2 seeds of fake finished runs (4 questions a split, 6 steps)."""
-  world = os.path.join(root, "synthworld")
-  os.makedirs(world)
-  for split in ("dev", "test"):
-    with open(os.path.join(world, f"{split}.jsonl"), "w") as f:
-      for i in range(4):
-        f.write(json.dumps({"id": f"{split}_{i}", "hops": 1 + i // 2}) + "\n")
+  _write_world(root)
 
   def split_result(split, f1s, ems):
     ids = [f"{split}_{i}" for i in range(4)]
