@@ -77,3 +77,18 @@ def chat_model_dir(hf_checkpoint, tiny_tokenizer_dir, tmp_path_factory):
     for name in os.listdir(d):
       shutil.copy(os.path.join(d, name), folder)
   return str(folder)
+
+
+@pytest.fixture(scope="session")
+def scripted_world(tmp_path_factory):
+  """(tokenizer, BM25 backend, ScriptedAgent): the scripted search agent of tests/agent_fixtures.py
+  over the invented corpus of tests/retrieval_fixtures.py, built once for every test module."""
+  from agentjax.retrieval import make_backend
+  from tests import agent_fixtures as af
+  from tests import retrieval_fixtures
+
+  root = tmp_path_factory.mktemp("scripted_world")
+  tok = af.scripted_tokenizer(str(root / "tok"))
+  backend = make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(root / "c.jsonl"),
+                         index_dir=str(root / "index"))
+  return tok, backend, af.ScriptedAgent(tok)

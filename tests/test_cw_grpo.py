@@ -19,22 +19,16 @@ import pytest
 from agentjax.agent import RolloutConfig, RolloutEngine
 from agentjax.judge import JUDGES, Verdict, register_judge
 from agentjax.parallel import make_mesh
-from agentjax.retrieval import make_backend
 from agentjax.sampling import SamplingParams
 from agentjax.train.step import RLStep
 from tests import agent_fixtures as af
-from tests import retrieval_fixtures
 
 GROUP, QUESTIONS = 8, 2
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-  root = tmp_path_factory.mktemp("cw")
-  tok = af.scripted_tokenizer(str(root / "tok"))
-  backend = make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(root / "c.jsonl"),
-                         index_dir=str(root / "index"))
-  agent = af.ScriptedAgent(tok)
+def setup(scripted_world):
+  tok, backend, agent = scripted_world
   engine = RolloutEngine(agent.cfg, tok, backend, RolloutConfig(
       group_size=GROUP, max_turns=2, max_new_tokens=8, max_obs_tokens=48, max_total_tokens=512,
       topk=2, sampling=SamplingParams(temperature=1.0)))

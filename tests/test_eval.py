@@ -14,13 +14,11 @@ import pytest
 
 from agentjax.agent import RolloutConfig, RolloutEngine
 from agentjax.data.searchqa import BENCHMARK_LISTS, expand_benchmarks
-from agentjax.retrieval import make_backend
 from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.evaluation import eval_questions, evaluate, format_table, mix_scores
 from tests import agent_fixtures as af
-from tests import retrieval_fixtures
 
 
 # ------------------------------------------------------------------------------ scores
@@ -106,12 +104,8 @@ def test_samples_draw_per_sample_rngs_reproducibly_in_padded_batches():
 
 
 @pytest.fixture(scope="module")
-def scripted(tmp_path_factory):
-  root = tmp_path_factory.mktemp("eval_agent")
-  tok = af.scripted_tokenizer(str(root / "tok"))
-  corpus = retrieval_fixtures.write_corpus(root / "corpus.jsonl")
-  backend = make_backend("bm25", corpus_path=corpus, index_dir=str(root / "index"))
-  agent = af.ScriptedAgent(tok)
+def scripted(scripted_world):
+  tok, backend, agent = scripted_world
   # Sampled: each turn searches or answers "Aldric", uniformly. Greedy: answers "Aldric" (with
   # both branches, greedy would take the lower token id, <search>, every turn).
   params = {"sampled": agent.params(af.SEARCH, af.ANSWER), "greedy": agent.params(af.ANSWER)}

@@ -8,23 +8,16 @@ import optax
 import pytest
 
 from agentjax.agent import RolloutConfig, RolloutEngine
-from agentjax.retrieval import make_backend
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.sampling import SamplingParams
 from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy_update,
                                minibatches, score_batch, summarize)
 from tests import agent_fixtures as af
-from tests import retrieval_fixtures
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory):
-  root = tmp_path_factory.mktemp("rl")
-  tok = af.scripted_tokenizer(str(root / "tok"))
-  backend = make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(root / "c.jsonl"),
-                         index_dir=str(root / "index"))
-  agent = af.ScriptedAgent(tok)
-  return tok, backend, agent
+def setup(scripted_world):
+  return scripted_world
 
 
 def make_engine(setup, max_turns):

@@ -11,21 +11,16 @@ import pytest
 from agentjax.compiles import CompileCounter
 from agentjax.agent import (INVALID, SEARCH, SEARCH_R1, TOOL_CALL, Action, RolloutConfig,
                             RolloutEngine, transcripts_of)
-from agentjax.retrieval import HttpSearchBackend, make_backend
+from agentjax.retrieval import HttpSearchBackend
 from agentjax.sampling import SamplingParams
 from tests import agent_fixtures as af
-from tests import retrieval_fixtures
 
 QUESTIONS = ["Who founded Zorvath?", "Where is Quellmoor?"]
 
 
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
-  root = tmp_path_factory.mktemp("agent")
-  tok = af.scripted_tokenizer(str(root / "tok"))
-  corpus = retrieval_fixtures.write_corpus(root / "corpus.jsonl")
-  backend = make_backend("bm25", corpus_path=corpus, index_dir=str(root / "index"))
-  return tok, backend, af.ScriptedAgent(tok)
+def world(scripted_world):
+  return scripted_world
 
 
 def assert_consistent(batch):
