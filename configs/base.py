@@ -43,6 +43,24 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # Shape changes to a preset trained from scratch (0 keeps the preset's; ignored with hf_path).
   c.model.shape = ml_collections.ConfigDict(dict(
       hidden_size=0, intermediate_size=0, num_layers=0, num_heads=0, num_kv_heads=0, head_dim=0))
+  # LoRA (agentjax/models/lora.py): named low-rank adapters on the frozen backbone. Gradients,
+  # optimizer state and checkpoints then hold the adapters only; the KL reference is the backbone
+  # itself (no second copy). A finished run writes each adapter as a PEFT folder
+  # ({workdir}/adapters/<name>/) and hf_export as the backbone with the policy adapter merged.
+  c.model.lora = ml_collections.ConfigDict()
+  c.model.lora.adapters = ""     # "": full fine-tuning; "policy", or a comma list (first: the policy)
+  c.model.lora.rank = 32
+  # scale = alpha / rank (PEFT's). 0: alpha = rank (scale 1, so a learning rate keeps its meaning
+  # across ranks; verl's LoRA recipes use alpha = rank = 32). Our reading: no paper here fixes it.
+  c.model.lora.alpha = 0.0
+  c.model.lora.targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+  # How the sampler applies the adapter in its token loop: "merge" (into a copy of the kernels
+  # once per rollout; the loop is the bare model's) or "unmerged" (docs/BENCHMARKS.md, LoRA).
+  c.model.lora.decode = "merge"
+  # Per-adapter learning rates, "name=lr,..." (others: optimizer.lr), e.g. DAC's two roles.
+  c.model.lora.lr = ""
+  # Start adapters from PEFT folders, "name=path,..." (the rank, targets and shapes are checked).
+  c.model.lora.init = ""
 
   # ---- data: FlashRAG JSONL under manual_dir, built by tfds into data_dir (array_record).
   c.data = ml_collections.ConfigDict()

@@ -29,6 +29,7 @@ import numpy as np
 
 from agentjax.agent.protocol import (ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol,
                                      trajectory_error)
+from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
 from agentjax.retrieval import Document, SearchBackend, SearchResponse
@@ -145,13 +146,14 @@ class RolloutEngine:
 
   def __init__(self, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
                config: RolloutConfig, before_turn: TurnHook | None = None,
-               mesh: jax.sharding.Mesh | None = None):
+               mesh: jax.sharding.Mesh | None = None, lora: LoraSpec | None = None):
     """With a mesh, the decode state is sharded by the rules table (batch over data and fsdp,
-    KV heads over tensor) and params are expected on the same mesh."""
+    KV heads over tensor) and params are expected on the same mesh. With `lora`, params are a
+    LoRA model's (models/lora.attach: its lora_index picks the adapter that generates)."""
     self.cfg, self.tokenizer, self.backend, self.config = cfg, tokenizer, backend, config
     self.mesh = mesh
     self.protocol = get_protocol(config.protocol)
-    self.model = Qwen(cfg)
+    self.model = Qwen(cfg, lora=lora)
     self.before_turn = before_turn
     self.byte_table = token_byte_table(tokenizer, cfg.vocab_size)
     self.eos_ids = jnp.asarray(eos_token_ids(cfg, tokenizer, chat=config.use_chat_template),

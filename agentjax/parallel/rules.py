@@ -36,6 +36,10 @@ LOGICAL_AXIS_RULES: tuple[tuple[str, str | tuple[str, ...] | None], ...] = (
     ("cache_length", None),
     ("head_dim", None),
     ("norm", None),
+    # LoRA: the stacked-adapter axis and the rank are small and stay whole; an adapter's in and
+    # out dims follow the kernel's names above (agentjax/models/lora.py).
+    ("adapters", None),
+    ("lora_rank", None),
 )
 
 _log = logging.getLogger(__name__)

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from agentjax.models import masks
+from agentjax.models.lora import merge_selected
 from agentjax.models.qwen.model import KVCache, Qwen, out_major_params
 from agentjax.sampling.sample import SamplingParams, sample_token
 from agentjax.parallel import logical_to_sharding
@@ -171,10 +172,20 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
   generates several times with the same parameters (the turns of a rollout) calls this once and
   passes the result, which `generate` then uses as it is. GPU and TPU matmuls take either layout
   at the same speed, so there the checkpoint layout is kept.
+
+  A LoRA model (model.lora) with lora.decode == "merge" gets its selected adapter folded into a
+  copy of the kernels (models/lora.merge_selected) and then runs the bare model's program: the
+  token loop reads exactly the bare model's weights. "unmerged" keeps the adapters beside the
+  kernels (a low-rank product per projection per step, no copy of the kernels on GPU/TPU).
   """
-  if jax.default_backend() != "cpu" or model.out_major:
+  if model.out_major:
     return model, params
-  return Qwen(model.cfg, out_major=True), out_major_params(params)
+  if model.lora is not None and model.lora.decode == "merge":
+    params = merge_selected(params, model.lora.scale)
+    model = Qwen(model.cfg)
+  if jax.default_backend() != "cpu":
+    return model, params
+  return Qwen(model.cfg, out_major=True, lora=model.lora), out_major_params(params)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 6, 7), donate_argnums=2)

@@ -17,6 +17,7 @@ from agentjax.agent.protocol import PROTOCOLS
 # what QwenConfig accepts, so validation passes exactly what will load.
 from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigError
 from agentjax.judge.base import BUILTIN_JUDGES, JUDGES
+from agentjax.models.lora import LoraSpec
 from agentjax.judge.controls import NOISE_MODES
 from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
@@ -118,6 +119,80 @@ def _validate_model(config: Any) -> None:
   if _get(config, "model.remat_policy") not in REMAT_POLICIES:
     _fail("model.remat_policy", _get(config, "model.remat_policy"),
           f"must be one of {list(REMAT_POLICIES)}")
+  spec = lora_spec(config)
+  if spec is not None:
+    lora_lrs(config)
+    lora_inits(config)
+
+
+def _names(value: Any, field: str) -> tuple[str, ...]:
+  if not isinstance(value, str):
+    _fail(field, value, "must be a comma-separated string")
+  return tuple(n.strip() for n in value.split(",") if n.strip())
+
+
+def lora_spec(config: Any) -> LoraSpec | None:
+  """config.model.lora as a LoraSpec (None: full fine-tuning); errors name the field."""
+  adapters = _names(_get(config, "model.lora.adapters"), "model.lora.adapters")
+  if not adapters:
+    return None
+  rank, alpha = _get(config, "model.lora.rank"), _get(config, "model.lora.alpha")
+  if isinstance(rank, bool) or not isinstance(rank, int) or rank <= 0:
+    _fail("model.lora.rank", rank, "must be a positive int")
+  if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
+    _fail("model.lora.alpha", alpha, "must be >= 0 (0: equal to model.lora.rank)")
+  targets = _names(_get(config, "model.lora.targets"), "model.lora.targets")
+  fields = dict(names=("model.lora.adapters", adapters), targets=("model.lora.targets", targets),
+                decode=("model.lora.decode", _get(config, "model.lora.decode")))
+  try:
+    return LoraSpec(names=adapters, rank=rank, alpha=float(alpha or rank), targets=targets,
+                    decode=fields["decode"][1])
+  except ValueError as e:
+    text = str(e)
+    field = next((f for key, (f, _) in fields.items() if f"lora {key}" in text or
+                  (key == "names" and "adapter name" in text)), "model.lora")
+    _fail(field, _get(config, field), text)
+
+
+def _assignments(config: Any, field: str, names: tuple[str, ...]) -> dict[str, str]:
+  """'a=x,b=y' -> {a: x, b: y}, each name one of `names`."""
+  value = _get(config, field)
+  out = {}
+  for item in _names(value, field):
+    name, eq, rhs = item.partition("=")
+    name, rhs = name.strip(), rhs.strip()
+    if not eq or not rhs:
+      _fail(field, value, f"{item!r} is not name=value")
+    if name not in names:
+      _fail(field, value, f"{name!r} is not an adapter of model.lora.adapters={list(names)}")
+    out[name] = rhs
+  return out
+
+
+def lora_lrs(config: Any) -> dict[str, float]:
+  """Each adapter's learning rate (model.lora.lr, else optimizer.lr; sft.lr for SFT)."""
+  spec = lora_spec(config)
+  base = _get(config, "sft.lr") if _get(config, "trainer") == "sft" else _get(config, "optimizer.lr")
+  out = {name: float(base) for name in spec.names}
+  for name, text in _assignments(config, "model.lora.lr", spec.names).items():
+    try:
+      out[name] = float(text)
+    except ValueError:
+      _fail("model.lora.lr", _get(config, "model.lora.lr"), f"{text!r} is not a number")
+    if not out[name] > 0:
+      _fail("model.lora.lr", _get(config, "model.lora.lr"), f"{name}'s rate must be positive")
+  return out
+
+
+def lora_inits(config: Any) -> dict[str, str]:
+  """Adapters started from PEFT folders: name -> folder (model.lora.init)."""
+  spec = lora_spec(config)
+  out = _assignments(config, "model.lora.init", spec.names)
+  for name, path in out.items():
+    if not os.path.isdir(os.path.expanduser(path)):
+      _fail("model.lora.init", _get(config, "model.lora.init"),
+            f"{name}: {path} is not a folder")
+  return {k: os.path.expanduser(v) for k, v in out.items()}
 
 
 def _validate_rl(config: Any) -> None:

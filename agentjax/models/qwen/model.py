@@ -17,6 +17,7 @@ pytree (no flax boxes); their logical axis names come from `param_logical_axes(c
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any
 
 import flax
@@ -25,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from agentjax.models import lora as lora_lib
+from agentjax.models.lora import INDEX_LEAF, LoraSpec, lora_delta
 from agentjax.models.qwen.config import QwenConfig
 from agentjax.parallel import constrain, logical_to_sharding
 
@@ -40,6 +43,12 @@ _REMAT_POLICIES = {
 
 def _dtype(name: str):
   return jnp.dtype(name)
+
+
+def _uniform(bound: float):
+  def init(key, shape, dtype=_F32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
 
 
 def _init(std: float, axes: tuple[str, ...]):
@@ -91,6 +100,9 @@ class Linear(nn.Module):
 
   out_major=True takes the kernel as [*features, *in_shape] (see `out_major_params`) and computes
   kernel . x^T, the layout in which XLA:CPU multiplies a few rows (a decode step) ~1.5x faster.
+
+  lora: stacked low-rank adapters beside the kernel (agentjax/models/lora.py): lora_a
+  [A, *in_shape, r], lora_b [A, r, *features]; `lora_index` (scalar int32) picks one, -1 none.
   """
 
   features: tuple[int, ...]
@@ -101,9 +113,10 @@ class Linear(nn.Module):
   dtype: Any = _F32
   param_dtype: Any = _F32
   out_major: bool = False
+  lora: LoraSpec | None = None
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, lora_index: Array | None = None) -> Array:
     in_shape = x.shape[x.ndim - self.in_dims:]
     features = tuple(self.features)
     x_in = tuple(range(x.ndim - self.in_dims, x.ndim))
@@ -123,7 +136,24 @@ class Linear(nn.Module):
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
                         tuple(self.features), self.param_dtype)
       y = y + bias.astype(self.dtype)
+    if self.lora is not None:
+      y = y + self._lora(x, in_shape, features, lora_index)
     return y
+
+  def _lora(self, x: Array, in_shape: tuple[int, ...], features: tuple[int, ...],
+            lora_index: Array | None) -> Array:
+    spec = self.lora
+    n, r = len(spec.names), spec.rank
+    in_axes, out_axes = self.kernel_axes[:self.in_dims], self.kernel_axes[self.in_dims:]
+    bound = math.prod(in_shape) ** -0.5  # PEFT's kaiming_uniform(a=sqrt(5)) on A
+    a = self.param("lora_a", nn.with_logical_partitioning(
+        _uniform(bound), ("adapters",) + in_axes + ("lora_rank",)),
+        (n,) + in_shape + (r,), _F32)
+    b = self.param("lora_b", nn.with_logical_partitioning(
+        nn.initializers.zeros, ("adapters", "lora_rank") + out_axes), (n, r) + features, _F32)
+    if lora_index is None:
+      raise ValueError(f"{self.name}: a LoRA model needs lora_index (see models/lora.attach)")
+    return lora_delta(x, a, b, lora_index, spec.scale, self.in_dims, self.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -202,14 +232,21 @@ def _attend_with_prefix(qg: Array, scores: Array, values: Array,
   return (jnp.swapaxes(out_pre, 0, 1) + out_own).astype(dtype)
 
 
+def _lora_for(lora: LoraSpec | None, name: str) -> LoraSpec | None:
+  """The spec for projection `name`: the model's, if it is one of its targets."""
+  return lora if lora is not None and name in lora.targets else None
+
+
 class Attention(nn.Module):
   cfg: QwenConfig
   out_major: bool = False
+  lora: LoraSpec | None = None
 
   @nn.compact
   def __call__(self, x: Array, cos: Array, sin: Array, mask: Array,
                kv: tuple[Array, Array] | None, cache_index: Array | None,
-               prefix: tuple[Array, Array, Array] | None = None):
+               prefix: tuple[Array, Array, Array] | None = None,
+               lora_index: Array | None = None):
     """prefix: optional (keys [1, N, D, P], values [1, N, P, D], visible [P] bool), a cache
     shared by every row and placed before each row's own keys (see Qwen.__call__)."""
     cfg = self.cfg
@@ -220,7 +257,8 @@ class Attention(nn.Module):
     def proj(heads, name, heads_axis):
       return Linear((heads, d), ("embed", heads_axis, "head_dim"), use_bias=cfg.qkv_bias,
                     bias_axes=(heads_axis, "head_dim"), dtype=dtype, param_dtype=pdtype,
-                    out_major=self.out_major, name=name)(x)
+                    out_major=self.out_major, lora=_lora_for(self.lora, name),
+                    name=name)(x, lora_index)
 
     q = proj(cfg.num_heads, "q_proj", "heads")    # [B, Q, H, D]
     k = proj(n, "k_proj", "kv_heads")             # [B, Q, N, D]
@@ -253,22 +291,26 @@ class Attention(nn.Module):
       out = _attend_with_prefix(qg, scores, values, prefix, dtype)
     out = out.reshape(b, n, q_len, g, d).transpose(0, 2, 1, 3, 4).reshape(b, q_len, n * g, d)
     out = Linear((cfg.hidden_size,), ("heads", "head_dim", "embed"), in_dims=2, dtype=dtype,
-                 param_dtype=pdtype, out_major=self.out_major, name="o_proj")(out)
+                 param_dtype=pdtype, out_major=self.out_major,
+                 lora=_lora_for(self.lora, "o_proj"), name="o_proj")(out, lora_index)
     return out, new_kv
 
 
 class MLP(nn.Module):
   cfg: QwenConfig
   out_major: bool = False
+  lora: LoraSpec | None = None
 
   @nn.compact
-  def __call__(self, x: Array) -> Array:
+  def __call__(self, x: Array, lora_index: Array | None = None) -> Array:
     cfg = self.cfg
     dtype, pdtype = _dtype(cfg.dtype), _dtype(cfg.param_dtype)
 
     def dense(features, name, axes):
-      return Linear((features,), axes, dtype=dtype, param_dtype=pdtype,
-                    out_major=self.out_major, name=name)
+      return functools.partial(Linear((features,), axes, dtype=dtype, param_dtype=pdtype,
+                                      out_major=self.out_major,
+                                      lora=_lora_for(self.lora, name), name=name),
+                               lora_index=lora_index)
 
     gate = dense(cfg.intermediate_size, "gate_proj", ("embed", "mlp"))(x)
     up = dense(cfg.intermediate_size, "up_proj", ("embed", "mlp"))(x)
@@ -279,17 +321,19 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
   cfg: QwenConfig
   out_major: bool = False
+  lora: LoraSpec | None = None
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask, kv, cache_index, prefix=None):
+  def __call__(self, x, cos, sin, mask, kv, cache_index, prefix=None, lora_index=None):
     cfg = self.cfg
     pdtype = _dtype(cfg.param_dtype)
-    h, new_kv = Attention(cfg, self.out_major, name="self_attn")(
+    h, new_kv = Attention(cfg, self.out_major, self.lora, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="input_layernorm")(x),
-        cos, sin, mask, kv, cache_index, prefix)
+        cos, sin, mask, kv, cache_index, prefix, lora_index)
     x = x + h
-    x = x + MLP(cfg, self.out_major, name="mlp")(
-        RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="post_attention_layernorm")(x))
+    x = x + MLP(cfg, self.out_major, self.lora, name="mlp")(
+        RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="post_attention_layernorm")(x),
+        lora_index)
     return constrain(x, ("batch", "length", "embed")), new_kv
 
 
@@ -298,20 +342,29 @@ class Qwen(nn.Module):
 
   out_major=True takes parameters in the layout `out_major_params` gives (projection kernels
   [out, in]); the sampler's decode loop uses it. The default is the checkpoint layout.
+
+  lora: named low-rank adapters on the projections in lora.targets (agentjax/models/lora.py);
+  the params then also hold the stacked lora_a / lora_b leaves and the scalar int32
+  `lora_index`, the adapter every call uses (-1: the bare backbone). Build them with
+  `lora.attach(backbone, adapters, spec, name)`.
   """
 
   cfg: QwenConfig
   out_major: bool = False
+  lora: LoraSpec | None = None
 
   def setup(self):
     cfg = self.cfg
     pdtype = _dtype(cfg.param_dtype)
     self.embed_tokens = self.param("embed_tokens", _init(0.02, ("vocab", "embed")),
                                    (cfg.vocab_size, cfg.hidden_size), pdtype)
+    if self.lora is not None:
+      self.lora_index = self.param(
+          INDEX_LEAF, nn.with_logical_partitioning(lambda *_: jnp.int32(0), ()), ())
     layer_cls = DecoderLayer
     if cfg.remat_policy != "none":
       layer_cls = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[cfg.remat_policy])
-    self.layers = [layer_cls(cfg, self.out_major, name=f"layers_{i}")
+    self.layers = [layer_cls(cfg, self.out_major, self.lora, name=f"layers_{i}")
                    for i in range(cfg.num_layers)]
     self.norm = RMSNorm(cfg.rms_norm_eps, "norm", pdtype)
     if not cfg.tie_word_embeddings and self.out_major:
@@ -356,7 +409,8 @@ class Qwen(nn.Module):
     for i, layer in enumerate(self.layers):
       kv = None if cache is None else (cache.keys[i], cache.values[i])
       shared = None if prefix is None else (prefix.keys[i], prefix.values[i], prefix_mask)
-      x, new_kv = layer(x, cos, sin, attention_mask, kv, cache_index, shared)
+      x, new_kv = layer(x, cos, sin, attention_mask, kv, cache_index, shared,
+                        self.lora_index if self.lora is not None else None)
       if new_kv is not None:
         keys.append(new_kv[0])
         values.append(new_kv[1])
@@ -424,23 +478,26 @@ def _dummy_inputs():
   return tokens, tokens, jnp.ones((1, 1, 1), bool)
 
 
-def _abstract_boxed(cfg: QwenConfig):
-  return jax.eval_shape(lambda r: Qwen(cfg).init(r, *_dummy_inputs())["params"], jax.random.key(0))
+def _abstract_boxed(cfg: QwenConfig, lora: LoraSpec | None = None):
+  return jax.eval_shape(lambda r: Qwen(cfg, lora=lora).init(r, *_dummy_inputs())["params"],
+                        jax.random.key(0))
 
 
-def param_logical_axes(cfg: QwenConfig) -> Any:
-  """Pytree (like params) of PartitionSpecs of logical axis names."""
-  return nn.get_partition_spec(_abstract_boxed(cfg))
+def param_logical_axes(cfg: QwenConfig, lora: LoraSpec | None = None) -> Any:
+  """Pytree (like params) of PartitionSpecs of logical axis names (with `lora`: of the LoRA
+  model's params, stacked adapters and lora_index included)."""
+  return nn.get_partition_spec(_abstract_boxed(cfg, lora))
 
 
-def abstract_params(cfg: QwenConfig) -> Any:
+def abstract_params(cfg: QwenConfig, lora: LoraSpec | None = None) -> Any:
   """Pytree of jax.ShapeDtypeStruct with the parameter shapes (nothing allocated)."""
-  return nn.meta.unbox(_abstract_boxed(cfg))
+  return nn.meta.unbox(_abstract_boxed(cfg, lora))
 
 
-def param_shardings(cfg: QwenConfig, mesh: jax.sharding.Mesh) -> Any:
+def param_shardings(cfg: QwenConfig, mesh: jax.sharding.Mesh,
+                    lora: LoraSpec | None = None) -> Any:
   """NamedShardings for the parameters on `mesh`, by the rules table in agentjax/parallel."""
-  return logical_to_sharding(param_logical_axes(cfg), abstract_params(cfg), mesh)
+  return logical_to_sharding(param_logical_axes(cfg, lora), abstract_params(cfg, lora), mesh)
 
 
 def init_params(cfg: QwenConfig, rng: Array, mesh: jax.sharding.Mesh | None = None) -> Any:
@@ -456,4 +513,44 @@ def _jitted_init(cfg: QwenConfig, mesh: jax.sharding.Mesh | None):
     return nn.meta.unbox(Qwen(cfg).init(r, *_dummy_inputs())["params"])
 
   shardings = param_shardings(cfg, mesh) if mesh is not None else None
+  return jax.jit(init, out_shardings=shardings)
+
+
+# --------------------------------------------------------------------------- adapters
+
+
+def adapter_abstract(cfg: QwenConfig, lora: LoraSpec) -> Any:
+  """One adapter's tree of ShapeDtypeStructs: lora_a [*in, r], lora_b [r, *out] per target."""
+  return lora_lib.adapter_template(abstract_params(cfg, lora))
+
+
+def adapter_shardings(cfg: QwenConfig, lora: LoraSpec, mesh: jax.sharding.Mesh) -> Any:
+  """NamedShardings of one adapter's tree: in/out dims sharded like the kernels they adapt."""
+  axes = lora_lib.adapter_logical_axes(param_logical_axes(cfg, lora))
+  return logical_to_sharding(axes, adapter_abstract(cfg, lora), mesh)
+
+
+def init_adapters(cfg: QwenConfig, lora: LoraSpec, rng: Array,
+                  mesh: jax.sharding.Mesh | None = None) -> dict[str, Any]:
+  """Fresh adapters {name: tree} (A uniform(+-1/sqrt(fan_in)), B zero), created sharded.
+
+  The LoRA model's initializer runs under jit with only the adapter leaves as outputs, so the
+  backbone's initialization is dead code and is never allocated."""
+  return _jitted_adapter_init(cfg, lora, mesh)(rng)
+
+
+@functools.lru_cache(maxsize=None)
+def _jitted_adapter_init(cfg: QwenConfig, lora: LoraSpec, mesh: jax.sharding.Mesh | None):
+  template = adapter_abstract(cfg, lora)
+
+  def init(r):
+    full = nn.meta.unbox(Qwen(cfg, lora=lora).init(r, *_dummy_inputs())["params"])
+    stacked = lora_lib.select_like(template, full)  # the lora leaves only
+    return {name: jax.tree.map(lambda x, i=i: x[i], stacked)
+            for i, name in enumerate(lora.names)}
+
+  shardings = None
+  if mesh is not None:
+    one = adapter_shardings(cfg, lora, mesh)
+    shardings = {name: one for name in lora.names}
   return jax.jit(init, out_shardings=shardings)

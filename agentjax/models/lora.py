@@ -1,0 +1,282 @@
+"""Low-rank adapters (LoRA): several named adapters on one frozen backbone.
+
+    spec = LoraSpec(names=("searcher", "generator"), rank=32, alpha=64.0)
+    model = Qwen(cfg, lora=spec)                          # every targeted Linear gains lora_a/b
+    adapters = init_adapters(model, jax.random.key(0))  # {name: adapter tree}, B = 0
+    full = attach(backbone, adapters, spec, "searcher")   # the params `model.apply` takes
+    logits, _ = model.apply({"params": full}, tokens, positions, mask)
+
+A targeted projection computes y = x . W + (alpha / rank) . (x . A[i]) . B[i], with W the frozen
+kernel [*in, *out], A [*in, r] and B [r, *out] the adapter's (A random, B zero: a fresh adapter
+changes nothing). Dropout is 0 (not implemented).
+
+The trainable state is `adapters`, a mapping name -> tree with the model's path to each targeted
+Linear and the leaves `lora_a` [*in, r], `lora_b` [r, *out]: checkpoints, optimizers (one per
+adapter when their settings differ) and PEFT exports work on it by name. `attach` stacks the
+adapters (in `spec.names` order) into the leaves the model holds, lora_a [A, *in, r] and lora_b
+[A, r, *out], and sets the scalar int32 leaf `lora_index`, the adapter a forward pass uses (-1:
+none, the bare backbone). The index is data, not a static argument: one compiled program (a
+rollout's sampler, a scoring pass) serves every adapter, and switching between turns compiles
+nothing. The backbone's arrays are shared, never copied, by `attach`.
+
+Stacked leaves carry the logical axes ("adapters", <the kernel's in axes>, "lora_rank") and
+("adapters", "lora_rank", <the kernel's out axes>): the rules table shards an adapter's in and
+out dims like the kernel it adapts (embed over fsdp, heads and mlp over tensor).
+
+`merge` folds one adapter into a copy of the kernels (W + s . A . B): the Hugging Face export of a
+LoRA run, and the decode layout when `LoraSpec.decode == "merge"` (see agentjax.sampling.sampler).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+from typing import Any, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# The projections an adapter may target (the names of the model's Linear modules).
+ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+DECODE_MODES = ("merge", "unmerged")
+LORA_LEAVES = ("lora_a", "lora_b")
+INDEX_LEAF = "lora_index"
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSpec:
+  """Which adapters a model holds and their shape (hashable: a static attribute of the model).
+
+  names: the adapters, in the order of their stacked axis (the first is the run's policy).
+  rank, alpha: the low-rank dim r and the scale numerator (scale = alpha / r, as PEFT).
+  targets: the Linear modules adapted, a subset of ALL_TARGETS.
+  decode: how the sampler's token loop applies the selected adapter: "merge" (into a copy of the
+    kernels once per rollout, then the bare program) or "unmerged" (the low-rank product at every
+    step). See docs/BENCHMARKS.md (decode with LoRA) for why the default is what it is.
+  """
+
+  names: tuple[str, ...]
+  rank: int
+  alpha: float
+  targets: tuple[str, ...] = ALL_TARGETS
+  decode: str = "merge"
+
+  def __post_init__(self):
+    if not self.names or len(set(self.names)) != len(self.names):
+      raise ValueError(f"lora names must be distinct and non-empty, got {self.names!r}")
+    for name in self.names:
+      if not name.isidentifier():
+        raise ValueError(f"lora adapter name {name!r} must be an identifier (letters, digits, _)")
+    if not isinstance(self.rank, int) or self.rank <= 0:
+      raise ValueError(f"lora rank must be a positive integer, got {self.rank!r}")
+    if not self.alpha > 0:
+      raise ValueError(f"lora alpha must be positive, got {self.alpha!r}")
+    unknown = sorted(set(self.targets) - set(ALL_TARGETS))
+    if unknown or not self.targets:
+      raise ValueError(f"lora targets {unknown or list(self.targets)} are not projections of the "
+                       f"model; expected a non-empty subset of {list(ALL_TARGETS)}")
+    if self.decode not in DECODE_MODES:
+      raise ValueError(f"lora decode must be one of {DECODE_MODES}, got {self.decode!r}")
+
+  @property
+  def scale(self) -> float:
+    return float(self.alpha) / self.rank
+
+  def index(self, name: str | None) -> int:
+    """The stacked position of adapter `name` (None: -1, no adapter)."""
+    if name is None:
+      return -1
+    if name not in self.names:
+      raise KeyError(f"no adapter named {name!r}; this model holds {list(self.names)}")
+    return self.names.index(name)
+
+
+def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, index: jax.Array, scale: float,
+               in_dims: int, dtype: Any) -> jax.Array:
+  """The low-rank term scale . (x . A[index]) . B[index], zero when index < 0.
+
+  x [..., *in]; a [A, *in, r]; b [A, r, *out]; index scalar int32. Returns [..., *out].
+  """
+  k = jnp.clip(index, 0, a.shape[0] - 1)
+  a_k = jax.lax.dynamic_index_in_dim(a, k, keepdims=False).astype(dtype)   # [*in, r]
+  b_k = jax.lax.dynamic_index_in_dim(b, k, keepdims=False).astype(dtype)   # [r, *out]
+  x_in = tuple(range(x.ndim - in_dims, x.ndim))
+  xa = jax.lax.dot_general(x, a_k, ((x_in, tuple(range(in_dims))), ((), ())))  # [..., r]
+  y = jax.lax.dot_general(xa, b_k, (((xa.ndim - 1,), (0,)), ((), ())))         # [..., *out]
+  gate = jnp.where(index >= 0, scale, 0.0).astype(dtype)
+  return y * gate
+
+
+# --------------------------------------------------------------------------- adapter trees
+
+
+def _is_lora_leaf(path) -> bool:
+  return getattr(path[-1], "key", None) in LORA_LEAVES
+
+
+def adapter_template(full_abstract: Any) -> Any:
+  """The per-adapter tree (shapes without the stacked axis) from a LoRA model's abstract params:
+  only the paths of lora_a / lora_b leaves, each [*in, r] / [r, *out]."""
+  out: dict[str, Any] = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(full_abstract)[0]:
+    if _is_lora_leaf(path):
+      node = out
+      keys = [p.key for p in path]
+      for key in keys[:-1]:
+        node = node.setdefault(key, {})
+      node[keys[-1]] = jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
+  return out
+
+
+def adapter_logical_axes(full_axes: Any) -> Any:
+  """Logical axes of one adapter's tree: the stacked leaves' axes without "adapters"."""
+  out: dict[str, Any] = {}
+  flat = jax.tree_util.tree_flatten_with_path(
+      full_axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0]
+  for path, spec in flat:
+    if _is_lora_leaf(path):
+      node = out
+      keys = [p.key for p in path]
+      for key in keys[:-1]:
+        node = node.setdefault(key, {})
+      node[keys[-1]] = jax.sharding.PartitionSpec(*tuple(spec)[1:])
+  return out
+
+
+def select_like(template: Mapping[str, Any], tree: Mapping[str, Any]) -> dict[str, Any]:
+  """The part of `tree` at the paths of `template` (a dict subtree of it)."""
+  return {k: select_like(v, tree[k]) if isinstance(v, Mapping) else tree[k]
+          for k, v in template.items()}
+
+
+def attach(backbone: Mapping[str, Any], adapters: Mapping[str, Any], spec: LoraSpec,
+           active: str | None | jax.Array) -> dict[str, Any]:
+  """The params of `Qwen(cfg, lora=spec)`: the backbone's arrays (shared, not copied), every
+  adapter stacked in spec.names order, and lora_index = the active adapter (a name, None for
+  the bare backbone, or an int32 array when the caller selects by data).
+
+  adapters must hold every name of spec.names, each with the same tree (`init_adapters`)."""
+  missing = [n for n in spec.names if n not in adapters]
+  if missing:
+    raise KeyError(f"adapters {missing} of the model's lora spec are not given "
+                   f"(have {sorted(adapters)})")
+  trees = [adapters[n] for n in spec.names]
+  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+  def merge_dicts(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in extra.items():
+      out[key] = merge_dicts(base.get(key, {}), value) if isinstance(value, Mapping) else value
+    return out
+
+  full = merge_dicts(backbone, stacked)
+  index = spec.index(active) if active is None or isinstance(active, str) else active
+  full[INDEX_LEAF] = jnp.asarray(index, jnp.int32)
+  return full
+
+
+def detach(full: Mapping[str, Any]) -> dict[str, Any]:
+  """The backbone part of a LoRA model's params (no lora leaves, no index)."""
+  out = {}
+  for key, value in full.items():
+    if key == INDEX_LEAF or key in LORA_LEAVES:
+      continue
+    out[key] = detach(value) if isinstance(value, Mapping) else value
+  return out
+
+
+def merge(backbone: Mapping[str, Any], adapter: Mapping[str, Any], scale: float) -> dict[str, Any]:
+  """The backbone with one adapter folded in: kernel + scale . A . B for each adapted kernel
+  (a new array for those; every other leaf is the backbone's own). Checkpoint layout
+  ([*in, *out] kernels). Runs in float32 and casts back to the kernel's dtype."""
+
+  def walk(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    if "lora_a" in extra:
+      a, b = extra["lora_a"], extra["lora_b"]
+      kernel = base["kernel"]
+      delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
+      out["kernel"] = (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
+    for key, value in extra.items():
+      if isinstance(value, Mapping):
+        out[key] = walk(base[key], value)
+    return out
+
+  return walk(backbone, adapter)
+
+
+def merge_selected(full: Mapping[str, Any], scale: float) -> dict[str, Any]:
+  """A LoRA model's params (stacked adapters, lora_index) -> plain params with the selected
+  adapter merged into the kernels (index < 0: the kernels as they are).
+
+  One jitted program over the adapted kernels only (the index is data: it serves every
+  adapter); every other leaf (embedding, norms, biases) is the input's own array, not a copy.
+  Call it outside jit (inside, the whole tree would be an output: a fresh copy)."""
+  nodes: dict[tuple[str, ...], Any] = {}
+
+  def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    out = {}
+    for key, value in node.items():
+      if key in LORA_LEAVES or key == INDEX_LEAF:
+        continue
+      out[key] = walk(value, path + (key,)) if isinstance(value, Mapping) else value
+    if "lora_a" in node:
+      nodes[path] = (node["kernel"], node["lora_a"], node["lora_b"])
+    return out
+
+  plain = walk(full, ())
+  kernels = _merge_kernels(nodes, full[INDEX_LEAF], float(scale))
+  for path, kernel in kernels.items():
+    node = plain
+    for key in path:
+      node = node[key]
+    node["kernel"] = kernel
+  return plain
+
+
+@functools.partial(jax.jit, static_argnums=2)
+def _merge_kernels(nodes, index, scale):
+  out = {}
+  gate = jnp.where(index >= 0, scale, 0.0)
+  for path, (kernel, a, b) in nodes.items():
+    k = jnp.clip(index, 0, a.shape[0] - 1)
+    a_k = jax.lax.dynamic_index_in_dim(a, k, keepdims=False).astype(jnp.float32)
+    b_k = jax.lax.dynamic_index_in_dim(b, k, keepdims=False).astype(jnp.float32)
+    out[path] = (kernel.astype(jnp.float32)
+                 + gate * jnp.tensordot(a_k, b_k, axes=1)).astype(kernel.dtype)
+  return out
+
+
+# --------------------------------------------------------------------------- the backbone's identity
+
+
+def fingerprint(params: Any, samples: int = 1024) -> str:
+  """A short hash naming a backbone: every leaf's path, shape, dtype and `samples` values taken
+  at a fixed stride through it (exact values, so any mesh or host count gives the same hash).
+
+  Checkpoints of a LoRA run record it; resuming against a backbone with another fingerprint is
+  refused. Reads a strided sample only, never the whole weights onto one host."""
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  sampled = _strided_samples(tuple(leaf for _, leaf in flat), samples)
+  h = hashlib.sha256()
+  for (path, leaf), values in zip(flat, sampled):
+    h.update(jax.tree_util.keystr(path, simple=True, separator="/").encode())
+    h.update(repr((tuple(leaf.shape), str(leaf.dtype))).encode())
+    h.update(np.asarray(values, np.float32).tobytes())
+  return h.hexdigest()[:16]
+
+
+def _strided_samples(leaves: Sequence[jax.Array], samples: int) -> list[np.ndarray]:
+  def take(x):
+    flat = x.reshape(-1)
+    stride = max(1, flat.shape[0] // samples)
+    return flat[::stride][:samples].astype(jnp.float32)
+
+  # One program; its outputs replicated so that every process can read them.
+  from jax.experimental import multihost_utils
+  out = jax.jit(lambda xs: [take(x) for x in xs])(list(leaves))
+  if any(not o.is_fully_addressable for o in out):
+    out = multihost_utils.process_allgather(out, tiled=True)
+  return [np.asarray(jax.device_get(o)) for o in out]
