@@ -44,6 +44,8 @@ setup(
         # nbclient/nbformat/ipykernel execute notebooks/*.ipynb (tests/test_notebooks.py), whose
         # plots need matplotlib.
         "test": ["pytest>=8", "torch==2.13.0", "nbclient>=0.10,<1", "nbformat>=5.10,<6",
-                 "ipykernel>=6.29,<8", "matplotlib>=3.8,<4"],
+                 "ipykernel>=6.29,<8", "matplotlib>=3.8,<4",
+                 # peft: the reference for LoRA adapter folders (tests/test_lora_peft.py).
+                 "peft==0.21.2"],
     },
 )

@@ -12,6 +12,7 @@ materializes a whole float32 copy of the model on one device.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import logging
@@ -19,7 +20,7 @@ import os
 import shutil
 import tempfile
 import time
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -250,42 +251,32 @@ def recover_export(path: str) -> str:
   return path
 
 
-def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
-            dtype: Any = None, max_shard_bytes: int = 4 << 30) -> str:
-  """Exports params as a folder `transformers.AutoModelForCausalLM.from_pretrained` loads.
+@contextlib.contextmanager
+def staged_folder(path: str) -> Iterator[str]:
+  """Writes a folder crash-safely: yields an empty staging folder beside `path` to fill, then
+  swaps it in whole when the `with` block ends without an error.
 
-  The folder is written beside the target (`.<name>.tmp-*`) and swapped in at the end: the
-  previous export is renamed to a unique backup, the new one renamed into place, then the backup
-  removed. At every moment one complete export exists under `path` or under the backup, and
-  recover_export (run here first, and by a trainer at start-up) restores it after a crash. On
-  multi-host runs every process must call this (parameters are gathered); only process 0 writes.
+  The staging folder is `.<name>.tmp-*` beside the target; at the end the previous folder (if
+  any) is renamed to a unique backup, the new one renamed into place, then the backup removed. At
+  every moment one complete folder exists under `path` or under the backup, and recover_export
+  (run here first, and by a trainer at start-up) restores it after a crash. On an error in the
+  block the staging folder is removed and the previous folder is left as it was. Process 0 only:
+  the caller gathers across hosts and lets the other processes skip the write.
   """
-  tensors = hf_tensors(cfg, params, dtype)
-  if jax.process_index() != 0:
-    for _ in tensors:  # take part in the gathers
-      pass
-    return path
   path = recover_export(path)
   parent, name = os.path.split(path)
   os.makedirs(parent, exist_ok=True)
   staging = tempfile.mkdtemp(prefix=f".{name}{_TMP}", dir=parent)
   backup = None
   try:
-    write_safetensors_folder(staging, tensors, max_shard_bytes)
-    hf_config = cfg.to_hf_dict()
-    if dtype is not None:
-      hf_config["dtype"] = np.dtype(dtype).name
-    with open(os.path.join(staging, "config.json"), "w") as f:
-      json.dump(hf_config, f, indent=2)
-    if tokenizer is not None:
-      tokenizer.save_pretrained(staging)
+    yield staging
     if os.path.exists(path):
       backup = os.path.join(parent, f".{name}{_BAK}{time.time_ns():020d}-{os.getpid()}")
       os.replace(path, backup)
     os.replace(staging, path)
   except BaseException:
     if backup is not None and not os.path.exists(path):
-      os.replace(backup, path)  # interrupted between the two renames: put the old export back
+      os.replace(backup, path)  # interrupted between the two renames: put the old folder back
     shutil.rmtree(staging, ignore_errors=True)
     raise
   if backup is not None:
@@ -294,4 +285,35 @@ def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
     doomed = tempfile.mkdtemp(prefix=f".{name}{_TMP}", dir=parent)
     os.replace(backup, os.path.join(doomed, name))
     shutil.rmtree(doomed)
+
+
+def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
+            dtype: Any = None, max_shard_bytes: int = 4 << 30,
+            copy_files: Sequence[str] = ()) -> str:
+  """Exports params as a folder `transformers.AutoModelForCausalLM.from_pretrained` loads.
+
+  copy_files: files copied as they are into the folder (e.g. a base checkpoint's tokenizer and
+  generation_config.json, for an export derived from it).
+
+  The folder is written with `staged_folder`: beside the target, then swapped in whole, so that a
+  crash never leaves a partial export under `path`. On multi-host runs every process must call
+  this (parameters are gathered); only process 0 writes. Returns the absolute path.
+  """
+  tensors = hf_tensors(cfg, params, dtype)
+  if jax.process_index() != 0:
+    for _ in tensors:  # take part in the gathers
+      pass
+    return path
+  path = os.path.abspath(path)
+  with staged_folder(path) as staging:
+    write_safetensors_folder(staging, tensors, max_shard_bytes)
+    hf_config = cfg.to_hf_dict()
+    if dtype is not None:
+      hf_config["dtype"] = np.dtype(dtype).name
+    with open(os.path.join(staging, "config.json"), "w") as f:
+      json.dump(hf_config, f, indent=2)
+    if tokenizer is not None:
+      tokenizer.save_pretrained(staging)
+    for src in copy_files:
+      shutil.copy(src, os.path.join(staging, os.path.basename(src)))
   return path
