@@ -121,7 +121,7 @@ def _validate_model(config: Any) -> None:
           f"must be one of {list(REMAT_POLICIES)}")
   spec = lora_spec(config)
   if spec is not None:
-    lora_lrs(config)
+    lora_rates(config)
     lora_inits(config)
 
 
@@ -169,11 +169,13 @@ def _assignments(config: Any, field: str, names: tuple[str, ...]) -> dict[str, s
   return out
 
 
-def lora_lrs(config: Any) -> dict[str, float]:
-  """Each adapter's learning rate (model.lora.lr, else optimizer.lr; sft.lr for SFT)."""
+def lora_rates(config: Any) -> dict[str, float]:
+  """The adapters given a learning rate of their own in model.lora.lr: name -> peak lr (the
+  others train at optimizer.lr, or sft.lr in SFT)."""
   spec = lora_spec(config)
-  base = _get(config, "sft.lr") if _get(config, "trainer") == "sft" else _get(config, "optimizer.lr")
-  out = {name: float(base) for name in spec.names}
+  if spec is None:
+    return {}
+  out = {}
   for name, text in _assignments(config, "model.lora.lr", spec.names).items():
     try:
       out[name] = float(text)

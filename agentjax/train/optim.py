@@ -8,7 +8,7 @@ were, and reports it in metrics["skipped"].
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -45,23 +45,43 @@ def make_optimizer(lr: float, warmup_steps: int, total_steps: int, weight_decay:
   return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
 
 
+def make_adapter_optimizer(lrs: Mapping[str, float], warmup_steps: int, total_steps: int,
+                           weight_decay: float = 0.0, clip_norm: float | None = 1.0,
+                           final_lr_ratio: float = 0.1, b2: float = 0.95
+                           ) -> optax.GradientTransformation:
+  """AdamW per LoRA adapter, each on its own learning rate (`lrs`: adapter name -> peak lr), for
+  params {name: adapter tree}; the same warmup + cosine shape and betas for all.
+
+  Gradients are clipped by their global norm over every adapter first (one clip, as for a
+  full model), then each adapter's AdamW applies its own schedule (optax.multi_transform)."""
+  transforms = {name: optax.adamw(make_schedule(lr, warmup_steps, total_steps, final_lr_ratio),
+                                  b1=0.9, b2=b2, weight_decay=weight_decay, mask=_decay_mask)
+                for name, lr in lrs.items()}
+  # A prefix of the params' tree labels each adapter's whole subtree with its name.
+  adamw = optax.multi_transform(transforms, {name: name for name in lrs})
+  if clip_norm is None:
+    return adamw
+  return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
+
+
 def all_finite(tree: Any) -> jax.Array:
   leaves = jax.tree.leaves(tree)
   return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
-def make_guarded_step(loss_fn: Callable[[Any, Any], tuple[jax.Array, dict[str, jax.Array]]],
+def make_guarded_step(loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]],
                       optimizer: optax.GradientTransformation):
-  """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)`.
+  """A jitted `step(params, opt_state, batch, *frozen) -> (params, opt_state, metrics)`.
 
-  loss_fn(params, batch) -> (loss, metrics). params and opt_state are donated (do not reuse the
+  loss_fn(params, batch, *frozen) -> (loss, metrics); `frozen` (e.g. a LoRA run's backbone) is
+  read, not differentiated, not donated. params and opt_state are donated (do not reuse the
   arguments). metrics gain loss, grad_norm (before clipping) and skipped (1 when the step was
   dropped because the loss, the gradients or the new parameters were not all finite; the new
   parameters are checked too: a finite gradient times a huge step can overflow).
   """
 
-  def step(params, opt_state, batch):
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+  def step(params, opt_state, batch, *frozen):
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, *frozen)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     ok = jnp.isfinite(loss) & all_finite(grads) & all_finite(new_params)

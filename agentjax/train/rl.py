@@ -25,6 +25,7 @@ import optax
 
 from agentjax.agent.rollout import TrajectoryBatch
 from agentjax.models.logprobs import sequence_logprobs
+from agentjax.models.lora import attach
 from agentjax.models.qwen import Qwen
 from agentjax.parallel.host import to_host
 from agentjax.rl.advantages import get_advantage_estimator
@@ -42,9 +43,13 @@ class ScoredBatch:
 
 
 def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: TrajectoryBatch,
-                probes: Probes | None, mode: str = "log_prob", chunk: int = 256) -> ScoredBatch:
+                probes: Probes | None, mode: str = "log_prob", chunk: int = 256,
+                ref_model: Qwen | None = None) -> ScoredBatch:
   """Step 3: the policy's log-probs and IGPO's probes in ONE packed pass; the reference's log-probs
-  in a plain pass (no probes needed). Without probes (GRPO family) the policy pass is plain too."""
+  in a plain pass (no probes needed). Without probes (GRPO family) the policy pass is plain too.
+
+  ref_model: the reference's module when it is not `model` (a LoRA run: the policy is
+  Qwen(cfg, lora=...), the reference the bare backbone Qwen(cfg) with the same arrays)."""
   tokens, valid = batch.tokens, batch.valid
   num_turns = jnp.asarray(batch.num_turns)
   t = batch.turn_ends.shape[1] - 1
@@ -57,8 +62,8 @@ def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: Traject
   else:
     old = _plain_logprobs(model, params, tokens, valid, chunk)
     values = ig = jnp.zeros((tokens.shape[0], t), jnp.float32)
-  ref = _plain_logprobs(model, ref_params, tokens, valid, chunk) if ref_params is not None \
-      else jnp.zeros_like(old)
+  ref = _plain_logprobs(ref_model or model, ref_params, tokens, valid, chunk) \
+      if ref_params is not None else jnp.zeros_like(old)
   return ScoredBatch(old_logp=old, ref_logp=ref, values=values, ig=ig)
 
 
@@ -142,18 +147,27 @@ class PolicyLossConfig:
 
 
 def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
-                       loss: PolicyLossConfig = PolicyLossConfig()):
+                       loss: PolicyLossConfig = PolicyLossConfig(), policy: str | None = None):
   """Step 5: a jitted update on one minibatch (params and optimizer state donated).
 
   minibatch: dict of [b, S] arrays tokens, valid, loss_mask, old_logp, ref_logp, advantages.
   Returns (params, opt_state, metrics); a non-finite loss, gradient or update skips the step
   (metrics["skipped"] = 1) and returns params and opt_state unchanged (optim.make_guarded_step).
+
+  A LoRA model (model.lora set): `update(adapters, opt_state, minibatch, backbone)`, params are
+  the adapters {name: tree} and the frozen backbone is an argument; the loss runs adapter
+  `policy` (default: the first of model.lora.names). Gradients and optimizer state then exist
+  for the adapters only.
   """
   loss_fn = get_policy_loss(loss.name)
   kwargs = loss.as_kwargs()
   use_ref = kwargs.get("kl_coef", 0.0) > 0
+  spec = model.lora
+  active = None if spec is None else (policy or spec.names[0])
 
-  def objective(params, mb):
+  def objective(params, mb, *backbone):
+    if spec is not None:
+      params = attach(backbone[0], params, spec, active)
     logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
                                   with_entropy=loss.entropy)
     value, metrics = loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],

@@ -41,6 +41,7 @@ from agentjax.agent.protocol import SEARCH_R1, Protocol, trajectory_error
 from agentjax.agent.rollout import encode_text, observation_ids, prompt_ids
 from agentjax.models import masks
 from agentjax.models.logprobs import chunked_token_logprobs
+from agentjax.models.lora import attach
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.train.checkpoint import abstract_state
 from agentjax.train.optim import make_guarded_step, make_optimizer, make_schedule
@@ -371,9 +372,15 @@ def make_sft_step(model: Qwen, optimizer: optax.GradientTransformation, chunk: i
   batch: a pack_batch dict, or a tuple of them (pack_micro_batches; one compile per distinct
   tuple of shapes). metrics: loss, accuracy, tokens (see sft_loss), grad_norm (before
   clipping), skipped.
-  """
 
-  def loss_fn(params, batch):
+  A LoRA model (model.lora set): `step(adapters, opt_state, batch, backbone)` trains the
+  adapters {name: tree} (the first name's is the one the loss runs) on the frozen backbone.
+  """
+  spec = model.lora
+
+  def loss_fn(params, batch, *backbone):
+    if spec is not None:
+      params = attach(backbone[0], params, spec, spec.names[0])
     return sft_micro_batch_loss(model, params, batch, chunk=chunk, with_accuracy=with_accuracy)
 
   return make_guarded_step(loss_fn, optimizer)
@@ -402,9 +409,13 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
             callback: Callable[[int, dict[str, float]], None] | None = None,
             extra_examples: Sequence[Example] = (), checkpointer: Any = None,
             stop: Callable[[int], bool] | None = None, micro_batches: int = 1,
-            length_buckets: Sequence[int] = ()
+            length_buckets: Sequence[int] = (), target: Any = None
             ) -> tuple[Any, list[dict[str, float]]]:
   """Trains `params` on the demonstrations for `steps` steps; returns (params, history).
+
+  target: an agentjax.train.adapters.TrainTarget with LoRA adapters: the adapters are trained
+  on the frozen backbone `params` (one AdamW per adapter at `target.optimizer`'s rates) and
+  returned in place of params.
 
   Preemptible like RL: with a `checkpointer` (agentjax.train.checkpoint.Checkpointer) the run
   resumes from its latest checkpoint ({params, opt_state}, and the number of applied updates),
@@ -449,7 +460,14 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   if warmup_steps is None:
     warmup_steps = max(1, steps // 20)
   schedule = make_schedule(lr, warmup_steps, steps, final_lr_ratio)
-  optimizer = make_optimizer(lr, warmup_steps, steps, weight_decay, clip_norm, final_lr_ratio, b2)
+  frozen, model = (), Qwen(cfg)
+  if target is not None and target.spec is not None:
+    optimizer = target.optimizer_with(lr, warmup_steps, steps, weight_decay, clip_norm,
+                                      final_lr_ratio, b2)
+    params, frozen, model = target.trainable, target.frozen, target.model
+  else:
+    optimizer = make_optimizer(lr, warmup_steps, steps, weight_decay, clip_norm, final_lr_ratio,
+                               b2)
   state = {"params": params, "opt_state": optimizer.init(params)}
   start, applied = 0, 0  # applied: the optimizer's own count (skipped steps do not advance it)
   if checkpointer is not None:
@@ -458,7 +476,7 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
       state, data_state, start = restored
       applied = int(data_state["applied"])
       log.info("sft: resumed from %s at step %d", checkpointer.step_dir(start), start)
-  step_fn = make_sft_step(Qwen(cfg), optimizer, chunk=chunk)
+  step_fn = make_sft_step(model, optimizer, chunk=chunk)
   batches = _round_robin_batches(len(examples), batch_size, np.random.default_rng(seed))
   for _ in range(start):  # the batches a resumed run has already trained on
     next(batches)
@@ -469,7 +487,7 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
     batch = pack_micro_batches([examples[j] for j in next(batches)], max_len, pad_id,
                                micro_batches, length_buckets)
     lr_now = float(schedule(applied))
-    params, opt_state, metrics = step_fn(state["params"], state["opt_state"], batch)
+    params, opt_state, metrics = step_fn(state["params"], state["opt_state"], batch, *frozen)
     state = {"params": params, "opt_state": opt_state}
     metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
     applied += not metrics["skipped"]

@@ -28,6 +28,7 @@ from agentjax.parallel.host import to_host
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
+from agentjax.train.adapters import TrainTarget
 from agentjax.train.optim import make_schedule
 from agentjax.train.rl import (PolicyLossConfig, advantage_kwargs, compute_advantages,
                                make_policy_update, minibatches, summarize, score_batch, trim)
@@ -79,10 +80,15 @@ class RLStep:
   with_probes: bool
   adv_kwargs: Mapping[str, Any]
   judge_pass: JudgePass | None = None  # CW-GRPO: verdicts per round between rewards and advantages
+  target: TrainTarget | None = None  # LoRA: adapters on a frozen backbone (default: whole model)
+  ref_model: Any = None              # the reference's module when not the policy's (LoRA)
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
-            optimizer: optax.GradientTransformation, ref_params: Any) -> "RLStep":
+            optimizer: optax.GradientTransformation, ref_params: Any,
+            target: TrainTarget | None = None, ref_model: Any = None) -> "RLStep":
+    """target: what the run trains (agentjax/train/adapters.py; None: the whole model, state
+    params are the model's). ref_model: the reference's module when it is not engine.model."""
     rl = config.rl
     loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
                        kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
@@ -96,7 +102,12 @@ class RLStep:
                schedule=make_schedule(*schedule_args(config)),  # the optimizer's, for logging
                with_probes=config.algorithm == "igpo" or rl.probe_all,
                adv_kwargs=advantage_kwargs(config),
-               judge_pass=JudgePass(judge, config.judge) if judge is not None else None)
+               judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
+               target=target, ref_model=ref_model)
+
+  def policy(self, trainable: Any) -> Any:
+    """The params the engine's model runs: the state's, or the backbone + adapters (LoRA)."""
+    return trainable if self.target is None else self.target.policy_params(trainable)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -109,7 +120,8 @@ class RLStep:
     # 1. rollouts
     t0 = time.perf_counter()
     with use_mesh(mesh):
-      batch, rollout_metrics = self.engine.run(state["params"], [q["question"] for q in questions],
+      policy = self.policy(state["params"])
+      batch, rollout_metrics = self.engine.run(policy, [q["question"] for q in questions],
                                                rollout_rng)
       batch = trim(batch)  # score and update only the cache slots some trajectory uses
     t_rollout = time.perf_counter() - t0
@@ -140,8 +152,8 @@ class RLStep:
                           template=ANSWER_TEMPLATES[config.rollout.protocol]) \
         if self.with_probes else None
     with use_mesh(mesh):
-      scored = score_batch(self.engine.model, state["params"], self.ref_params, batch, probes,
-                           mode=rl.ig_mode, chunk=rl.chunk)
+      scored = score_batch(self.engine.model, policy, self.ref_params, batch, probes,
+                           mode=rl.ig_mode, chunk=rl.chunk, ref_model=self.ref_model)
       # 4. advantages
       adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
                                           extra=judge_fields, **self.adv_kwargs)
@@ -151,12 +163,13 @@ class RLStep:
     # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable)
     t0 = time.perf_counter()
     params, opt_state = state["params"], state["opt_state"]
+    frozen = () if self.target is None else self.target.frozen
     update_metrics = []
     shuffle = np.random.default_rng([config.seed, step])
     with use_mesh(mesh):
       for _ in range(rl.ppo_epochs):
         for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle):
-          params, opt_state, m = self.update(params, opt_state, mb)
+          params, opt_state, m = self.update(params, opt_state, mb, *frozen)
           update_metrics.append(m)
     update_metrics = to_host(update_metrics)  # one transfer for the step's update metrics
     upd = summarize(update_metrics)

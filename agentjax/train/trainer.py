@@ -43,7 +43,6 @@ import time
 from typing import Any, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
@@ -53,7 +52,7 @@ from agentjax.compiles import CompileCounter
 from agentjax.jsonl import iter_json_objects
 from agentjax.judge import judge_identity
 from agentjax.models.qwen import QwenConfig, init_params, param_shardings
-from agentjax.models.qwen.checkpoint import load_hf, recover_export, save_hf
+from agentjax.models.qwen.checkpoint import load_hf, recover_export
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.parallel import make_mesh, use_mesh
 from agentjax.parallel.host import any_process, broadcast_from_primary, primary_first
@@ -61,8 +60,8 @@ from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
+from agentjax.train.adapters import TrainTarget, recorded_config
 from agentjax.train.checkpoint import Checkpointer, abstract_state
-from agentjax.train.optim import make_optimizer
 from agentjax.train.step import RLStep, StepOutput, schedule_args
 
 log = logging.getLogger(__name__)
@@ -70,7 +69,8 @@ log = logging.getLogger(__name__)
 # Config fields whose change makes a workdir's checkpoints unusable (compared at restore).
 COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
-               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm")
+               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm",
+               "model.lora.adapters", "model.lora.rank", "model.lora.alpha", "model.lora.targets")
 # SFT also depends on these (its batch order and its data).
 SFT_COMPAT_KEYS = ("sft.demos", "sft.corpus_path", "sft.batch_size", "sft.max_len")
 EXPORT_DIR = "hf_export"
@@ -169,35 +169,44 @@ class QuestionStream:
     return out
 
 
-def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any, cfg: QwenConfig,
-                        mesh: jax.sharding.Mesh) -> Any:
-  """Optimizer-state shardings: moments like their parameters (FSDP), counters replicated."""
+def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any,
+                        shardings: Any, mesh: jax.sharding.Mesh) -> Any:
+  """Optimizer-state shardings: moments like their parameters (`shardings`, a tree like params:
+  FSDP by the rules table), counters replicated."""
   replicated = NamedSharding(mesh, PartitionSpec())
   abstract = jax.eval_shape(optimizer.init, params)
-  return optax.tree_map_params(optimizer, lambda _, s: s, abstract, param_shardings(cfg, mesh),
+  return optax.tree_map_params(optimizer, lambda _, s: s, abstract, shardings,
                                transform_non_params=lambda _: replicated)
 
 
-def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.sharding.Mesh
+def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.sharding.Mesh,
+                     target: TrainTarget | None = None
                      ) -> tuple[optax.GradientTransformation, dict[str, Any]]:
   """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
-  (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated)."""
-  o = config.optimizer
+  (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated).
+
+  target: what is trained (agentjax/train/adapters.py); default: built from config (the whole
+  model, or LoRA adapters on `params` when config.model.lora.adapters is set)."""
+  target = target or TrainTarget.build(config, cfg, params, mesh)
   lr, warmup, total, final_ratio = schedule_args(config)
-  optimizer = make_optimizer(lr, warmup, total, o.weight_decay, o.clip_norm or None, final_ratio,
-                             o.b2)
+  optimizer = target.optimizer(config, lr, warmup, total, final_ratio, config.optimizer.b2)
+  trainable = target.trainable
+  shardings = target.shardings(mesh) or param_shardings(cfg, mesh)
   opt_state = jax.jit(optimizer.init, out_shardings=opt_state_shardings(
-      optimizer, params, cfg, mesh))(params)
+      optimizer, trainable, shardings, mesh))(trainable)
   # Created under jit: device_put cannot target devices of other processes.
   rng = jax.jit(lambda: jax.random.key(config.seed),
                 out_shardings=NamedSharding(mesh, PartitionSpec()))()
-  return optimizer, {"params": params, "opt_state": opt_state, "rng": rng}
+  return optimizer, {"params": trainable, "opt_state": opt_state, "rng": rng}
 
 
-def make_checkpointer(config: Any, workdir: str) -> Checkpointer:
+def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = None
+                      ) -> Checkpointer:
   # config.json also records the judge's identity (backend, model, prompt hash): CW-GRPO's
-  # numbers depend on the judge, and the prompt file can change under the same path.
-  recorded = dict(config.to_dict(), judge_identity=judge_identity(config.judge))
+  # numbers depend on the judge, and the prompt file can change under the same path; and a LoRA
+  # run's backbone (path, fingerprint), which its adapters only make sense on.
+  recorded = dict(config.to_dict(), judge_identity=judge_identity(config.judge),
+                  **({} if target is None else recorded_config(config, target)))
   return Checkpointer(workdir, save_every=config.train.checkpoint_every,
                       keep=config.train.keep_checkpoints, config=recorded,
                       compat_keys=COMPAT_KEYS)
@@ -208,17 +217,21 @@ def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
                    ) -> tuple[QwenConfig, Any, Any, str]:
   """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
   for eval and serving. The full train state is the restore target (orbax reads it shard by shard
-  into place, FSDP included); only its params are kept. FileNotFoundError without a checkpoint."""
+  into place, FSDP included); only its params are kept. FileNotFoundError without a checkpoint.
+  A LoRA run's policy comes back as plain params: the backbone with the policy adapter merged."""
   cfg, params, tokenizer = load_model(config, mesh)
-  _, state = init_train_state(config, cfg, params, mesh)
-  ckpt = make_checkpointer(config, os.path.expanduser(workdir))
+  target = TrainTarget.build(config, cfg, params, mesh)
+  _, state = init_train_state(config, cfg, params, mesh, target)
+  workdir = os.path.expanduser(workdir)
+  target.check_backbone(workdir)
+  ckpt = make_checkpointer(config, workdir, target)
   try:
     restored = ckpt.restore_or_none(abstract_state(state), step=step)
   finally:
     ckpt.close()
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to {purpose}")
-  return cfg, restored[0]["params"], tokenizer, str(ckpt.step_dir(restored[2]))
+  return cfg, target.merged(restored[0]["params"]), tokenizer, str(ckpt.step_dir(restored[2]))
 
 
 # ============================================================================ metrics
@@ -431,8 +444,11 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   log.info("model %s (%s, %s parameters) on mesh %s", model_name, cfg.model_type,
            f"{sum(x.size for x in jax.tree.leaves(params)):,}", dict(mesh.shape))
   rl = config.rl
-  # The reference policy: the initial params, frozen (a copy: updates donate `params`).
-  ref_params = jax.tree.map(jnp.copy, params) if rl.kl_coef > 0 else None
+  # What is trained: the whole model, or LoRA adapters on it (then `params` is the frozen backbone).
+  target = TrainTarget.build(config, cfg, params, mesh)
+  # The KL reference: a frozen copy of the initial params (updates donate the policy's), or with
+  # LoRA the backbone itself run without adapters (no copy).
+  ref_params, ref_model = target.reference(rl.kl_coef)
 
   train_names = config_lib.benchmark_list(config.data.train, "data.train")
   eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
@@ -441,9 +457,10 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
   backend = make_search_backend(config)
-  engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config), mesh=mesh)
+  engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config), mesh=mesh,
+                         lora=target.spec)
   eval_engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config, greedy=True),
-                              mesh=mesh)
+                              mesh=mesh, lora=target.spec)
   longest = max(len(engine.prompt_ids(r["question"])) for r in stream.records + dev)
   if longest + config.rollout.max_new_tokens >= config.rollout.max_total_tokens:
     raise config_lib.ConfigError(
@@ -451,10 +468,12 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
         f"prompt plus one turn (max_new_tokens={config.rollout.max_new_tokens}) does not fit")
 
   steps = config.train.steps
-  optimizer, state = init_train_state(config, cfg, params, mesh)
-  rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params)
+  optimizer, state = init_train_state(config, cfg, params, mesh, target)
+  rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params, target=target,
+                         ref_model=ref_model)
 
-  ckpt = make_checkpointer(config, workdir)
+  target.check_backbone(workdir)
+  ckpt = make_checkpointer(config, workdir, target)
   restored = ckpt.restore_or_none(abstract_state(state))
   step, position, data_state = 0, 0, None
   if restored is not None:
@@ -475,7 +494,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   def run_eval(at_step: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     with use_mesh(mesh):
-      result = evaluate(eval_engine, state["params"], dev, config.train.eval_batch)
+      result = evaluate(eval_engine, target.policy_params(state["params"]), dev,
+                        config.train.eval_batch)
     _write_json(eval_path(at_step),
                 dict(result, step=at_step, benchmark=eval_name, split=config.data.eval_split))
     metrics = {"eval/f1": result["f1"], "eval/em": result["em"],
@@ -545,10 +565,13 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   ckpt.close()
   writer.close()
   export = None
-  if step >= steps and config.train.export_hf and not (
-      restored is not None and restored[2] == steps and exported):
-    export = save_hf(os.path.join(workdir, EXPORT_DIR), cfg, state["params"], tokenizer)
-    log.info("Hugging Face export: %s", export)
+  if step >= steps and not (restored is not None and restored[2] == steps and exported):
+    # Each adapter as a PEFT folder (LoRA), and the HF model with the policy adapter merged.
+    written = target.export(workdir, state["params"], tokenizer,
+                            os.path.join(workdir, EXPORT_DIR) if config.train.export_hf else None)
+    export = written.get("hf_export")
+    for what, path in written.items():
+      log.info("export %s: %s", what, path)
   elif step >= steps and exported:
     export = os.path.join(workdir, EXPORT_DIR)
   return {"step": step, "workdir": workdir, "hf_export": export,
@@ -593,8 +616,11 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
     extra = pack_text(tokenizer, (r["contents"] for r in load_corpus(
         os.path.expanduser(s.corpus_path))), s.max_len)
     log.info("SFT: %d demonstrations + %d packed corpus sequences", len(demos), len(extra))
+  target = TrainTarget.build(config, cfg, params, mesh)  # the whole model, or LoRA adapters
+  target.check_backbone(workdir)
   ckpt = Checkpointer(workdir, save_every=s.checkpoint_every or None,
-                      keep=config.train.keep_checkpoints, config=config.to_dict(),
+                      keep=config.train.keep_checkpoints,
+                      config=dict(config.to_dict(), **recorded_config(config, target)),
                       compat_keys=COMPAT_KEYS + SFT_COMPAT_KEYS)
   writer = MetricsWriter(workdir, s.steps, ckpt.latest_step() or 0, prefix="sft")
   callback = lambda i, rec: writer.write(i + 1, rec, ("loss", "accuracy", "lr"))  # noqa: E731
@@ -609,13 +635,13 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
         protocol=_protocol(config), use_chat_template=config.rollout.use_chat_template,
         log_every=config.train.log_every or 0, callback=callback, extra_examples=extra,
         checkpointer=ckpt, stop=stop, micro_batches=s.micro_batches,
-        length_buckets=tuple(s.length_buckets))
+        length_buckets=tuple(s.length_buckets), target=target)
   done = ckpt.latest_step() or 0
   ckpt.close()
   writer.close()
   if done < s.steps:
     return {"workdir": workdir, "hf_export": None, "step": done, "params": params, "cfg": cfg}
-  save_hf(export, cfg, params, tokenizer)
+  target.export(workdir, params, tokenizer, export)  # adapters (LoRA) first, hf_export last
   last = history[-1] if history else {"loss": float("nan"), "accuracy": float("nan")}
   log.info("SFT done: loss %.4f accuracy %.3f; Hugging Face export %s", last["loss"],
            last["accuracy"], export)
