@@ -43,6 +43,16 @@ at the oracle's marginal rate, with the oracle's bits flipped with p = 0.2, and 
 (softmax). Its report
 (--out): results.md (tables, the paper's claim beside ours), results.json, f1_vs_step.png,
 success_vs_step.png (training EM). Every run's result.json records its judge's identity.
+
+    python launch/compare.py --study=lora             # runs/lora -> docs/results/lora
+
+The LoRA study (issue 17 section 5): the wide size, its SFT start trained here, IGPO
+(configs/igpo.py:demo, the igpo study's `igpo` method, ground-truth probes included) with full
+fine-tuning (full_ft) against LoRA rank 32, alpha 32 (scale 1) on all 7 projections of the frozen
+backbone at lr LORA_LR (lora_r32); nothing else differs. Every run's result.json also records the
+process's peak RSS and the bytes of its train state (trained params + optimizer state, counted from
+the arrays the trainer builds). Its report (--out): results.md (dev/test F1 with per-hop, the paired
+per-seed test difference, step time, memory), results.json, f1_vs_step.png.
 """
 
 from __future__ import annotations
@@ -55,6 +65,7 @@ import logging
 import math
 import os
 import queue
+import resource
 import shutil
 import subprocess
 import sys
@@ -90,6 +101,19 @@ CW_METHODS = {
 }
 
 
+# LoRA's study: the same IGPO run with the backbone frozen and rank-32 adapters trained on every
+# projection. alpha = rank (scale 1); lr 10x full fine-tuning's demo 3e-5 (LoRA's usual ratio; not
+# tuned here, see docs/results/lora/README.md).
+LORA_RANK = 32
+LORA_LR = 3e-4
+LORA_METHODS = {
+    "full_ft": ("igpo", {}),
+    "lora_r32": ("igpo", {"model.lora.adapters": "policy", "model.lora.rank": LORA_RANK,
+                          "model.lora.alpha": float(LORA_RANK),
+                          "model.lora.lr": f"policy={LORA_LR:g}"}),
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Study:
   """One study's methods and defaults (--root, --out, --sizes, --sft_from when not given)."""
@@ -105,11 +129,13 @@ STUDIES = {
     "igpo": Study(METHODS, "runs/compare", "docs/results", tuple(SIZES), True, ""),
     "cw_grpo": Study(CW_METHODS, "runs/cw_grpo", "docs/results/cw_grpo", ("base",), False,
                      "runs/demo"),
+    "lora": Study(LORA_METHODS, "runs/lora", "docs/results/lora", ("wide",), True, ""),
 }
 SPLITS = ("dev", "test")
 
 _STUDY = flags.DEFINE_enum("study", "igpo", list(STUDIES), "igpo: IGPO vs GRPO (docs/results); "
-                          "cw_grpo: CW-GRPO vs GRPO and its judge controls (docs/results/cw_grpo).")
+                          "cw_grpo: CW-GRPO vs GRPO and its judge controls (docs/results/cw_grpo); "
+                          "lora: IGPO with LoRA vs full fine-tuning (docs/results/lora).")
 _ROOT = flags.DEFINE_string("root", "", "Folder of the world and every run (default: the study's, "
                             "runs/compare or runs/cw_grpo).")
 _OUT = flags.DEFINE_string("out", "", "Where the tables and plots go (default: the study's, "
@@ -264,7 +290,38 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo") -> None:
   result["steps"] = steps
   result["judge"] = judge_identity(config.judge)  # backend, model, prompt hash, study noise
   result["overrides"] = STUDIES[study].methods[method][1]
+  # Linux reports ru_maxrss in KiB: the peak of this whole process (load, training, both evals),
+  # read before train_state_bytes builds a second state.
+  result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  result["train_state"] = train_state_bytes(config)
+  result["checkpoint_bytes"] = _tree_bytes(os.path.join(workdir, "checkpoints", str(steps)))
   _write(result_path(root, spec), result)
+
+
+def train_state_bytes(config) -> dict:
+  """What a run of `config` trains and keeps between steps, counted from the arrays the trainer
+  builds (TrainTarget, init_train_state): the trained params (the whole model, or the adapters),
+  the optimizer state (AdamW's two moments + counters), and the frozen backbone a LoRA run reads
+  (0 for full fine-tuning, whose params are the trained ones). Bytes as held (float32 here)."""
+  import jax
+  from agentjax.parallel import make_mesh
+  from agentjax.train.trainer import TrainTarget, init_train_state, load_model
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  cfg, params, _ = load_model(config, mesh)
+  target = TrainTarget.build(config, cfg, params, mesh)
+  _, state = init_train_state(config, cfg, params, mesh, target)
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+  return {"trained_params": sum(x.size for x in jax.tree.leaves(state["params"])),
+          "trained_bytes": nbytes(state["params"]), "opt_state_bytes": nbytes(state["opt_state"]),
+          "frozen_bytes": 0 if target.spec is None else nbytes(target.backbone)}
+
+
+def _tree_bytes(folder: str) -> int | None:
+  """Bytes of the files under `folder` (a checkpoint step on disk); None when it is missing."""
+  if not os.path.isdir(folder):
+    return None
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder)
+             for f in files)
 
 
 def _write(path: str, obj) -> None:
@@ -783,6 +840,122 @@ def markdown_cw(table: dict, steps: int, hardware: str) -> str:
   return "\n".join(lines)
 
 
+# ============================================================================ LoRA report
+
+
+def _step_seconds(curve: list[dict]) -> tuple[float, float]:
+  """(mean step_s over every step, mean over steps 2..n): step 1 holds the first compiles."""
+  s = [m["step_s"] for m in curve]
+  return sum(s) / len(s), sum(s[1:]) / max(len(s) - 1, 1)
+
+
+def summarize_lora(study: dict, reference: str = "full_ft") -> dict:
+  """Per size and method of the LoRA study: mean ± std over seeds of dev/test F1 (per hop), the
+  test gain over the SFT start, step time and memory; and each method against `reference` (full
+  fine-tuning) seed by seed: the paired per-question test F1 difference and its standard error
+  (same questions), and the training F1 difference paired by step (same questions a step)."""
+  from agentjax.data.demo_world import paired_gain
+  table = {}
+  for size, s in study.items():
+    runs, start = s["runs"], s["start"]
+    ref = {r["seed"]: r for r in runs.get(reference, [])}
+    t = {"start": {split: {k: start[split][k] for k in ("f1", "em", "per_hop")}
+                   for split in SPLITS}, "methods": {}}
+    for method, rs in runs.items():
+      row = {"seeds": len(rs), "overrides": rs[0].get("overrides")}
+      for split in SPLITS:
+        row[f"{split}_f1"] = _mean_std([r[split]["f1"] for r in rs])
+        for hop in rs[0][split]["per_hop"]:
+          row[f"{split}_{hop}"] = _mean_std([r[split]["per_hop"][hop] for r in rs])
+        row[f"{split}_gain"] = _mean_std(
+            [paired_gain(start[split]["f1_by_id"], r[split]["f1_by_id"])[0] for r in rs])
+      steps = [_step_seconds(r["curve"]) for r in rs]
+      row["step_s"] = _mean_std([a for a, _ in steps])
+      row["step_s_after_first"] = _mean_std([b for _, b in steps])
+      row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
+      if all("peak_rss_mib" in r for r in rs):
+        row["peak_rss_mib"] = _mean_std([r["peak_rss_mib"] for r in rs])
+      if all("train_state" in r for r in rs):
+        row["train_state"] = rs[0]["train_state"]  # the same arrays for every seed
+        row["checkpoint_bytes"] = [r.get("checkpoint_bytes") for r in rs]
+      paired = [r for r in rs if r["seed"] in ref]
+      if method != reference and paired:
+        per_seed = [paired_gain(ref[r["seed"]]["test"]["f1_by_id"], r["test"]["f1_by_id"])
+                    for r in paired]
+        row["vs_reference"] = {
+            "reference": reference, "seeds": [r["seed"] for r in paired],
+            "test_f1_points": [round(100 * d, 2) for d, _ in per_seed],
+            "test_f1_stderr_points": [round(100 * e, 2) for _, e in per_seed],
+            "dev_f1_points": [round(100 * (r["dev"]["f1"] - ref[r["seed"]]["dev"]["f1"]), 2)
+                              for r in paired],
+            "train_f1_paired_by_step": _mean_std(
+                [_paired_by_step(r, ref[r["seed"]], "f1") for r in paired])}
+      t["methods"][method] = row
+    table[size] = t
+  return table
+
+
+def _mib(n: float) -> str:
+  return f"{n / 2**20:.1f} MiB"
+
+
+def markdown_lora(table: dict, steps: int, hardware: str) -> str:
+  """results.md of the LoRA study: F1 table, the paired comparison with full fine-tuning, and
+  step time and memory."""
+  lines = []
+  for size, t in table.items():
+    st = t["start"]
+    hops = sorted(st["dev"]["per_hop"])
+    lines += [f"### {size} model ({hardware})", "",
+              f"SFT start (greedy, whole splits): dev F1 {st['dev']['f1']:.3f}, test F1 "
+              f"{st['test']['f1']:.3f}. IGPO, {steps} RL steps; mean ± sample std over seeds.", "",
+              "| method | seeds | dev F1 | " + " | ".join(f"dev {h}" for h in hops)
+              + " | test F1 | " + " | ".join(f"test {h}" for h in hops)
+              + " | test gain vs SFT |", "| --- " * (5 + 2 * len(hops)) + "|"]
+    for method, r in t["methods"].items():
+      lines.append(f"| {method} | {r['seeds']} | {_pm(r['dev_f1'])} | "
+                   + " | ".join(_pm(r[f"dev_{h}"]) for h in hops) + f" | {_pm(r['test_f1'])} | "
+                   + " | ".join(_pm(r[f"test_{h}"]) for h in hops)
+                   + f" | {_pm(r['test_gain'], sign='+')} |")
+    vs = {m: r["vs_reference"] for m, r in t["methods"].items() if "vs_reference" in r}
+    if vs:
+      lines += ["", "Against full fine-tuning, seed by seed (same seed: same training questions; "
+                "test: the same 500 questions, paired per question, ± its standard error):", "",
+                "| method | seeds | Δ test F1 per seed, points | Δ dev F1 per seed, points | "
+                "training F1 − full_ft (paired by step) |", "| --- " * 5 + "|"]
+      for m, v in vs.items():
+        cells = ", ".join(f"{d:+.1f} ± {e:.1f}" for d, e in
+                          zip(v["test_f1_points"], v["test_f1_stderr_points"]))
+        lines.append(f"| {m} | {', '.join(v['seeds'])} | {cells} | "
+                     + ", ".join(f"{d:+.1f}" for d in v["dev_f1_points"])
+                     + f" | {_pm(v['train_f1_paired_by_step'], sign='+')} |")
+    lines += ["", "Cost (step_s: the trainer's seconds per RL step, metrics.jsonl; peak RSS: "
+              "ru_maxrss of the run's process, which also loads the model and runs both evals; "
+              "train state: bytes of the trained params + optimizer state from the arrays, "
+              "float32):", "",
+              "| method | step s (all steps) | step s (steps 2+) | minutes a run | peak RSS "
+              "| trained params | trained params bytes | optimizer state bytes | train state "
+              "(params + optimizer) | frozen backbone | checkpoint on disk |",
+              "| --- " * 11 + "|"]
+    for method, r in t["methods"].items():
+      ts = r.get("train_state")
+      mem = ["—"] * 6
+      if ts:
+        disk = [b for b in r["checkpoint_bytes"] if b is not None]
+        mem = [f"{ts['trained_params']:,}", _mib(ts["trained_bytes"]),
+               _mib(ts["opt_state_bytes"]), _mib(ts["trained_bytes"] + ts["opt_state_bytes"]),
+               _mib(ts["frozen_bytes"]) if ts["frozen_bytes"] else "— (trained)",
+               _mib(sum(disk) / len(disk)) if disk else "—"]
+      rss = f"{_pm(r['peak_rss_mib'], 0)} MiB" if "peak_rss_mib" in r else "—"
+      lines.append(f"| {method} | {_pm(r['step_s'], 2)} | {_pm(r['step_s_after_first'], 2)} | "
+                   f"{_pm(r['minutes'], 1)} | {rss} | " + " | ".join(mem) + " |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+LORA_PANELS = (("f1", "f1_vs_step", "training F1"),)
+
+
 def _hardware() -> str:
   if _HARDWARE.value:
     return _HARDWARE.value
@@ -815,6 +988,13 @@ def report() -> None:
              "seed_band": "min-max over seeds", "paper_claims": dict(PAPER_CLAIMS),
              "table": table}
     panels, title = CW_PANELS, "{size} model: mean over seeds, band min-max over seeds"
+  elif _STUDY.value == "lora":
+    table = summarize_lora(study)
+    text = markdown_lora(table, _STEPS.value, _hardware())
+    saved = {"study": "lora", "steps": _STEPS.value, "hardware": _hardware(),
+             "lora": {"rank": LORA_RANK, "alpha": float(LORA_RANK), "lr": LORA_LR},
+             "seed_band": "min-max over seeds", "table": table}
+    panels, title = LORA_PANELS, "{size} model, IGPO: mean over seeds, band min-max over seeds"
   else:
     table = summarize(study, _TARGET.value)
     text = markdown(table, _STEPS.value, _hardware())

@@ -368,3 +368,53 @@ def test_cw_report_cli_writes_its_files(tmp_path):
   saved = json.loads((out / "results.json").read_text())
   assert saved["study"] == "cw_grpo" and "NaN" not in (out / "results.json").read_text()
   assert saved["table"]["base"]["vs_grpo"]["cw_grpo"]["acc"]["seeds"] == 2
+
+
+def test_lora_report_against_a_direct_computation(compare, tmp_path):
+  """The LoRA study's figures (F1, paired differences with full fine-tuning, step time, memory)
+  from fake runs, against NumPy."""
+  root = str(tmp_path / "runs")
+  _write_world(root)
+  rng = np.random.default_rng(5)
+
+  def split(name, f1s):
+    return {"f1": float(np.mean(f1s)), "em": 0.0, "n": 4,
+            "f1_by_id": {f"{name}_{i}": float(f) for i, f in enumerate(f1s)},
+            "per_hop": {"1-hop": float(np.mean(f1s[:2])), "2-hop": float(np.mean(f1s[2:]))}}
+  os.makedirs(os.path.join(root, "wide"))
+  json.dump({s: split(s, np.zeros(4)) for s in ("dev", "test")},
+            open(os.path.join(root, "wide", "start.json"), "w"))
+  truth = {}
+  for method in ("full_ft", "lora_r32"):
+    for seed in ("0", "1"):
+      wd = os.path.join(root, "wide", method, f"seed{seed}")
+      os.makedirs(wd)
+      f1s, step_s, train = rng.uniform(0, 1, 4), rng.uniform(1, 9, 3), rng.uniform(0, 1, 3)
+      with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps({"step": i + 1, "reward": 0.0, "f1": float(x), "step_s": float(t)})
+                     + "\n" for i, (x, t) in enumerate(zip(train, step_s)))
+      state = {"trained_params": 10, "trained_bytes": 40, "opt_state_bytes": 88,
+               "frozen_bytes": 0 if method == "full_ft" else 400}
+      json.dump({"dev": split("dev", f1s[::-1]), "test": split("test", f1s), "steps": 3,
+                 "minutes": 1.0, "peak_rss_mib": 100.0 + int(seed), "train_state": state,
+                 "checkpoint_bytes": 2**20}, open(os.path.join(wd, "result.json"), "w"))
+      truth[method, seed] = (f1s, step_s, train)
+  study = compare.collect(root, ["wide"], ["full_ft", "lora_r32"], ["0", "1"], steps=3)
+  t = compare.summarize_lora(study)["wide"]
+  lora = t["methods"]["lora_r32"]
+  test = [truth["lora_r32", s][0].mean() for s in "01"]
+  assert lora["test_f1"] == pytest.approx((np.mean(test), np.std(test, ddof=1)))
+  assert lora["step_s"][0] == pytest.approx(np.mean([truth["lora_r32", s][1].mean() for s in "01"]))
+  assert lora["step_s_after_first"][0] == pytest.approx(
+      np.mean([truth["lora_r32", s][1][1:].mean() for s in "01"]))
+  assert lora["peak_rss_mib"] == pytest.approx((100.5, np.std([100, 101], ddof=1)))
+  vs = lora["vs_reference"]
+  d = [truth["lora_r32", s][0] - truth["full_ft", s][0] for s in "01"]
+  assert vs["test_f1_points"] == pytest.approx([100 * x.mean() for x in d], abs=0.01)
+  assert vs["test_f1_stderr_points"] == pytest.approx(
+      [100 * x.std(ddof=1) / 2 for x in d], abs=0.01)
+  assert vs["train_f1_paired_by_step"][0] == pytest.approx(
+      np.mean([(truth["lora_r32", s][2] - truth["full_ft", s][2]).mean() for s in "01"]))
+  assert "vs_reference" not in t["methods"]["full_ft"]
+  text = compare.markdown_lora(compare.summarize_lora(study), 3, "test CPU")
+  assert "| lora_r32 | 2 |" in text and "— (trained)" in text and "test CPU" in text
