@@ -25,6 +25,15 @@ out dims like the kernel it adapts (embed over fsdp, heads and mlp over tensor).
 
 `merge` folds one adapter into a copy of the kernels (W + s . A . B): the Hugging Face export of a
 LoRA run, and the decode layout when `LoraSpec.decode == "merge"` (see agentjax.sampling.sampler).
+
+Why not qwix (tried first, 0.1.8, on this model): its LoRA intercepts our Linear's dot_general in
+the checkpoint layout and matches a merged kernel (o_proj's two contracted dims, remat and a
+jitted while_loop included), but it looks for the weight only as dot_general's right operand, so
+with the decode loop's out-major kernels (the left operand) it creates no adapter and raises
+nothing: the sampler would silently drop the adapter. It finds weights by shape heuristics (an
+activation shaped like a kernel got the adapter), holds one unnamed adapter per weight with no
+per-call selection or "none", and has no merge. Written here, the adapter is a few lines of
+the model's own Linear, explicit in both layouts, with named stacked adapters and logical axes.
 """
 
 from __future__ import annotations
