@@ -221,3 +221,17 @@ def test_sft_with_lora_exports_adapters_and_the_merged_model(world_dir, tokenize
   merged = lora_lib.merge(backbone, adapter, spec.scale)
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=1e-6, atol=1e-6),
                jax.device_get(exported), jax.device_get(merged))
+
+
+def test_an_adapter_the_run_does_not_train_is_not_decayed():
+  """AdamW's decoupled weight decay would shrink an adapter with zero gradients at every step."""
+  params = {"policy": {"x": {"lora_a": jnp.ones((3, 2))}},
+            "other": {"x": {"lora_a": jnp.ones((3, 2))}}}
+  opt = make_adapter_optimizer({"policy": 1e-2, "other": 1e-2}, 0, 10, weight_decay=0.1,
+                               clip_norm=1.0, final_lr_ratio=1.0, frozen=("other",))
+  state = opt.init(params)
+  grads = jax.tree.map(jnp.zeros_like, params)
+  updates, state = opt.update(grads, state, params)
+  new = optax.apply_updates(params, updates)
+  np.testing.assert_array_equal(np.asarray(new["other"]["x"]["lora_a"]), 1.0)
+  assert float(new["policy"]["x"]["lora_a"][0, 0]) < 1.0  # decayed: decay does apply to a trained one

@@ -140,7 +140,16 @@ class TrainTarget:
       return make_optimizer(lr, warmup, total, weight_decay, clip_norm, final_ratio, b2)
     lrs = {name: lr for name in self.spec.names}
     lrs.update(self.own_lrs or {})
-    return make_adapter_optimizer(lrs, warmup, total, weight_decay, clip_norm, final_ratio, b2)
+    # RL and SFT train the policy adapter; the others ride along untouched (a method that trains
+    # several roles, e.g. DAC, passes its own `trained`).
+    frozen = tuple(n for n in self.spec.names if n not in self.trained)
+    return make_adapter_optimizer(lrs, warmup, total, weight_decay, clip_norm, final_ratio, b2,
+                                  frozen=frozen)
+
+  @property
+  def trained(self) -> tuple[str, ...]:
+    """The adapters this run's updates train (the policy's)."""
+    return () if self.spec is None else (self.policy_name,)
 
   # ------------------------------------------------------------------ checkpoints and exports
 

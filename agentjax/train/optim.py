@@ -47,15 +47,18 @@ def make_optimizer(lr: float, warmup_steps: int, total_steps: int, weight_decay:
 
 def make_adapter_optimizer(lrs: Mapping[str, float], warmup_steps: int, total_steps: int,
                            weight_decay: float = 0.0, clip_norm: float | None = 1.0,
-                           final_lr_ratio: float = 0.1, b2: float = 0.95
-                           ) -> optax.GradientTransformation:
+                           final_lr_ratio: float = 0.1, b2: float = 0.95,
+                           frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
   """AdamW per LoRA adapter, each on its own learning rate (`lrs`: adapter name -> peak lr), for
   params {name: adapter tree}; the same warmup + cosine shape and betas for all.
 
   Gradients are clipped by their global norm over every adapter first (one clip, as for a
-  full model), then each adapter's AdamW applies its own schedule (optax.multi_transform)."""
-  transforms = {name: optax.adamw(make_schedule(lr, warmup_steps, total_steps, final_lr_ratio),
-                                  b1=0.9, b2=b2, weight_decay=weight_decay, mask=_decay_mask)
+  full model), then each adapter's AdamW applies its own schedule (optax.multi_transform).
+  Adapters in `frozen` (held by the model but not trained by this run) get no update at all:
+  not even AdamW's weight decay, which would otherwise shrink them at every step."""
+  transforms = {name: optax.set_to_zero() if name in frozen else
+                optax.adamw(make_schedule(lr, warmup_steps, total_steps, final_lr_ratio),
+                            b1=0.9, b2=b2, weight_decay=weight_decay, mask=_decay_mask)
                 for name, lr in lrs.items()}
   # A prefix of the params' tree labels each adapter's whole subtree with its name.
   adamw = optax.multi_transform(transforms, {name: name for name in lrs})
