@@ -356,9 +356,11 @@ def test_fingerprint_names_the_backbone():
     return jax.tree_util.tree_map_with_path(edit, params)
 
   embed = params["embed_tokens"]
-  stride = max(1, embed.size // 1024)
-  assert stride > 1  # a large leaf: only every stride-th value is read
-  for path, index in ((("embed_tokens",), 0), (("embed_tokens",), 5 * stride),
+  # A 2-d leaf is read on a grid of ~sqrt(1024) = 32 strided rows x 32 strided columns.
+  rows, cols = (-(-n // 32) for n in embed.shape)
+  assert rows > 1 and cols > 1  # a large leaf: only the grid's values are read
+  on_grid = (5 * rows) * embed.shape[1] + 3 * cols
+  for path, index in ((("embed_tokens",), 0), (("embed_tokens",), on_grid),
                       (("layers_1", "post_attention_layernorm", "scale"), 7)):
     assert fingerprint(changed(path, index)) != h, path
   # Path, shape and dtype count too: the same values under another name are another backbone.

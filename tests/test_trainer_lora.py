@@ -27,7 +27,8 @@ TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_pe
 def _lora_config(world_dir, tokenizer_dir, tmp, trainer="rl"):
   c = tiny_config(world_dir, tokenizer_dir, tmp, algorithm="sft" if trainer == "sft" else "igpo",
                   steps=2)
-  c.model.lora.adapters = "policy"
+  # Two adapters: the second rides along untrained (as DAC's roles will share one backbone).
+  c.model.lora.adapters = "policy,other"
   c.model.lora.rank = 4
   c.model.lora.alpha = 8.0
   c.model.lora.lr = "policy=1e-2"  # B starts at 0: a larger rate moves the policy in 2 steps
@@ -62,7 +63,7 @@ def _backbone(config):
 def test_state_and_checkpoints_hold_the_adapters_only(lora_runs):
   import orbax.checkpoint as ocp
   config, tmp, a, _ = lora_runs
-  assert sorted(a["params"]) == ["policy"]
+  assert sorted(a["params"]) == ["other", "policy"]
   leaves = jax.tree_util.tree_flatten_with_path(a["params"])[0]
   assert leaves and all(getattr(p[-1], "key", None) in ("lora_a", "lora_b") for p, _ in leaves)
   meta = ocp.StandardCheckpointer().metadata(os.path.join(tmp, "a", "checkpoints", "2", "state"))
@@ -73,7 +74,14 @@ def test_state_and_checkpoints_hold_the_adapters_only(lora_runs):
   assert params and all(p.endswith(("/lora_a", "/lora_b")) for p in params), params[:5]
   assert not any(p.endswith(("/kernel", "embed_tokens", "/scale", "/bias")) for p in paths)
   recorded = json.load(open(os.path.join(tmp, "a", "config.json")))["lora_backbone"]
-  _, backbone = _backbone(config)
+  cfg, backbone = _backbone(config)
+  # The adapter this run does not train is still its initialization (B = 0), both exported.
+  spec = lora_lib.LoraSpec(("policy", "other"), 4, 8.0)
+  from agentjax.models.qwen import init_adapters
+  fresh = init_adapters(cfg, spec, jax.random.fold_in(jax.random.key(config.seed), 1))
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(a["params"]["other"]),
+               jax.device_get(fresh["other"]))
+  assert sorted(os.listdir(os.path.join(tmp, "a", "adapters"))) == ["other", "policy"]
   assert recorded == {"path": "preset:tiny", "fingerprint": lora_lib.fingerprint(backbone)}
 
 

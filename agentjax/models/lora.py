@@ -78,7 +78,7 @@ class LoraSpec:
     for name in self.names:
       if not name.isidentifier():
         raise ValueError(f"lora adapter name {name!r} must be an identifier (letters, digits, _)")
-    if not isinstance(self.rank, int) or self.rank <= 0:
+    if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank <= 0:
       raise ValueError(f"lora rank must be a positive integer, got {self.rank!r}")
     if not self.alpha > 0:
       raise ValueError(f"lora alpha must be positive, got {self.alpha!r}")
@@ -278,14 +278,22 @@ def fingerprint(params: Any, samples: int = 1024) -> str:
 
 
 def _strided_samples(leaves: Sequence[jax.Array], samples: int) -> list[np.ndarray]:
-  def take(x):
-    flat = x.reshape(-1)
-    stride = max(1, flat.shape[0] // samples)
-    return flat[::stride][:samples].astype(jnp.float32)
-
-  # One program; its outputs replicated so that every process can read them.
+  # One program per tree of shapes (cached by jit); its outputs replicated so that every process
+  # can read them.
   from jax.experimental import multihost_utils
-  out = jax.jit(lambda xs: [take(x) for x in xs])(list(leaves))
+  out = _sample_leaves(list(leaves), samples)
   if any(not o.is_fully_addressable for o in out):
     out = multihost_utils.process_allgather(out, tiled=True)
   return [np.asarray(jax.device_get(o)) for o in out]
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _sample_leaves(leaves, samples):
+  """About `samples` values of each leaf on a strided grid over its dims: a strided slice of
+  each dim, so a sharded leaf gives up only the sampled values (no flatten, no gather of it)."""
+  out = []
+  for x in leaves:
+    per_dim = max(1, int(np.ceil(samples ** (1.0 / max(x.ndim, 1)))))
+    index = tuple(slice(None, None, max(1, -(-n // per_dim))) for n in x.shape)
+    out.append(x[index].reshape(-1).astype(jnp.float32))
+  return out

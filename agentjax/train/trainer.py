@@ -175,8 +175,11 @@ def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any,
   FSDP by the rules table), counters replicated."""
   replicated = NamedSharding(mesh, PartitionSpec())
   abstract = jax.eval_shape(optimizer.init, params)
-  return optax.tree_map_params(optimizer, lambda _, s: s, abstract, shardings,
-                               transform_non_params=lambda _: replicated)
+  # multi_transform (one AdamW per LoRA adapter) masks the other adapters' subtrees out of each
+  # inner state with a MaskedNode: it stays a MaskedNode, not a subtree of shardings.
+  masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+  return optax.tree_map_params(optimizer, lambda p, s: p if masked(p) else s, abstract, shardings,
+                               transform_non_params=lambda _: replicated, is_leaf=masked)
 
 
 def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.sharding.Mesh,
