@@ -55,8 +55,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.model.lora.alpha = 0.0
   c.model.lora.targets = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
   # How the sampler applies the adapter in its token loop: "merge" (into a copy of the kernels
-  # once per rollout; the loop is the bare model's) or "unmerged" (docs/BENCHMARKS.md, LoRA).
-  c.model.lora.decode = "merge"
+  # once per rollout; the loop is the bare model's), "unmerged" (low-rank products every step, no
+  # copy), "auto": merge on CPU with float32 kernels (the decode layout copies them anyway),
+  # unmerged elsewhere (agentjax/models/lora.py LoraSpec.decode_mode; docs/BENCHMARKS.md, LoRA).
+  c.model.lora.decode = "auto"
   # Per-adapter learning rates, "name=lr,..." (others: optimizer.lr), e.g. DAC's two roles.
   c.model.lora.lr = ""
   # Start adapters from PEFT folders, "name=path,..." (the rank, targets and shapes are checked).

@@ -49,7 +49,7 @@ import numpy as np
 
 # The projections an adapter may target (the names of the model's Linear modules).
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-DECODE_MODES = ("merge", "unmerged")
+DECODE_MODES = ("auto", "merge", "unmerged")
 LORA_LEAVES = ("lora_a", "lora_b")
 INDEX_LEAF = "lora_index"
 
@@ -62,15 +62,16 @@ class LoraSpec:
   rank, alpha: the low-rank dim r and the scale numerator (scale = alpha / r, as PEFT).
   targets: the Linear modules adapted, a subset of ALL_TARGETS.
   decode: how the sampler's token loop applies the selected adapter: "merge" (into a copy of the
-    kernels once per rollout, then the bare program) or "unmerged" (the low-rank product at every
-    step). See docs/BENCHMARKS.md (decode with LoRA) for why the default is what it is.
+    kernels once per rollout, then the bare program), "unmerged" (the low-rank products at every
+    step, no copy), or "auto" (`decode_mode`): merge on CPU with float32 kernels, where the decode
+    layout copies the kernels anyway, unmerged otherwise (docs/BENCHMARKS.md, LoRA decode).
   """
 
   names: tuple[str, ...]
   rank: int
   alpha: float
   targets: tuple[str, ...] = ALL_TARGETS
-  decode: str = "merge"
+  decode: str = "auto"
 
   def __post_init__(self):
     if not self.names or len(set(self.names)) != len(self.names):
@@ -88,6 +89,28 @@ class LoraSpec:
                        f"model; expected a non-empty subset of {list(ALL_TARGETS)}")
     if self.decode not in DECODE_MODES:
       raise ValueError(f"lora decode must be one of {DECODE_MODES}, got {self.decode!r}")
+
+  def decode_mode(self, backend: str, param_dtype: str) -> str:
+    """"merge" or "unmerged" for a model with `param_dtype` kernels on `backend`.
+
+    auto merges only on CPU with float32 kernels: there the decode layout (out-major kernels)
+    is a copy of the kernels anyway, so merging into it costs no memory and the token loop runs
+    at the bare model's speed. Elsewhere merging would hold a second copy of every adapted kernel
+    (GPU/TPU keep the checkpoint layout), and merged into bfloat16 kernels a small adapter's
+    delta is mostly rounded away (the sampler would not sample the policy it scores), so the
+    low-rank products run in the loop instead. An explicit "merge" with non-float32 kernels is
+    refused for that reason."""
+    if self.decode == "auto":
+      return "merge" if backend == "cpu" and param_dtype == "float32" else "unmerged"
+    if self.decode == "merge" and param_dtype != "float32":
+      raise ValueError(f"lora decode='merge' with {param_dtype} kernels would round the adapter's "
+                       "delta away in the merged copy; use decode='unmerged' or 'auto'")
+    return self.decode
+
+  @property
+  def policy(self) -> str:
+    """The adapter a run's algorithm trains and samples by default: the first name."""
+    return self.names[0]
 
   @property
   def scale(self) -> float:
@@ -152,6 +175,16 @@ def adapter_logical_axes(full_axes: Any) -> Any:
         node = node.setdefault(key, {})
       node[keys[-1]] = jax.sharding.PartitionSpec(*tuple(spec)[1:])
   return out
+
+
+def frozen_backbone(frozen: tuple[Any, ...], where: str) -> Any:
+  """The backbone of an update's frozen arguments (`step(adapters, opt_state, batch, backbone)`),
+  with an error that says what is missing when the caller forgot it."""
+  if len(frozen) != 1:
+    raise TypeError(f"{where}: a LoRA model's update takes the frozen backbone params as its "
+                    f"4th argument, step(adapters, opt_state, batch, backbone); got "
+                    f"{len(frozen)} extra arguments")
+  return frozen[0]
 
 
 def select_like(template: Mapping[str, Any], tree: Mapping[str, Any]) -> dict[str, Any]:

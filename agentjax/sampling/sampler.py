@@ -173,14 +173,16 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
   passes the result, which `generate` then uses as it is. GPU and TPU matmuls take either layout
   at the same speed, so there the checkpoint layout is kept.
 
-  A LoRA model (model.lora) with lora.decode == "merge" gets its selected adapter folded into a
-  copy of the kernels (models/lora.merge_selected) and then runs the bare model's program: the
-  token loop reads exactly the bare model's weights. "unmerged" keeps the adapters beside the
-  kernels (a low-rank product per projection per step, no copy of the kernels on GPU/TPU).
+  A LoRA model (model.lora) whose decode mode is "merge" (LoraSpec.decode_mode: "auto" merges on
+  CPU with float32 kernels) gets its selected adapter folded into a copy of the kernels
+  (models/lora.merge_selected) and then runs the bare model's program: the token loop reads
+  exactly the bare model's weights. "unmerged" keeps the adapters beside the kernels (a low-rank
+  product per projection per step, no copy of the kernels on GPU/TPU).
   """
   if model.out_major:
     return model, params
-  if model.lora is not None and model.lora.decode == "merge":
+  if model.lora is not None and model.lora.decode_mode(
+      jax.default_backend(), model.cfg.param_dtype) == "merge":
     params = merge_selected(params, model.lora.scale)
     model = Qwen(model.cfg)
   if jax.default_backend() != "cpu":

@@ -17,10 +17,9 @@ Checkpoints of a LoRA run record the backbone (its path and `models.lora.fingerp
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
-from typing import Any
+from typing import Any, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +74,11 @@ class TrainTarget:
     own = config_lib.lora_rates(config)
     return cls(cfg, spec, params, adapters, record, own)
 
+  @classmethod
+  def of(cls, config: Any) -> "TrainTarget":
+    """The spec alone (no arrays): what a Checkpointer records when no model is loaded."""
+    return cls(None, config_lib.lora_spec(config), None, None)
+
   # ------------------------------------------------------------------ params
 
   @property
@@ -89,7 +93,7 @@ class TrainTarget:
 
   @property
   def policy_name(self) -> str | None:
-    return None if self.spec is None else self.spec.names[0]
+    return None if self.spec is None else self.spec.policy
 
   def policy_params(self, trainable: Any, name: str | None = None) -> Any:
     """The params `self.model` runs with: the full params, or the backbone with the adapters
@@ -140,6 +144,10 @@ class TrainTarget:
       return make_optimizer(lr, warmup, total, weight_decay, clip_norm, final_ratio, b2)
     lrs = {name: lr for name in self.spec.names}
     lrs.update(self.own_lrs or {})
+    ignored = sorted(set(self.own_lrs or {}) - set(self.trained))
+    if ignored:
+      log.warning("model.lora.lr gives a rate to %s, which this run does not train (it trains "
+                  "%s): ignored", ignored, list(self.trained))
     # RL and SFT train the policy adapter; the others ride along untouched (a method that trains
     # several roles, e.g. DAC, passes its own `trained`).
     frozen = tuple(n for n in self.spec.names if n not in self.trained)
@@ -153,26 +161,32 @@ class TrainTarget:
 
   # ------------------------------------------------------------------ checkpoints and exports
 
-  def check_backbone(self, workdir: str) -> None:
-    """Refuses adapters checkpointed on another backbone (the workdir's config.json records the
-    backbone of the run that wrote them), naming both."""
+  def recorded(self) -> dict[str, Any]:
+    """What a run's config.json records of its target: the adapters' spec, normalized (targets
+    in order, alpha resolved: equal specs compare equal however they were written), or None;
+    and with LoRA the backbone's path and fingerprint."""
     if self.spec is None:
+      return {"lora": None}
+    out: dict[str, Any] = {"lora": {"adapters": list(self.spec.names), "rank": self.spec.rank,
+                                    "alpha": self.spec.alpha,
+                                    "targets": sorted(self.spec.targets)}}
+    if self.backbone_record is not None:
+      out["lora_backbone"] = self.backbone_record
+    return out
+
+  def check_backbone(self, stored: Mapping[str, Any]) -> None:
+    """Refuses adapters checkpointed on another backbone (`stored`: the config.json of the run
+    that wrote them), naming both. The Checkpointer calls it once the compat keys matched."""
+    old = stored.get("lora_backbone")
+    if self.backbone_record is None or not old:
       return
-    path = os.path.join(workdir, "config.json")
-    if not os.path.exists(path):
-      return
-    try:
-      with open(path) as f:
-        stored = json.load(f).get("lora_backbone")
-    except (OSError, ValueError):
-      return  # the Checkpointer reports an unreadable config.json itself
-    if stored and stored.get("fingerprint") != self.backbone_record["fingerprint"]:
+    if old.get("fingerprint") != self.backbone_record["fingerprint"]:
       raise CheckpointMismatchError(
-          f"{workdir}: its adapters were trained on the backbone {stored.get('path')!r} "
-          f"(fingerprint {stored.get('fingerprint')}), but this run loads "
+          f"the adapters in this workdir were trained on the backbone {old.get('path')!r} "
+          f"(fingerprint {old.get('fingerprint')}), but this run loads "
           f"{self.backbone_record['path']!r} (fingerprint {self.backbone_record['fingerprint']}):"
-          f" resuming would put them on other weights. Use a fresh workdir, or point "
-          f"model.hf_path back at {stored.get('path')!r}.")
+          f" resuming would put them on other weights (the same path means the weights there "
+          f"changed). Use a fresh workdir, or restore the backbone they were trained on.")
 
   def export(self, workdir: str, trainable: Any, tokenizer: Any, hf_export: str | None
              ) -> dict[str, str]:
@@ -182,16 +196,13 @@ class TrainTarget:
     out = {}
     if self.spec is not None:
       from agentjax.models.qwen.peft import save_peft
+      # PEFT loaders fetch base_model_name_or_path: only a real folder, not "preset:<name>".
+      base = "" if self.backbone_record["path"].startswith("preset:") \
+          else self.backbone_record["path"]
       for name in self.spec.names:
         out[f"adapter:{name}"] = save_peft(os.path.join(workdir, ADAPTERS_DIR, name), self.cfg,
                                            self.spec, trainable[name],
-                                           base_model_name_or_path=self.backbone_record["path"])
+                                           base_model_name_or_path=base)
     if hf_export:
       out["hf_export"] = save_hf(hf_export, self.cfg, self.merged(trainable), tokenizer)
     return out
-
-
-def recorded_config(config: Any, target: TrainTarget) -> dict[str, Any]:
-  """Extra fields of a run's config.json: the LoRA backbone's identity."""
-  return {} if target.backbone_record is None else {"lora_backbone": target.backbone_record}
-

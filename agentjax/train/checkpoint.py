@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
@@ -140,11 +140,18 @@ class Checkpointer:
       ["model.preset", "model.hf_path", "model.param_dtype", "optimizer.name"].
     async_save: write in a background thread (orbax's default); save() returns once the arrays
       are copied off the devices, so the caller may donate/overwrite the state right after.
+    compat_defaults: the value a compat key had before it existed (a stored config without the
+      key compares as this), so that older workdirs stay resumable when a key is added.
+    check_stored: called with the stored config after the compat keys matched, before any array
+      is read; raises CheckpointMismatchError for what keys cannot express (a LoRA run's
+      backbone fingerprint).
   """
 
   def __init__(self, workdir: str | os.PathLike[str], *, save_every: int | None,
                keep: int | None = 3, config: Mapping[str, Any] | None = None,
-               compat_keys: Sequence[str] = (), async_save: bool = True):
+               compat_keys: Sequence[str] = (), async_save: bool = True,
+               compat_defaults: Mapping[str, Any] | None = None,
+               check_stored: Callable[[Mapping[str, Any]], None] | None = None):
     if save_every is not None and (not isinstance(save_every, int) or save_every < 0):
       raise ValueError(f"save_every must be a non-negative int or None, got {save_every!r}")
     if keep is not None and (not isinstance(keep, int) or keep < 1):
@@ -158,6 +165,8 @@ class Checkpointer:
     self.keep = keep
     self.config = None if config is None else _to_json(dict(config), "config")
     self.compat_keys = tuple(compat_keys)
+    self.compat_defaults = dict(compat_defaults or {})
+    self.check_stored = check_stored
     if self.compat_keys and self.config is None:
       raise ValueError("compat_keys given without a config to compare")
     self._config_checked = False   # stored config compared with ours (at restore or first save)
@@ -354,11 +363,15 @@ class Checkpointer:
     if self.compat_keys and stored is not None:
       for key in self.compat_keys:
         old, new = _get_dotted(stored, key), _get_dotted(self.config, key)
+        if old == _MISSING and key in self.compat_defaults:
+          old = self.compat_defaults[key]  # written before the field existed: its default
         if old != new:
           raise CheckpointMismatchError(
               f"config field {key!r} differs from the run that wrote the checkpoints in "
               f"{self.directory} (latest step {step}): stored {old!r}, current {new!r}. "
               f"Use a fresh workdir, or set {key} back to {old!r} to resume.")
+    if self.check_stored is not None and isinstance(stored, Mapping):
+      self.check_stored(stored)  # the caller's own checks, after the fields (e.g. the backbone)
     self._config_checked = True
 
   @staticmethod

@@ -17,7 +17,7 @@ from agentjax.agent.protocol import PROTOCOLS
 # what QwenConfig accepts, so validation passes exactly what will load.
 from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigError
 from agentjax.judge.base import BUILTIN_JUDGES, JUDGES
-from agentjax.models.lora import LoraSpec
+from agentjax.models.lora import ALL_TARGETS, DECODE_MODES, LoraSpec
 from agentjax.judge.controls import NOISE_MODES
 from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
@@ -142,16 +142,24 @@ def lora_spec(config: Any) -> LoraSpec | None:
   if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or alpha < 0:
     _fail("model.lora.alpha", alpha, "must be >= 0 (0: equal to model.lora.rank)")
   targets = _names(_get(config, "model.lora.targets"), "model.lora.targets")
-  fields = dict(names=("model.lora.adapters", adapters), targets=("model.lora.targets", targets),
-                decode=("model.lora.decode", _get(config, "model.lora.decode")))
-  try:
-    return LoraSpec(names=adapters, rank=rank, alpha=float(alpha or rank), targets=targets,
-                    decode=fields["decode"][1])
-  except ValueError as e:
-    text = str(e)
-    field = next((f for key, (f, _) in fields.items() if f"lora {key}" in text or
-                  (key == "names" and "adapter name" in text)), "model.lora")
-    _fail(field, _get(config, field), text)
+  if len(set(adapters)) != len(adapters) or not all(n.isidentifier() for n in adapters):
+    _fail("model.lora.adapters", _get(config, "model.lora.adapters"),
+          "adapter names must be distinct identifiers (letters, digits, _)")
+  unknown = sorted(set(targets) - set(ALL_TARGETS))
+  if unknown or not targets:
+    _fail("model.lora.targets", _get(config, "model.lora.targets"),
+          f"{unknown or 'no targets'}: expected a comma list of {list(ALL_TARGETS)}")
+  decode = _get(config, "model.lora.decode")
+  if decode not in DECODE_MODES:
+    _fail("model.lora.decode", decode, f"must be one of {list(DECODE_MODES)}")
+  spec = LoraSpec(names=adapters, rank=rank, alpha=float(alpha or rank), targets=targets,
+                  decode=decode)
+  if spec.decode == "merge" and _get(config, "model.param_dtype") != "float32":
+    _fail("model.lora.decode", "merge", f"with model.param_dtype="
+          f"{_get(config, 'model.param_dtype')!r} the merged kernels would round the adapter's "
+          "delta away (the sampler would not sample the policy it trains); use 'auto' or "
+          "'unmerged'")
+  return spec
 
 
 def _assignments(config: Any, field: str, names: tuple[str, ...]) -> dict[str, str]:
@@ -189,6 +197,8 @@ def lora_rates(config: Any) -> dict[str, float]:
 def lora_inits(config: Any) -> dict[str, str]:
   """Adapters started from PEFT folders: name -> folder (model.lora.init)."""
   spec = lora_spec(config)
+  if spec is None:
+    return {}
   out = _assignments(config, "model.lora.init", spec.names)
   for name, path in out.items():
     if not os.path.isdir(os.path.expanduser(path)):

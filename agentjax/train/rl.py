@@ -25,7 +25,7 @@ import optax
 
 from agentjax.agent.rollout import TrajectoryBatch
 from agentjax.models.logprobs import sequence_logprobs
-from agentjax.models.lora import attach
+from agentjax.models.lora import attach, frozen_backbone
 from agentjax.models.qwen import Qwen
 from agentjax.parallel.host import to_host
 from agentjax.rl.advantages import get_advantage_estimator
@@ -163,11 +163,11 @@ def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
   kwargs = loss.as_kwargs()
   use_ref = kwargs.get("kl_coef", 0.0) > 0
   spec = model.lora
-  active = None if spec is None else (policy or spec.names[0])
+  active = None if spec is None else (policy or spec.policy)
 
   def objective(params, mb, *backbone):
     if spec is not None:
-      params = attach(backbone[0], params, spec, active)
+      params = attach(frozen_backbone(backbone, "make_policy_update"), params, spec, active)
     logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
                                   with_entropy=loss.entropy)
     value, metrics = loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],

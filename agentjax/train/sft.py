@@ -41,7 +41,7 @@ from agentjax.agent.protocol import SEARCH_R1, Protocol, trajectory_error
 from agentjax.agent.rollout import encode_text, observation_ids, prompt_ids
 from agentjax.models import masks
 from agentjax.models.logprobs import chunked_token_logprobs
-from agentjax.models.lora import attach
+from agentjax.models.lora import attach, frozen_backbone
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.train.checkpoint import abstract_state
 from agentjax.train.optim import make_guarded_step, make_optimizer, make_schedule
@@ -365,7 +365,8 @@ def sft_micro_batch_loss(model: Qwen, params: Any, micro_batches: Batch | Sequen
 
 
 def make_sft_step(model: Qwen, optimizer: optax.GradientTransformation, chunk: int = 256,
-                  with_accuracy: bool = True) -> Callable[..., tuple[Any, Any, dict]]:
+                  with_accuracy: bool = True, policy: str | None = None
+                  ) -> Callable[..., tuple[Any, Any, dict]]:
   """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)` (see
   agentjax/train/optim.make_guarded_step: donated, non-finite steps skipped).
 
@@ -374,13 +375,15 @@ def make_sft_step(model: Qwen, optimizer: optax.GradientTransformation, chunk: i
   clipping), skipped.
 
   A LoRA model (model.lora set): `step(adapters, opt_state, batch, backbone)` trains the
-  adapters {name: tree} (the first name's is the one the loss runs) on the frozen backbone.
+  adapters {name: tree} on the frozen backbone; the loss runs adapter `policy` (default: the
+  spec's policy, its first name).
   """
   spec = model.lora
+  active = None if spec is None else (policy or spec.policy)
 
   def loss_fn(params, batch, *backbone):
     if spec is not None:
-      params = attach(backbone[0], params, spec, spec.names[0])
+      params = attach(frozen_backbone(backbone, "make_sft_step"), params, spec, active)
     return sft_micro_batch_loss(model, params, batch, chunk=chunk, with_accuracy=with_accuracy)
 
   return make_guarded_step(loss_fn, optimizer)

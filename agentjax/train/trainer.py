@@ -60,7 +60,7 @@ from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
-from agentjax.train.adapters import TrainTarget, recorded_config
+from agentjax.train.adapters import TrainTarget
 from agentjax.train.checkpoint import Checkpointer, abstract_state
 from agentjax.train.step import RLStep, StepOutput, schedule_args
 
@@ -69,8 +69,9 @@ log = logging.getLogger(__name__)
 # Config fields whose change makes a workdir's checkpoints unusable (compared at restore).
 COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
-               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm",
-               "model.lora.adapters", "model.lora.rank", "model.lora.alpha", "model.lora.targets")
+               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora")
+# A compat key's value in a workdir written before the key existed.
+COMPAT_DEFAULTS = {"lora": None}
 # SFT also depends on these (its batch order and its data).
 SFT_COMPAT_KEYS = ("sft.demos", "sft.corpus_path", "sft.batch_size", "sft.max_len")
 EXPORT_DIR = "hf_export"
@@ -205,14 +206,24 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
 
 def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = None
                       ) -> Checkpointer:
-  # config.json also records the judge's identity (backend, model, prompt hash): CW-GRPO's
-  # numbers depend on the judge, and the prompt file can change under the same path; and a LoRA
-  # run's backbone (path, fingerprint), which its adapters only make sense on.
-  recorded = dict(config.to_dict(), judge_identity=judge_identity(config.judge),
-                  **({} if target is None else recorded_config(config, target)))
+  """The run's Checkpointer (RL, or SFT when config.trainer == "sft").
+
+  config.json also records the judge's identity (backend, model, prompt hash): CW-GRPO's numbers
+  depend on the judge, and the prompt file can change under the same path; and with LoRA the
+  adapters' spec and the backbone (path, fingerprint) they only make sense on: a resume onto
+  another backbone is refused after the compat keys matched, before any array is read."""
+  target = target or TrainTarget.of(config)
+  recorded = dict(config.to_dict(), **target.recorded())
+  if config.trainer == "sft":
+    return Checkpointer(workdir, save_every=config.sft.checkpoint_every or None,
+                        keep=config.train.keep_checkpoints, config=recorded,
+                        compat_keys=COMPAT_KEYS + SFT_COMPAT_KEYS,
+                        compat_defaults=COMPAT_DEFAULTS, check_stored=target.check_backbone)
+  recorded["judge_identity"] = judge_identity(config.judge)
   return Checkpointer(workdir, save_every=config.train.checkpoint_every,
                       keep=config.train.keep_checkpoints, config=recorded,
-                      compat_keys=COMPAT_KEYS)
+                      compat_keys=COMPAT_KEYS, compat_defaults=COMPAT_DEFAULTS,
+                      check_stored=target.check_backbone)
 
 
 def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
@@ -226,7 +237,6 @@ def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
   target = TrainTarget.build(config, cfg, params, mesh)
   _, state = init_train_state(config, cfg, params, mesh, target)
   workdir = os.path.expanduser(workdir)
-  target.check_backbone(workdir)
   ckpt = make_checkpointer(config, workdir, target)
   try:
     restored = ckpt.restore_or_none(abstract_state(state), step=step)
@@ -475,7 +485,6 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params, target=target,
                          ref_model=ref_model)
 
-  target.check_backbone(workdir)
   ckpt = make_checkpointer(config, workdir, target)
   restored = ckpt.restore_or_none(abstract_state(state))
   step, position, data_state = 0, 0, None
@@ -620,11 +629,7 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
         os.path.expanduser(s.corpus_path))), s.max_len)
     log.info("SFT: %d demonstrations + %d packed corpus sequences", len(demos), len(extra))
   target = TrainTarget.build(config, cfg, params, mesh)  # the whole model, or LoRA adapters
-  target.check_backbone(workdir)
-  ckpt = Checkpointer(workdir, save_every=s.checkpoint_every or None,
-                      keep=config.train.keep_checkpoints,
-                      config=dict(config.to_dict(), **recorded_config(config, target)),
-                      compat_keys=COMPAT_KEYS + SFT_COMPAT_KEYS)
+  ckpt = make_checkpointer(config, workdir, target)
   writer = MetricsWriter(workdir, s.steps, ckpt.latest_step() or 0, prefix="sft")
   callback = lambda i, rec: writer.write(i + 1, rec, ("loss", "accuracy", "lr"))  # noqa: E731
   with _Preemption() as preempt, use_mesh(mesh):
