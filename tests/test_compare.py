@@ -418,3 +418,19 @@ def test_lora_report_against_a_direct_computation(compare, tmp_path):
   assert "vs_reference" not in t["methods"]["full_ft"]
   text = compare.markdown_lora(compare.summarize_lora(study), 3, "test CPU")
   assert "| lora_r32 | 2 |" in text and "— (trained)" in text and "test CPU" in text
+
+
+def test_sft_mismatch_ignores_fields_added_since_at_their_default(tmp_path):
+  """An SFT config.json recorded before model.lora existed (and one recorded since, with the
+  trainer's "lora" record beside the config) is still the export this study would train; a
+  LoRA SFT is not."""
+  from launch import compare
+  ours = compare.sft_config(str(tmp_path), "base")
+  recorded = json.loads(json.dumps(ours.to_dict()))
+  older = {k: v for k, v in recorded.items()}
+  older["model"] = {k: v for k, v in recorded["model"].items() if k != "lora"}
+  assert compare.sft_mismatch(older, ours) == []
+  assert compare.sft_mismatch(dict(recorded, lora=None, judge_identity={}), ours) == []
+  lora = json.loads(json.dumps(recorded))
+  lora["model"]["lora"]["adapters"] = "policy"
+  assert compare.sft_mismatch(lora, ours) == ["model.lora.adapters"]
