@@ -4,10 +4,12 @@
     python launch/bench.py forward --preset=qwen2.5-1.5b --dtype=bfloat16 --no_reference  # GPU
     python launch/bench.py decode --batch=16 --length=256   # sampler vs transformers generate
     python launch/bench.py decode --preset=qwen2.5-1.5b --dtype=bfloat16 --batch=64 --no_reference  # GPU
+    python launch/bench.py decode --lora_rank=32   # sampler: bare vs LoRA (merged / unmerged)
     python launch/bench.py rewards            # outcome rewards vs plain Python; format rule
     python launch/bench.py synthworld         # world generation: full vs quarter size
     python launch/bench.py sft_step           # make demo's SFT step: micro-batches vs whole batch
     python launch/bench.py judge              # local judge: a step's calls batched vs one at a time
+    python launch/bench.py train_step --lora_rank=32   # PPO update: LoRA vs full fine-tuning
 
 The last printed line is one JSON object. Figures are recorded in docs/BENCHMARKS.md.
 Timings are medians over several runs after a warm-up (compilation excluded and reported apart).
@@ -38,6 +40,16 @@ flags.DEFINE_string("dtype", "float32", "Compute and parameter dtype: float32 or
 flags.DEFINE_integer("repeats", 3, "Timed runs (the median is reported).")
 flags.DEFINE_integer("new_tokens", 128, "decode: tokens generated per sequence.")
 flags.DEFINE_integer("think_tokens", 60, "rollout: tokens of thinking before each action.")
+flags.DEFINE_integer("lora_rank", 0, "decode: > 0 compares the bare model with one LoRA adapter "
+                     "of this rank (merged and unmerged decode); train_step: the adapters' rank.")
+flags.DEFINE_float("lora_alpha", 0.0, "LoRA alpha (0: equal to the rank, config.model.lora's "
+                   "default).")
+flags.DEFINE_string("time_preset", "", "train_step: preset whose steps are timed (default: "
+                    "--preset); memory is always analysed at --preset.")
+flags.DEFINE_list("time_layers", [], "train_step: time the steps at these depths of "
+                  "--time_preset (e.g. 4,8) instead of its own, and extrapolate to it (when full "
+                  "fine-tuning at the preset's depth does not fit in memory).")
+flags.DEFINE_bool("memory", True, "train_step: analyse memory at --preset (--nomemory: time only).")
 flags.DEFINE_bool("no_reference", False, "Skip the transformers reference (e.g. on a GPU host "
                   "without torch); reports throughput and MFU only.")
 
@@ -175,7 +187,12 @@ def bench_decode() -> dict:
   layout copy to our decode. The prefill (compute-bound, the same FLOPs on both sides) is
   reported apart, and so is the end-to-end ratio of one generation from checkpoint-layout
   weights (our layout copy included).
+
+  With --lora_rank > 0: bench_decode_lora (the bare model against one LoRA adapter; no
+  transformers reference).
   """
+  if FLAGS.lora_rank > 0:
+    return bench_decode_lora()
   import jax
   import jax.numpy as jnp
   import numpy as np
@@ -308,6 +325,165 @@ def bench_decode() -> dict:
                   copy_bandwidth_gb_s=round(bandwidth / 1e9, 1),
                   hbm_roofline_fraction=round(step_bytes / bandwidth / med["ours_step_s"], 3))
   result["device"] = device_name()
+  return result
+
+
+def _random_lora_b(adapters, rng, std: float = 0.05):
+  """Adapters with B drawn normal(0, std) instead of zero, so that the adapter changes the
+  model's outputs (a fresh adapter, B = 0, would leave the bare backbone's tokens)."""
+  import jax
+
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(adapters)
+  keys = jax.random.split(rng, len(leaves))
+  out = [std * jax.random.normal(k, x.shape, x.dtype) if path[-1].key == "lora_b" else x
+         for k, (path, x) in zip(keys, leaves)]
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def bench_decode_lora() -> dict:
+  """Greedy generation of the bare backbone against the same backbone with one LoRA adapter
+  (rank --lora_rank on all 7 projections, random non-zero B), in the two decode modes of
+  LoraSpec.decode: "merge" (decode_layout folds the adapter into a copy of the kernels, then the
+  bare program runs) and "unmerged" (the low-rank products inside the token loop). Same shape as
+  bench_decode (qwen2.5-0.5b random weights, batch 16, prompt 256, 128 new tokens, float32);
+  no transformers reference (bench_decode compares the bare sampler with it).
+
+  Each round (the order of the three rotates between rounds) times, per variant, the decode
+  layout (`decode_layout`: on CPU the out-major copy of the kernels; for "merge" the merge
+  first, which a rollout pays once for all its turns and is charged here to one 128-token
+  `generate` call, the pessimistic case) and `generate` of the new tokens from a prefilled
+  state; the merge alone (`merge_selected`) is timed apart. The prefill (`extend`, which always
+  runs the adapter unmerged) is timed for the bare and the LoRA model. Ratios are bare / LoRA
+  time (>= 1: LoRA as fast): `ratio_*` per generate call, layout included; `ratio_*_loop` the
+  token loop alone. Sanity: the merged and unmerged greedy tokens must agree (the first token of
+  every row exactly; `greedy_merge_vs_unmerged` over all tokens), and differ from the bare
+  model's (`greedy_lora_vs_bare`: the adapter matters).
+  """
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from agentjax.compiles import CompileCounter
+  from agentjax.models.lora import LoraSpec, attach, merge_selected
+  from agentjax.models.qwen import Qwen, QwenConfig, init_adapters, init_params
+  from agentjax.sampling import (SamplingParams, StopTable, bucket, decode_layout, extend,
+                                 generate, init_state)
+
+  cfg = QwenConfig.preset(FLAGS.preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype,
+                          eos_token_id=None)
+  b, prompt_len, new = FLAGS.batch or 16, FLAGS.length or 256, FLAGS.new_tokens
+  rank = FLAGS.lora_rank
+  alpha = FLAGS.lora_alpha or float(rank)
+  ids = np.random.RandomState(0).randint(0, cfg.vocab_size, (b, prompt_len)).astype(np.int32)
+  backbone = init_params(cfg, jax.random.key(0))
+  spec = LoraSpec(names=("policy",), rank=rank, alpha=alpha, decode="merge")
+  adapters = _random_lora_b(init_adapters(cfg, spec, jax.random.key(1)), jax.random.key(2))
+  full = attach(backbone, adapters, spec, "policy")
+  models = {"bare": Qwen(cfg), "merge": Qwen(cfg, lora=spec),
+            "unmerged": Qwen(cfg, lora=dataclasses.replace(spec, decode="unmerged"))}
+  weights = {"bare": backbone, "merge": full, "unmerged": full}
+  cache_len = bucket(prompt_len + new)
+  no_stops = (StopTable.build([b""] * cfg.vocab_size, []), jnp.zeros((0,), jnp.int32),
+              jnp.int32(cache_len))
+  greedy = SamplingParams(greedy=True)
+
+  def timed(fn, *args):
+    start = time.perf_counter()
+    out = fn(*args)
+    return time.perf_counter() - start, out
+
+  def prefill(model, params):
+    # `extend` runs the checkpoint layout: the LoRA model with its adapter unmerged (the decode
+    # mode does not enter it), so one LoRA prefill serves both decode modes.
+    state = init_state(cfg, b, cache_len, jax.random.key(0))
+    state = extend(model, params, state, jnp.asarray(ids), jnp.full((b,), prompt_len, jnp.int32),
+                   jnp.full((b,), -1, jnp.int32))
+    return jax.block_until_ready(state)
+
+  def layout(name):
+    return jax.block_until_ready(decode_layout(models[name], weights[name]))
+
+  def decode(decoder, state):
+    state, gen = generate(*decoder, state, jnp.ones((b,), bool), jnp.zeros((b,), jnp.int32),
+                          no_stops, greedy, new)
+    return jax.block_until_ready((state, gen))
+
+  def merge_only():
+    return jax.block_until_ready(merge_selected(full, spec.scale))
+
+  def copy(state):
+    return jax.block_until_ready(jax.tree.map(jnp.copy, state))
+
+  # Warm-up: every program compiled once; the greedy tokens of each variant kept for the checks.
+  counter, start = CompileCounter(), time.perf_counter()
+  states = {"bare": prefill(models["bare"], backbone), "lora": prefill(models["merge"], full)}
+  merge_only()
+  outputs = {}
+  for name in models:
+    state = copy(states["bare" if name == "bare" else "lora"])
+    decoder = layout(name)
+    final, gen = decode(decoder, state)
+    del decoder
+    outputs[name] = (np.asarray(gen.new_tokens), np.asarray(final.next_logits))
+  warm_s, compiles_warmup = time.perf_counter() - start, counter.count
+  tokens = {k: v[0] for k, v in outputs.items()}
+  first_agree = bool((tokens["merge"][:, 0] == tokens["unmerged"][:, 0]).all())
+  if not first_agree:
+    raise AssertionError("merged and unmerged LoRA decode disagree on the first greedy token: "
+                         f"{tokens['merge'][:, 0]} vs {tokens['unmerged'][:, 0]}")
+
+  counter = CompileCounter()
+  names, rounds = list(models), []
+  for i in range(FLAGS.repeats):
+    times = {}
+    times["bare_prefill_s"], states["bare"] = timed(prefill, models["bare"], backbone)
+    times["lora_prefill_s"], states["lora"] = timed(prefill, models["merge"], full)
+    times["merge_only_s"], _ = timed(merge_only)
+    for name in names[i % 3:] + names[:i % 3]:  # the order rotates between rounds
+      state = states["bare"] if name == "bare" else copy(states["lora"])
+      times[f"{name}_layout_s"], decoder = timed(layout, name)
+      times[f"{name}_decode_s"], _ = timed(decode, decoder, state)
+      del decoder, state
+    rounds.append(times)
+  med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
+
+  def call_s(r, name):  # one generate call from checkpoint-layout weights, layout included
+    return r[f"{name}_layout_s"] + r[f"{name}_decode_s"]
+
+  def ratio(name, per_call):
+    t = (lambda r, n: call_s(r, n)) if per_call else (lambda r, n: r[f"{n}_decode_s"])
+    per_round = sorted(t(r, "bare") / t(r, name) for r in rounds)
+    value = statistics.median(t(r, "bare") for r in rounds) / statistics.median(
+        t(r, name) for r in rounds)
+    return round(value, 3), [round(per_round[0], 3), round(per_round[-1], 3)]
+
+  result = {"bench": "decode_lora", "preset": FLAGS.preset, "batch": b, "prompt": prompt_len,
+            "new_tokens": new, "dtype": FLAGS.dtype, "lora_rank": rank, "lora_alpha": alpha,
+            "targets": list(spec.targets), "rounds": FLAGS.repeats}
+  for name in names:
+    r, rng_ = ratio(name, True)
+    rl, rl_range = ratio(name, False)
+    if name != "bare":
+      result.update({f"ratio_{name}": r, f"ratio_{name}_range": rng_,
+                     f"ratio_{name}_loop": rl, f"ratio_{name}_loop_range": rl_range})
+    result.update({
+        f"{name}_tok_s": round(b * new / statistics.median(call_s(r, name) for r in rounds), 1),
+        f"{name}_loop_tok_s": round(b * new / med[f"{name}_decode_s"], 1),
+        f"{name}_step_ms": round(1000 * med[f"{name}_decode_s"] / new, 1),
+        f"{name}_layout_s": round(med[f"{name}_layout_s"], 3)})
+  result.update(
+      merge_s=round(med["merge_only_s"], 3),
+      bare_prefill_s=round(med["bare_prefill_s"], 3),
+      lora_prefill_s=round(med["lora_prefill_s"], 3),
+      prefill_ratio=round(med["bare_prefill_s"] / med["lora_prefill_s"], 3),
+      greedy_merge_vs_unmerged=float((tokens["merge"] == tokens["unmerged"]).mean()),
+      greedy_lora_vs_bare=float((tokens["merge"] == tokens["bare"]).mean()),
+      final_logits_max_abs_diff_merge_vs_unmerged=float(
+          np.abs(outputs["merge"][1] - outputs["unmerged"][1]).max()),
+      compiles=counter.count, compiles_warmup=compiles_warmup, warmup_s=round(warm_s, 1),
+      device=device_name())
   return result
 
 
@@ -605,6 +781,228 @@ def bench_sft_step() -> dict:
           "steps_compared": steps, "device": device_name()}
 
 
+def _tree_bytes(tree) -> int:
+  import jax
+
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def _ppo_minibatch(vocab: int, b: int, length: int) -> dict:
+  """A PPO minibatch of random tokens [b, length]: every slot valid, the last 3/4 of each row
+  the policy's (loss_mask), old and reference log-probs near a uniform policy's, one advantage
+  per row (the values change no shape or cost; they keep the loss and its gradient finite)."""
+  import jax.numpy as jnp
+  import numpy as np
+
+  rng = np.random.RandomState(0)
+  mask = np.broadcast_to(np.arange(length) >= length // 4, (b, length))
+  logp = lambda: (-np.log(vocab) + 0.1 * rng.randn(b, length)) * mask  # noqa: E731
+  return {"tokens": jnp.asarray(rng.randint(0, vocab, (b, length)), jnp.int32),
+          "valid": jnp.ones((b, length), bool), "loss_mask": jnp.asarray(mask),
+          "old_logp": jnp.asarray(logp(), jnp.float32),
+          "ref_logp": jnp.asarray(logp(), jnp.float32),
+          "advantages": jnp.asarray(rng.randn(b, 1) * mask, jnp.float32)}
+
+
+def _train_step_memory(compiled, found) -> dict:
+  """Memory fields of bench_train_step's compiled steps (see its docstring), in GB."""
+  out = {}
+  memory = {}
+  for name, (exe, (_, args, _)) in compiled.items():
+    m = exe.memory_analysis()
+    fields = {f: int(getattr(m, f"{f}_size_in_bytes")) for f in
+              ("argument", "output", "alias", "temp")}
+    fields["peak"] = fields["argument"] + fields["output"] - fields["alias"] + fields["temp"]
+    fields["sum"] = fields["argument"] + fields["output"] + fields["temp"]
+    memory[name] = fields
+    state = _tree_bytes(args[:2])
+    out[f"{name}_memory_gb"] = {k: round(v / 1e9, 3) for k, v in fields.items()}
+    out[f"{name}_train_state_gb"] = round(state / 1e9, 3)
+  backbone_gb = _tree_bytes(found["full"][1][0]) / 1e9
+  out.update(
+      peak_ratio=round(memory["lora"]["peak"] / memory["full"]["peak"], 3),
+      sum_ratio=round(memory["lora"]["sum"] / memory["full"]["sum"], 3),
+      train_state_ratio=round(out["lora_train_state_gb"] / out["full_train_state_gb"], 4),
+      backbone_gb=round(backbone_gb, 3),
+      # Held for the run (KL on, rl.kl_coef > 0): full FT keeps params, Adam's two moments and a
+      # frozen reference copy; LoRA the backbone (also the reference) and the adapters' state.
+      resident_full_gb=round(out["full_train_state_gb"] + backbone_gb, 3),
+      resident_lora_gb=round(out["lora_train_state_gb"] + backbone_gb, 3))
+  return out
+
+
+def bench_train_step() -> dict:
+  """One PPO-clip minibatch update (train/rl.make_policy_update) with LoRA adapters on a frozen
+  backbone against full fine-tuning, same model shape, minibatch and loss.
+
+  Loss and optimizer as train/step.py builds them from configs/base.py's qwen2.5-3b preset (the
+  IGPO paper's: PPO clip 0.2/0.2, low_var_kl 0.001, token-mean, entropy computed, AdamW with
+  global-norm clip 1.0, weight decay 0.01, b2 0.999). Full: make_optimizer over every param.
+  LoRA: one adapter "policy" of rank --lora_rank (alpha --lora_alpha, default the rank) on all 7
+  projections, make_adapter_optimizer; gradients and optimizer state for the adapters only.
+
+  Memory: `jax.jit(step).lower(...).compile().memory_analysis()` of each step at --preset (from
+  abstract shapes, nothing executed): argument, output, alias (outputs written into donated
+  arguments: params and optimizer state) and temp bytes. `peak_bytes` = argument + output -
+  alias + temp (a donated buffer counted once); `sum_bytes` = argument + output + temp. Train
+  state = params + optimizer state (LoRA: adapters + their state; the frozen backbone apart).
+
+  Time: median step time over --repeats rounds (full, then LoRA, each round; one variant's state
+  resident at a time), 2 timed steps per phase after one warm-up step per variant, compiles
+  excluded. At --time_preset if given (memory stays at --preset); the steps run only if a step's
+  peak (with a 15% margin) fits the machine's available memory. --time_layers=4,8 times the
+  preset's shape at those depths instead and extrapolates each variant's step time linearly to
+  the preset's depth (`extrapolated_*`: an estimate; the measured rows are in `timing`), for a
+  machine where full fine-tuning at the full depth does not fit. --nomemory skips the analysis
+  at --preset (its compile takes minutes on 2 cores).
+  """
+  import concurrent.futures
+
+  import jax
+  import numpy as np
+  import psutil
+
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
+  from configs import base as base_config
+  from agentjax.models.lora import LoraSpec
+  from agentjax.models.qwen import (Qwen, QwenConfig, abstract_params, adapter_abstract,
+                                    init_adapters, init_params)
+  from agentjax.train.optim import make_adapter_optimizer, make_optimizer
+  from agentjax.train.rl import PolicyLossConfig, make_policy_update
+
+  config = base_config.get_config("qwen2.5-3b")
+  rl, o = config.rl, config.optimizer
+  loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
+                     kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
+                     aggregation=rl.aggregation, norm_length=config.rollout.max_total_tokens)
+  loss = PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True,
+                          chunk=rl.chunk)
+  total = 1000
+  opt_args = (o.warmup_steps, total, o.weight_decay, o.clip_norm or None, o.final_lr_ratio, o.b2)
+  rank = FLAGS.lora_rank or 32
+  alpha = FLAGS.lora_alpha or float(rank)
+  spec = LoraSpec(names=("policy",), rank=rank, alpha=alpha)
+  b, length = FLAGS.batch or 4, FLAGS.length or 256
+  full_opt = make_optimizer(o.lr, *opt_args)
+  lora_opt = make_adapter_optimizer({"policy": o.lr}, *opt_args)
+
+  def variants(cfg):
+    """name -> (update fn, abstract args, a function making the concrete args)."""
+    params = abstract_params(cfg)
+    adapters = {"policy": adapter_abstract(cfg, spec)}
+    mb = jax.eval_shape(lambda: _ppo_minibatch(cfg.vocab_size, b, length))
+
+    def full_args():
+      p = init_params(cfg, jax.random.key(0))
+      return (p, full_opt.init(p))
+
+    def lora_args():
+      a = init_adapters(cfg, spec, jax.random.key(1))
+      return (a, lora_opt.init(a), init_params(cfg, jax.random.key(0)))
+
+    return {
+        "full": (make_policy_update(Qwen(cfg), full_opt, loss),
+                 (params, jax.eval_shape(full_opt.init, params), mb), full_args),
+        "lora": (make_policy_update(Qwen(cfg, lora=spec), lora_opt, loss),
+                 (adapters, jax.eval_shape(lora_opt.init, adapters), mb, params), lora_args)}
+
+  def compile_all(cfg):
+    # The two compiles in parallel threads (XLA compiles outside the GIL; minutes each here).
+    found = variants(cfg)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+      futures = {k: pool.submit(lambda u=u, a=a: u.lower(*a).compile())
+                 for k, (u, a, _) in found.items()}
+      return {k: (f.result(), found[k]) for k, f in futures.items()}, found
+
+  cfg = QwenConfig.preset(FLAGS.preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
+  result = {"bench": "train_step", "preset": FLAGS.preset, "dtype": FLAGS.dtype, "batch": b,
+            "length": length, "lora_rank": rank, "lora_alpha": alpha,
+            "targets": list(spec.targets), "loss": dict(loss_kwargs, name=rl.loss)}
+  if not FLAGS.memory:
+    compiled = None
+  else:
+    start = time.perf_counter()
+    compiled, found = compile_all(cfg)
+    result["compile_s"] = round(time.perf_counter() - start, 1)
+    result.update(_train_step_memory(compiled, found))
+  def peak(exe):
+    m = exe.memory_analysis()
+    return (m.argument_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+            + m.temp_size_in_bytes)
+
+  def time_steps(compiled, tcfg) -> dict:
+    need = max(peak(exe) for exe, _ in compiled.values())
+    available = psutil.virtual_memory().available
+    row = {"layers": tcfg.num_layers, "params": tcfg.num_params(),
+           "peak_gb": {k: round(peak(exe) / 1e9, 3) for k, (exe, _) in compiled.items()},
+           "temp_gb": {k: round(exe.memory_analysis().temp_size_in_bytes / 1e9, 3)
+                       for k, (exe, _) in compiled.items()},
+           "available_gb": round(available / 1e9, 1)}
+    if need * 1.15 > available:
+      return dict(row, timed=False, not_timed=f"a step needs ~{need / 1e9:.1f} GB, "
+                  f"{available / 1e9:.1f} GB available: use --time_layers or --time_preset")
+    minibatch = _ppo_minibatch(tcfg.vocab_size, b, length)
+    times = {k: [] for k in compiled}
+    skipped = {k: 0 for k in compiled}
+    for r in range(FLAGS.repeats):  # full, then LoRA, each round: one state resident at a time
+      for name, (exe, (_, _, make_args)) in compiled.items():
+        train, opt_state, *frozen = make_args()
+        for i in range(3 if r == 0 else 2):  # round 0: one warm-up step first
+          begin = time.perf_counter()
+          train, opt_state, metrics = exe(train, opt_state, minibatch, *frozen)
+          skip = int(metrics["skipped"])
+          if not (r == 0 and i == 0):
+            times[name].append(time.perf_counter() - begin)
+            skipped[name] += skip
+        del train, opt_state, frozen, metrics
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return dict(row, timed=True, full_step_s=round(med["full"], 3),
+                lora_step_s=round(med["lora"], 3), step_ratio=round(med["lora"] / med["full"], 3),
+                steps_timed=len(times["full"]),
+                step_ranges={k: [round(min(v), 2), round(max(v), 2)] for k, v in times.items()},
+                skipped_steps=skipped)
+
+  time_preset = FLAGS.time_preset or FLAGS.preset
+  rows = []
+  for layers in [int(x) for x in FLAGS.time_layers] or [None]:
+    tcfg = QwenConfig.preset(time_preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype,
+                             **({} if layers is None else {"num_layers": layers}))
+    if compiled is None or tcfg != cfg:
+      compiled = None  # free the analysed executables before compiling the timed ones
+      start = time.perf_counter()
+      compiled, _ = compile_all(tcfg)
+      cfg, timed_compile_s = tcfg, time.perf_counter() - start
+    else:
+      timed_compile_s = 0.0
+    rows.append(dict(time_steps(compiled, tcfg), compile_s=round(timed_compile_s, 1)))
+    print(json.dumps(rows[-1]), flush=True)
+  result.update(timed_preset=time_preset, timing=rows)
+  timed = [r for r in rows if r["timed"]]
+  depth = QwenConfig.preset(time_preset).num_layers
+  whole = [r for r in timed if r["layers"] == depth]
+  if whole:
+    r = whole[0]
+    result.update(full_step_s=r["full_step_s"], lora_step_s=r["lora_step_s"],
+                  step_ratio=r["step_ratio"],
+                  tokens_per_s={k: round(b * length / r[f"{k}_step_s"], 1)
+                                for k in ("full", "lora")})
+  elif len({r["layers"] for r in timed}) >= 2:
+    # Step time linear in the depth (every layer the same work; the embedding, LM head, loss and
+    # the optimizer's share of them the fixed part): a least-squares line per variant, read at
+    # the preset's depth. An estimate, not a measurement.
+    xs = [r["layers"] for r in timed]
+    fit = {k: np.polyfit(xs, [r[f"{k}_step_s"] for r in timed], 1) for k in ("full", "lora")}
+    est = {k: float(np.polyval(f, depth)) for k, f in fit.items()}
+    result.update(extrapolated_to_layers=depth,
+                  extrapolated_full_step_s=round(est["full"], 2),
+                  extrapolated_lora_step_s=round(est["lora"], 2),
+                  extrapolated_step_ratio=round(est["lora"] / est["full"], 3),
+                  per_layer_s={k: round(float(f[0]), 3) for k, f in fit.items()},
+                  fixed_s={k: round(float(f[1]), 3) for k, f in fit.items()})
+  result["device"] = device_name()
+  return result
+
+
 def _demo_judge_requests(world: str, n: int) -> list:
   """Judge requests of n SynthWorld demonstrations (the rounds of correct trajectories, as a
   CW-GRPO step sends them): each assistant segment a round, the observation after it its
@@ -715,7 +1113,7 @@ def bench_judge() -> dict:
 
 BENCHES = {"forward": bench_forward, "decode": bench_decode, "rollout": bench_rollout,
            "info_gain": bench_info_gain, "rewards": bench_rewards, "synthworld": bench_synthworld,
-           "sft_step": bench_sft_step, "judge": bench_judge}
+           "sft_step": bench_sft_step, "judge": bench_judge, "train_step": bench_train_step}
 
 
 def main(argv):
