@@ -136,9 +136,10 @@ def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, index: jax.Array, scale
   b_k = jax.lax.dynamic_index_in_dim(b, k, keepdims=False).astype(dtype)   # [r, *out]
   x_in = tuple(range(x.ndim - in_dims, x.ndim))
   xa = jax.lax.dot_general(x, a_k, ((x_in, tuple(range(in_dims))), ((), ())))  # [..., r]
-  y = jax.lax.dot_general(xa, b_k, (((xa.ndim - 1,), (0,)), ((), ())))         # [..., *out]
-  gate = jnp.where(index >= 0, scale, 0.0).astype(dtype)
-  return y * gate
+  # The scale (0 for no adapter) multiplies the rank-r activations, not the [..., *out] result:
+  # no extra full-width elementwise pass (and its buffer) per projection.
+  xa = xa * jnp.where(index >= 0, scale, 0.0).astype(dtype)
+  return jax.lax.dot_general(xa, b_k, (((xa.ndim - 1,), (0,)), ((), ())))       # [..., *out]
 
 
 # --------------------------------------------------------------------------- adapter trees
