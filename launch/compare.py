@@ -1001,7 +1001,7 @@ def report() -> None:
     saved = {"study": "lora", "steps": _STEPS.value, "hardware": _hardware(),
              "lora": {"rank": LORA_RANK, "alpha": float(LORA_RANK), "lr": LORA_LR},
              "seed_band": "min-max over seeds", "table": table}
-    panels, title = LORA_PANELS, "{size} model, IGPO: mean over seeds, band min-max over seeds"
+    panels, title = LORA_PANELS, "{size} model, IGPO (mean over seeds; band: min-max)"
   else:
     table = summarize(study, _TARGET.value)
     text = markdown(table, _STEPS.value, _hardware())
