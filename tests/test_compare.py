@@ -424,7 +424,6 @@ def test_sft_mismatch_ignores_fields_added_since_at_their_default(tmp_path):
   """An SFT config.json recorded before model.lora existed (and one recorded since, with the
   trainer's "lora" record beside the config) is still the export this study would train; a
   LoRA SFT is not."""
-  from launch import compare
   ours = compare.sft_config(str(tmp_path), "base")
   recorded = json.loads(json.dumps(ours.to_dict()))
   older = {k: v for k, v in recorded.items()}
