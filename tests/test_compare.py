@@ -420,7 +420,7 @@ def test_lora_report_against_a_direct_computation(compare, tmp_path):
   assert "| lora_r32 | 2 |" in text and "— (trained)" in text and "test CPU" in text
 
 
-def test_sft_mismatch_ignores_fields_added_since_at_their_default(tmp_path):
+def test_sft_mismatch_ignores_fields_added_since_at_their_default(compare, tmp_path):
   """An SFT config.json recorded before model.lora existed (and one recorded since, with the
   trainer's "lora" record beside the config) is still the export this study would train; a
   LoRA SFT is not."""
