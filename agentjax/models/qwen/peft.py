@@ -28,7 +28,7 @@ import functools
 import json
 import math
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import jax
 import numpy as np
@@ -37,7 +37,7 @@ from jax.sharding import SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
 
 from agentjax.models.lora import ALL_TARGETS, LoraSpec
-from agentjax.models.qwen.checkpoint import _param_map, staged_folder
+from agentjax.models.qwen.checkpoint import _get, _param_map, _set, staged_folder
 from agentjax.models.qwen.config import QwenConfig
 from agentjax.models.qwen.model import adapter_abstract, adapter_shardings
 from agentjax.models.safetensors_io import (FLOAT_DTYPES, CheckpointError, Tensor,
@@ -130,18 +130,6 @@ def _to_peft(leaf: str, ours: np.ndarray) -> np.ndarray:
 def _from_peft(theirs: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
   """PEFT's [r, in] / [out, r] -> our [*in, r] / [r, *out] (the inverse of _to_peft)."""
   return theirs.T.reshape(shape)
-
-
-def _get(tree: Mapping[str, Any], path: tuple[str, ...]) -> Any:
-  for key in path:
-    tree = tree[key]
-  return tree
-
-
-def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
-  for key in path[:-1]:
-    tree = tree.setdefault(key, {})
-  tree[path[-1]] = value
 
 
 # --------------------------------------------------------------------------- export
