@@ -28,7 +28,7 @@ import functools
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Iterator
 
 import jax
 import numpy as np
