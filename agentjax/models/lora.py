@@ -131,9 +131,8 @@ def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, index: jax.Array, scale
 
   x [..., *in]; a [A, *in, r]; b [A, r, *out]; index scalar int32. Returns [..., *out].
   """
-  k = jnp.clip(index, 0, a.shape[0] - 1)
-  a_k = jax.lax.dynamic_index_in_dim(a, k, keepdims=False).astype(dtype)   # [*in, r]
-  b_k = jax.lax.dynamic_index_in_dim(b, k, keepdims=False).astype(dtype)   # [r, *out]
+  a_k = _select(a, index).astype(dtype)   # [*in, r]
+  b_k = _select(b, index).astype(dtype)   # [r, *out]
   x_in = tuple(range(x.ndim - in_dims, x.ndim))
   xa = jax.lax.dot_general(x, a_k, ((x_in, tuple(range(in_dims))), ((), ())))  # [..., r]
   # The scale (0 for no adapter) multiplies the rank-r activations, not the [..., *out] result:
@@ -238,10 +237,7 @@ def merge(backbone: Mapping[str, Any], adapter: Mapping[str, Any], scale: float)
   def walk(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(base)
     if "lora_a" in extra:
-      a, b = extra["lora_a"], extra["lora_b"]
-      kernel = base["kernel"]
-      delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
-      out["kernel"] = (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
+      out["kernel"] = _merged_kernel(base["kernel"], extra["lora_a"], extra["lora_b"], scale)
     for key, value in extra.items():
       if isinstance(value, Mapping):
         out[key] = walk(base[key], value)
@@ -281,15 +277,25 @@ def merge_selected(full: Mapping[str, Any], scale: float) -> dict[str, Any]:
 
 @functools.partial(jax.jit, static_argnums=2)
 def _merge_kernels(nodes, index, scale):
-  out = {}
+  """{path: (kernel [*in, *out], lora_a [A, *in, r], lora_b [A, r, *out])} -> {path: kernel with
+  adapter `index` merged} (scale 0 for index < 0)."""
   gate = jnp.where(index >= 0, scale, 0.0)
-  for path, (kernel, a, b) in nodes.items():
-    k = jnp.clip(index, 0, a.shape[0] - 1)
-    a_k = jax.lax.dynamic_index_in_dim(a, k, keepdims=False).astype(jnp.float32)
-    b_k = jax.lax.dynamic_index_in_dim(b, k, keepdims=False).astype(jnp.float32)
-    out[path] = (kernel.astype(jnp.float32)
-                 + gate * jnp.tensordot(a_k, b_k, axes=1)).astype(kernel.dtype)
-  return out
+  return {path: _merged_kernel(kernel, _select(a, index), _select(b, index), gate)
+          for path, (kernel, a, b) in nodes.items()}
+
+
+def _select(stack: jax.Array, index: jax.Array) -> jax.Array:
+  """stack[index] of a stacked-adapter leaf [A, ...], index clipped into range (-1 -> 0: the
+  caller zeroes the scale for "no adapter")."""
+  k = jnp.clip(index, 0, stack.shape[0] - 1)
+  return jax.lax.dynamic_index_in_dim(stack, k, keepdims=False)
+
+
+def _merged_kernel(kernel: jax.Array, a: jax.Array, b: jax.Array, scale) -> jax.Array:
+  """kernel [*in, *out] + scale . A [*in, r] . B [r, *out], in float32, cast back to the
+  kernel's dtype."""
+  delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
+  return (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
 
 
 # --------------------------------------------------------------------------- the backbone's identity
