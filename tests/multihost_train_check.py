@@ -27,7 +27,9 @@ def main():
   p.add_argument("--num_processes", type=int, default=1)
   p.add_argument("--process_id", type=int, default=0)
   p.add_argument("--port", type=int, default=0)
-  p.add_argument("--algorithm", default="igpo")  # cw_grpo: process 0 judges, every host gets it
+  # cw_grpo: process 0 judges, every host gets it; igpo_lora: IGPO training two LoRA adapters
+  # (the backbone fingerprinted and the PEFT folders exported from sharded arrays)
+  p.add_argument("--algorithm", default="igpo")
   args = p.parse_args()
   os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count="
                              f"{8 // args.num_processes}")
@@ -41,17 +43,31 @@ def main():
   from agentjax.train.trainer import train
   from tests.trainer_fixtures import tiny_config
 
-  config = tiny_config(args.world_dir, args.tokenizer_dir, args.tmp, algorithm=args.algorithm,
-                       steps=2)
+  lora = args.algorithm.endswith("_lora")
+  config = tiny_config(args.world_dir, args.tokenizer_dir, args.tmp,
+                       algorithm=args.algorithm.removesuffix("_lora"), steps=2)
   config.rl.prompts_per_step = 4   # 8 trajectories: one per device on the data axis
   config.rl.minibatch_size = 8
   config.train.eval_every = 0
   config.train.export_hf = False
+  if lora:
+    config.model.lora.adapters = "policy,other"
+    config.model.lora.rank = 4
+    config.model.lora.alpha = 8.0
+    config.model.lora.lr = "policy=1e-2"
+    config.train.export_hf = True  # every process gathers, process 0 writes
   first = train(config, args.workdir, stop_after=1)
   assert first["step"] == 1
   second = train(config, args.workdir)   # restores step 1 from the checkpoint
   assert second["step"] == 2
   params = to_host(second["params"])
+  if lora and jax.process_index() == 0:  # the exported adapter is the trained one
+    from agentjax.models.qwen.peft import load_peft
+    from agentjax.train import config as config_lib
+    exported = load_peft(os.path.join(args.workdir, "adapters", "policy"), second["cfg"],
+                         config_lib.lora_spec(config))
+    for got, want in zip(jax.tree.leaves(to_host(exported)), jax.tree.leaves(params["policy"])):
+      np.testing.assert_array_equal(got, want)
   if jax.process_index() == 0:
     with open(os.path.join(args.workdir, "metrics.jsonl")) as f:
       rows = [json.loads(line) for line in f]

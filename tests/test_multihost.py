@@ -55,7 +55,9 @@ def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path,
 
 @pytest.mark.slow  # two jax processes compiling an RL step each: minutes on 2 cores
 # cw_grpo: the judge pass (SynthWorld's oracle) runs on process 0 and is broadcast.
-@pytest.mark.parametrize("algorithm", ["igpo", "cw_grpo"])
+# igpo_lora: two LoRA adapters on a sharded backbone (fingerprint, adapters-only checkpoints,
+# PEFT and merged exports gathered from every host).
+@pytest.mark.parametrize("algorithm", ["igpo", "cw_grpo", "igpo_lora"])
 def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path, algorithm):
   tokenizer_dir = tokenizer.name_or_path
   single = _run("single", 1, world_dir, tokenizer_dir, tmp_path, algorithm)
