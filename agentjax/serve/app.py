@@ -459,7 +459,9 @@ def recorded_config(workdir: str) -> Any:
       recorded = json.load(f)
   except (OSError, ValueError) as e:
     raise ValueError(f"cannot read the run's config {path}: {e}") from None
-  recorded.pop("judge_identity", None)  # recorded beside the config, not a config field
+  from agentjax.train.trainer import RECORDED_EXTRAS
+  for key in RECORDED_EXTRAS:  # recorded beside the config, not config fields
+    recorded.pop(key, None)
   return ml_collections.ConfigDict(recorded)
 
 

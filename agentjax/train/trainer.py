@@ -72,6 +72,9 @@ COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora")
 # A compat key's value in a workdir written before the key existed.
 COMPAT_DEFAULTS = {"lora": None}
+# What a run's config.json records beside its config fields (make_checkpointer): readers that
+# rebuild the config from it (serve, eval) drop these.
+RECORDED_EXTRAS = ("judge_identity", "lora", "lora_backbone")
 # SFT also depends on these (its batch order and its data).
 SFT_COMPAT_KEYS = ("sft.demos", "sft.corpus_path", "sft.batch_size", "sft.max_len")
 EXPORT_DIR = "hf_export"
