@@ -46,12 +46,16 @@ from typing import Any, Mapping, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import traverse_util
 
 # The projections an adapter may target (the names of the model's Linear modules).
 ALL_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DECODE_MODES = ("auto", "merge", "unmerged")
 LORA_LEAVES = ("lora_a", "lora_b")
 INDEX_LEAF = "lora_index"
+
+# Nested dicts <-> {path tuple: leaf}: every tree operation here is a filter or an update of these.
+_flatten, _unflatten = traverse_util.flatten_dict, traverse_util.unflatten_dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,37 +148,20 @@ def lora_delta(x: jax.Array, a: jax.Array, b: jax.Array, index: jax.Array, scale
 # --------------------------------------------------------------------------- adapter trees
 
 
-def _is_lora_leaf(path) -> bool:
-  return getattr(path[-1], "key", None) in LORA_LEAVES
+def _lora_only(tree: Mapping[str, Any], fn) -> dict[str, Any]:
+  """The lora_a / lora_b leaves of a nested dict (each through `fn`), nested again."""
+  return _unflatten({k: fn(v) for k, v in _flatten(tree).items() if k[-1] in LORA_LEAVES})
 
 
 def adapter_template(full_abstract: Any) -> Any:
   """The per-adapter tree (shapes without the stacked axis) from a LoRA model's abstract params:
   only the paths of lora_a / lora_b leaves, each [*in, r] / [r, *out]."""
-  out: dict[str, Any] = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(full_abstract)[0]:
-    if _is_lora_leaf(path):
-      node = out
-      keys = [p.key for p in path]
-      for key in keys[:-1]:
-        node = node.setdefault(key, {})
-      node[keys[-1]] = jax.ShapeDtypeStruct(leaf.shape[1:], leaf.dtype)
-  return out
+  return _lora_only(full_abstract, lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
 
 
 def adapter_logical_axes(full_axes: Any) -> Any:
   """Logical axes of one adapter's tree: the stacked leaves' axes without "adapters"."""
-  out: dict[str, Any] = {}
-  flat = jax.tree_util.tree_flatten_with_path(
-      full_axes, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))[0]
-  for path, spec in flat:
-    if _is_lora_leaf(path):
-      node = out
-      keys = [p.key for p in path]
-      for key in keys[:-1]:
-        node = node.setdefault(key, {})
-      node[keys[-1]] = jax.sharding.PartitionSpec(*tuple(spec)[1:])
-  return out
+  return _lora_only(full_axes, lambda spec: jax.sharding.PartitionSpec(*tuple(spec)[1:]))
 
 
 def frozen_backbone(frozen: tuple[Any, ...], where: str) -> Any:
@@ -189,8 +176,8 @@ def frozen_backbone(frozen: tuple[Any, ...], where: str) -> Any:
 
 def select_like(template: Mapping[str, Any], tree: Mapping[str, Any]) -> dict[str, Any]:
   """The part of `tree` at the paths of `template` (a dict subtree of it)."""
-  return {k: select_like(v, tree[k]) if isinstance(v, Mapping) else tree[k]
-          for k, v in template.items()}
+  flat = _flatten(tree)
+  return _unflatten({k: flat[k] for k in _flatten(template)})
 
 
 def attach(backbone: Mapping[str, Any], adapters: Mapping[str, Any], spec: LoraSpec,
@@ -204,46 +191,36 @@ def attach(backbone: Mapping[str, Any], adapters: Mapping[str, Any], spec: LoraS
   if missing:
     raise KeyError(f"adapters {missing} of the model's lora spec are not given "
                    f"(have {sorted(adapters)})")
-  trees = [adapters[n] for n in spec.names]
-  stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
-
-  def merge_dicts(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in extra.items():
-      out[key] = merge_dicts(base.get(key, {}), value) if isinstance(value, Mapping) else value
-    return out
-
-  full = merge_dicts(backbone, stacked)
+  full = _flatten(backbone)
+  full.update(_flatten(_stack([adapters[n] for n in spec.names])))
+  full = _unflatten(full)
   index = spec.index(active) if active is None or isinstance(active, str) else active
   full[INDEX_LEAF] = jnp.asarray(index, jnp.int32)
   return full
 
 
+@jax.jit
+def _stack(trees: list[Any]) -> Any:
+  """The adapters' trees stacked leaf by leaf on a new leading axis [A, ...]: one program (an
+  eager stack per leaf would dispatch hundreds of ops per rollout at 7B)."""
+  return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
 def detach(full: Mapping[str, Any]) -> dict[str, Any]:
   """The backbone part of a LoRA model's params (no lora leaves, no index)."""
-  out = {}
-  for key, value in full.items():
-    if key == INDEX_LEAF or key in LORA_LEAVES:
-      continue
-    out[key] = detach(value) if isinstance(value, Mapping) else value
-  return out
+  return _unflatten({k: v for k, v in _flatten(full).items()
+                     if k[-1] not in LORA_LEAVES and k != (INDEX_LEAF,)})
 
 
 def merge(backbone: Mapping[str, Any], adapter: Mapping[str, Any], scale: float) -> dict[str, Any]:
   """The backbone with one adapter folded in: kernel + scale . A . B for each adapted kernel
   (a new array for those; every other leaf is the backbone's own). Checkpoint layout
   ([*in, *out] kernels). Runs in float32 and casts back to the kernel's dtype."""
-
-  def walk(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    if "lora_a" in extra:
-      out["kernel"] = _merged_kernel(base["kernel"], extra["lora_a"], extra["lora_b"], scale)
-    for key, value in extra.items():
-      if isinstance(value, Mapping):
-        out[key] = walk(base[key], value)
-    return out
-
-  return walk(backbone, adapter)
+  flat, extra = _flatten(backbone), _flatten(adapter)
+  for path in {k[:-1] for k in extra}:
+    flat[path + ("kernel",)] = _merged_kernel(flat[path + ("kernel",)], extra[path + ("lora_a",)],
+                                              extra[path + ("lora_b",)], scale)
+  return _unflatten(flat)
 
 
 def merge_selected(full: Mapping[str, Any], scale: float) -> dict[str, Any]:
@@ -253,26 +230,13 @@ def merge_selected(full: Mapping[str, Any], scale: float) -> dict[str, Any]:
   One jitted program over the adapted kernels only (the index is data: it serves every
   adapter); every other leaf (embedding, norms, biases) is the input's own array, not a copy.
   Call it outside jit (inside, the whole tree would be an output: a fresh copy)."""
-  nodes: dict[tuple[str, ...], Any] = {}
-
-  def walk(node: Mapping[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
-    out = {}
-    for key, value in node.items():
-      if key in LORA_LEAVES or key == INDEX_LEAF:
-        continue
-      out[key] = walk(value, path + (key,)) if isinstance(value, Mapping) else value
-    if "lora_a" in node:
-      nodes[path] = (node["kernel"], node["lora_a"], node["lora_b"])
-    return out
-
-  plain = walk(full, ())
-  kernels = _merge_kernels(nodes, full[INDEX_LEAF], float(scale))
-  for path, kernel in kernels.items():
-    node = plain
-    for key in path:
-      node = node[key]
-    node["kernel"] = kernel
-  return plain
+  flat = _flatten(full)
+  nodes = {k[:-1]: (flat[k[:-1] + ("kernel",)], flat[k], flat[k[:-1] + ("lora_b",)])
+           for k in flat if k[-1] == "lora_a"}
+  plain = {k: v for k, v in flat.items() if k[-1] not in LORA_LEAVES and k != (INDEX_LEAF,)}
+  for path, kernel in _merge_kernels(nodes, flat[(INDEX_LEAF,)], float(scale)).items():
+    plain[path + ("kernel",)] = kernel
+  return _unflatten(plain)
 
 
 @functools.partial(jax.jit, static_argnums=2)
