@@ -261,6 +261,10 @@ def test_bad_requests_get_clear_errors_and_the_server_goes_on(served):
   assert "messages[0].content:" in error(400, chat(messages=[{"role": "user", "content": 5}]))
   assert "messages:" in error(400, chat(messages=[]))
   assert "streaming is not supported" in error(400, chat(stream=True))
+  assert "tools is not supported" in error(400, chat(tools=[{"type": "function", "function": {
+      "name": "f", "parameters": {"type": "object", "properties": {}}}}]))
+  assert "echo is not supported" in error(400, lambda: client.completions.create(
+      model=MODEL, prompt="hi", max_tokens=2, echo=True))
   assert f"above this server's limit {MAX_BATCH}" in error(400, chat(n=MAX_BATCH + 1))
   assert "does not exist" in error(404, chat(model="gpt-4"))
   # An oversized body: refused by its Content-Length, and counted while read when it comes

@@ -174,7 +174,11 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
       raise ClientError(f"The model {req.model!r} does not exist; this server serves "
                         f"{model_name!r}", status=404, param="model", code="model_not_found")
 
-  def check_unsupported(req: _Sampling, max_n: int) -> None:
+  def check_unsupported(req: _Sampling, max_n: int, refused: tuple[str, ...] = ()) -> None:
+    """Refuses what this server does not do; `refused`: the endpoint's own such fields."""
+    for name in refused:
+      if getattr(req, name):
+        raise ClientError(f"{name} is not supported by this server", param=name)
     if req.stream:
       raise ClientError("streaming is not supported by this server (stream=true); send the "
                         "request without stream", param="stream")
@@ -250,11 +254,7 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
   @app.post("/v1/chat/completions")
   async def chat_completions(req: ChatRequest) -> dict[str, Any]:
     check_model(req)
-    check_unsupported(req, batcher.max_batch)
-    if req.top_logprobs:
-      raise ClientError("top_logprobs are not supported by this server", param="top_logprobs")
-    if req.tools:
-      raise ClientError("tools are not supported by this server", param="tools")
+    check_unsupported(req, batcher.max_batch, refused=("top_logprobs", "tools"))
     if req.max_tokens is not None and req.max_completion_tokens is not None and \
         req.max_tokens != req.max_completion_tokens:
       raise ClientError("max_tokens and max_completion_tokens disagree; give one",
@@ -294,11 +294,7 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
   @app.post("/v1/completions")
   async def completions(req: CompletionRequest) -> dict[str, Any]:
     check_model(req)
-    check_unsupported(req, batcher.max_batch)
-    if req.echo:
-      raise ClientError("echo is not supported by this server", param="echo")
-    if req.suffix:
-      raise ClientError("suffix is not supported by this server", param="suffix")
+    check_unsupported(req, batcher.max_batch, refused=("echo", "suffix"))
     key = sampling_key(req, req.max_tokens, "max_tokens")
     p = req.prompt
     if isinstance(p, str):
