@@ -383,14 +383,10 @@ _WORLD_PATH_KEYS = ("data.manual_dir", "data.data_dir", "retrieval.corpus_path",
 _RL_ONLY_SECTIONS = ("judge.", "cw.")
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
+def _flat(d: dict) -> dict:
+  """{"a.b": leaf} of a nested dict (a config's to_dict(), a recorded config.json)."""
+  from flax import traverse_util
+  return traverse_util.flatten_dict(d, sep=".")
 
 
 def sft_mismatch(recorded: dict, ours) -> list[str]:

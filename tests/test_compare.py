@@ -39,7 +39,7 @@ def test_every_run_config_validates_and_differs_only_in_the_method(compare, meth
   assert config.model.hf_path == f"/r/{size}/sft/hf_export"
   assert config.data.manual_dir == "/r/synthworld"
   # Identical hyperparameters: everything but the estimator and IGPO's own settings.
-  flat = lambda c: {k: v for k, v in _flatten(c.to_dict()).items()  # noqa: E731
+  flat = lambda c: {k: v for k, v in compare._flat(c.to_dict()).items()  # noqa: E731
                     if k not in ("algorithm", "rl.igpo_ig_weight", "rl.igpo_outcome_weight",
                                  "rl.igpo_norm")}
   assert flat(config) == flat(reference)
@@ -50,16 +50,6 @@ def test_every_run_config_validates_and_differs_only_in_the_method(compare, meth
   sft = compare.sft_config("/r", size)
   config_lib.validate(sft)
   assert sft.model.shape.to_dict() == config.model.shape.to_dict()
-
-
-def _flatten(d, prefix=""):
-  out = {}
-  for k, v in d.items():
-    if isinstance(v, dict):
-      out.update(_flatten(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
 
 
 def _write_world(root):
@@ -229,8 +219,8 @@ def test_cw_study_configs_differ_only_in_the_estimator_and_judge(compare, method
   config_lib.validate(config)
   reference = compare.rl_config("/r", "base", "grpo", seed=1, steps=20, study="cw_grpo")
   assert config.model.hf_path == "/r/base/sft/hf_export" and not config.rl.probe_all
-  diff = {k: v for k, v in _flatten(config.to_dict()).items()
-          if _flatten(reference.to_dict())[k] != v}
+  diff = {k: v for k, v in compare._flat(config.to_dict()).items()
+          if compare._flat(reference.to_dict())[k] != v}
   cw = {"algorithm": "cw_grpo", "judge.backend": "oracle"}
   assert diff == {"grpo": {}, "cw_grpo": cw, "cw_random": dict(cw, **{"judge.noise": "random"}),
                   "cw_flip": dict(cw, **{"judge.noise": "flip", "judge.noise_p": 0.2}),
