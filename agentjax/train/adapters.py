@@ -129,8 +129,8 @@ class TrainTarget:
 
   def optimizer(self, config: Any, lr: float, warmup: int, total: int,
                 final_ratio: float, b2: float) -> optax.GradientTransformation:
-    """AdamW with clipping; with LoRA one AdamW per adapter at model.lora.lr's rates (the
-    others at `lr`, scaled like it: a rate given for an adapter replaces `lr` for it)."""
+    """AdamW after global-norm clipping (config.optimizer); with LoRA one AdamW per adapter, at
+    its model.lora.lr rate if it has one, else at `lr`, all on the same warmup + cosine shape."""
     o = config.optimizer
     return self.optimizer_with(lr, warmup, total, o.weight_decay, o.clip_norm or None,
                                final_ratio, b2)

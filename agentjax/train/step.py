@@ -80,7 +80,7 @@ class RLStep:
   with_probes: bool
   adv_kwargs: Mapping[str, Any]
   judge_pass: JudgePass | None = None  # CW-GRPO: verdicts per round between rewards and advantages
-  target: TrainTarget | None = None  # LoRA: adapters on a frozen backbone (default: whole model)
+  target: TrainTarget | None = None  # what is trained: the whole model, or LoRA adapters
   ref_model: Any = None              # the reference's module when not the policy's (LoRA)
 
   @classmethod
@@ -103,11 +103,8 @@ class RLStep:
                with_probes=config.algorithm == "igpo" or rl.probe_all,
                adv_kwargs=advantage_kwargs(config),
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
-               target=target, ref_model=ref_model)
-
-  def policy(self, trainable: Any) -> Any:
-    """The params the engine's model runs: the state's, or the backbone + adapters (LoRA)."""
-    return trainable if self.target is None else self.target.policy_params(trainable)
+               target=target or TrainTarget(engine.cfg, None, None, None),
+               ref_model=ref_model)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -120,7 +117,7 @@ class RLStep:
     # 1. rollouts
     t0 = time.perf_counter()
     with use_mesh(mesh):
-      policy = self.policy(state["params"])
+      policy = self.target.policy_params(state["params"])  # LoRA: backbone + adapters
       batch, rollout_metrics = self.engine.run(policy, [q["question"] for q in questions],
                                                rollout_rng)
       batch = trim(batch)  # score and update only the cache slots some trajectory uses
@@ -163,7 +160,7 @@ class RLStep:
     # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable)
     t0 = time.perf_counter()
     params, opt_state = state["params"], state["opt_state"]
-    frozen = () if self.target is None else self.target.frozen
+    frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
     update_metrics = []
     shuffle = np.random.default_rng([config.seed, step])
     with use_mesh(mesh):
