@@ -392,16 +392,16 @@ def _flat(d: dict) -> dict:
 def sft_mismatch(recorded: dict, ours) -> list[str]:
   """Fields (dotted) where a recorded SFT config.json differs from `ours` (a ConfigDict), world
   paths and RL-only sections aside; [] when the export it made is the one we would train."""
-  mine = _flat(json.loads(json.dumps(ours.to_dict())))  # tuples as JSON lists, as recorded
-  theirs = _flat(recorded)
-  # Fields added to configs/base.py after that run are absent from its record: at their base
-  # default they change nothing (e.g. model.lora.* off). What the trainer records beside the
-  # config (judge_identity, the "lora" spec) is not a field of ours.
   from configs import base
+  from agentjax.train.trainer import RECORDED_EXTRAS  # written beside the config, not fields
+  mine = _flat(json.loads(json.dumps(ours.to_dict())))  # tuples as JSON lists, as recorded
+  theirs = _flat({k: v for k, v in recorded.items() if k not in RECORDED_EXTRAS})
+  # Fields added to configs/base.py after that run are absent from its record: at their base
+  # default they change nothing (e.g. model.lora.* off).
   default = _flat(json.loads(json.dumps(base.get_config("demo").to_dict())))
-  added = lambda k: k not in theirs and k in default and mine[k] == default[k]  # noqa: E731
+  added = lambda k: k not in theirs and k in default and mine.get(k) == default[k]  # noqa: E731
   keep = lambda k: (k not in _WORLD_PATH_KEYS and not k.startswith(_RL_ONLY_SECTIONS)  # noqa: E731
-                    and (k in mine or k in default) and not (k in mine and added(k)))
+                    and not added(k))
   return sorted(k for k in set(mine) | set(theirs)
                 if keep(k) and mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
 
