@@ -254,9 +254,10 @@ def _merge_kernels_impl(kernels, factors, index, scale, out_major):
   out = {}
   for path, kernel in kernels.items():
     a, b = (_select(x, index) for x in factors[path])
-    if out_major:  # the delta computed as B^T . A^T: [*out, *in] directly, no transpose
-      delta = jnp.tensordot(b.astype(jnp.float32), a.astype(jnp.float32),
-                            axes=((0,), (a.ndim - 1,)))
+    if out_major:  # the delta [*in, *out] -> [*out, *in], as out_major_params moves the kernel
+      n_in = a.ndim - 1
+      delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
+      delta = jnp.moveaxis(delta, tuple(range(n_in)), tuple(range(-n_in, 0)))
       out[path] = (kernel.astype(jnp.float32) + gate * delta).astype(kernel.dtype)
     else:
       out[path] = _merged_kernel(kernel, a, b, gate)
