@@ -223,50 +223,29 @@ def merge(backbone: Mapping[str, Any], adapter: Mapping[str, Any], scale: float)
   return _unflatten(flat)
 
 
-def merge_selected(full: Mapping[str, Any], scale: float, out_major: bool = False
-                   ) -> dict[str, Any]:
+def merge_selected(full: Mapping[str, Any], scale: float) -> dict[str, Any]:
   """A LoRA model's params (stacked adapters, lora_index) -> plain params with the selected
   adapter merged into the kernels (index < 0: the kernels as they are).
 
   One jitted program over the adapted kernels only (the index is data: it serves every
   adapter); every other leaf (embedding, norms, biases) is the input's own array, not a copy.
-  Call it outside jit (inside, the whole tree would be an output: a fresh copy).
-
-  out_major: the kernels in `full` are a private out-major copy (models/qwen out_major_params:
-  [*out, *in]): the adapter is added in that layout and the copy is donated, so the merge
-  writes into it instead of making another."""
+  Call it outside jit (inside, the whole tree would be an output: a fresh copy)."""
   flat = _flatten(full)
-  paths = [k[:-1] for k in flat if k[-1] == "lora_a"]
-  kernels = {p: flat[p + ("kernel",)] for p in paths}
-  factors = {p: (flat[p + ("lora_a",)], flat[p + ("lora_b",)]) for p in paths}
-  merge_fn = _merge_into_copy if out_major else _merge_kernels
+  nodes = {k[:-1]: (flat[k[:-1] + ("kernel",)], flat[k], flat[k[:-1] + ("lora_b",)])
+           for k in flat if k[-1] == "lora_a"}
   plain = {k: v for k, v in flat.items() if k[-1] not in LORA_LEAVES and k != (INDEX_LEAF,)}
-  for path, kernel in merge_fn(kernels, factors, flat[(INDEX_LEAF,)], float(scale),
-                               out_major).items():
+  for path, kernel in _merge_kernels(nodes, flat[(INDEX_LEAF,)], float(scale)).items():
     plain[path + ("kernel",)] = kernel
   return _unflatten(plain)
 
 
-def _merge_kernels_impl(kernels, factors, index, scale, out_major):
-  """{path: kernel [*in, *out] (out_major: [*out, *in])} and {path: (lora_a [A, *in, r], lora_b
-  [A, r, *out])} -> {path: kernel with adapter `index` merged} (scale 0 for index < 0)."""
+@functools.partial(jax.jit, static_argnums=2)
+def _merge_kernels(nodes, index, scale):
+  """{path: (kernel [*in, *out], lora_a [A, *in, r], lora_b [A, r, *out])} -> {path: kernel with
+  adapter `index` merged} (scale 0 for index < 0)."""
   gate = jnp.where(index >= 0, scale, 0.0)
-  out = {}
-  for path, kernel in kernels.items():
-    a, b = (_select(x, index) for x in factors[path])
-    if out_major:  # the delta [*in, *out] -> [*out, *in], as out_major_params moves the kernel
-      n_in = a.ndim - 1
-      delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
-      delta = jnp.moveaxis(delta, tuple(range(n_in)), tuple(range(-n_in, 0)))
-      out[path] = (kernel.astype(jnp.float32) + gate * delta).astype(kernel.dtype)
-    else:
-      out[path] = _merged_kernel(kernel, a, b, gate)
-  return out
-
-
-_merge_kernels = jax.jit(_merge_kernels_impl, static_argnums=(3, 4))
-# The kernels are the caller's private copy (the decode layout's): written in place.
-_merge_into_copy = jax.jit(_merge_kernels_impl, static_argnums=(3, 4), donate_argnums=0)
+  return {path: _merged_kernel(kernel, _select(a, index), _select(b, index), gate)
+          for path, (kernel, a, b) in nodes.items()}
 
 
 def _select(stack: jax.Array, index: jax.Array) -> jax.Array:

@@ -181,14 +181,11 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
   """
   if model.out_major:
     return model, params
-  cpu = jax.default_backend() == "cpu"
   if model.lora is not None and model.lora.decode_mode(
       jax.default_backend(), model.cfg.param_dtype) == "merge":
-    if cpu:  # merged into the out-major copy itself: one copy of the kernels, not two
-      return Qwen(model.cfg, out_major=True), merge_selected(
-          out_major_params(params), model.lora.scale, out_major=True)
-    return Qwen(model.cfg), merge_selected(params, model.lora.scale)
-  if not cpu:
+    params = merge_selected(params, model.lora.scale)
+    model = Qwen(model.cfg)
+  if jax.default_backend() != "cpu":
     return model, params
   return Qwen(model.cfg, out_major=True, lora=model.lora), out_major_params(params)
 
