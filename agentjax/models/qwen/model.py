@@ -17,7 +17,6 @@ pytree (no flax boxes); their logical axis names come from `param_logical_axes(c
 from __future__ import annotations
 
 import functools
-import math
 from typing import Any
 
 import flax
@@ -43,12 +42,6 @@ _REMAT_POLICIES = {
 
 def _dtype(name: str):
   return jnp.dtype(name)
-
-
-def _uniform(bound: float):
-  def init(key, shape, dtype=_F32):
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-  return init
 
 
 def _init(std: float, axes: tuple[str, ...]):
@@ -145,10 +138,14 @@ class Linear(nn.Module):
     spec = self.lora
     n, r = len(spec.names), spec.rank
     in_axes, out_axes = self.kernel_axes[:self.in_dims], self.kernel_axes[self.in_dims:]
-    bound = math.prod(in_shape) ** -0.5  # PEFT's kaiming_uniform(a=sqrt(5)) on A
+    # PEFT's kaiming_uniform(a=sqrt(5)) on A: uniform(+-1/sqrt(fan_in)), fan_in = prod(in_shape)
+    # (variance_scaling's uniform limit is sqrt(3 * scale / fan_in)). Adapters stay float32
+    # whatever param_dtype is: Adam's small steps on a bf16 adapter would round away.
+    init_a = nn.initializers.variance_scaling(
+        1 / 3, "fan_in", "uniform", in_axis=tuple(range(1, 1 + self.in_dims)), out_axis=-1,
+        batch_axis=(0,))
     a = self.param("lora_a", nn.with_logical_partitioning(
-        _uniform(bound), ("adapters",) + in_axes + ("lora_rank",)),
-        (n,) + in_shape + (r,), _F32)
+        init_a, ("adapters",) + in_axes + ("lora_rank",)), (n,) + in_shape + (r,), _F32)
     b = self.param("lora_b", nn.with_logical_partitioning(
         nn.initializers.zeros, ("adapters", "lora_rank") + out_axes), (n, r) + features, _F32)
     if lora_index is None:
