@@ -29,7 +29,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.preset = arg
   c.seed = 0
-  c.trainer = "rl"        # rl | sft
+  c.trainer = "rl"        # rl | sft | dac (two LoRA roles: configs/dac.py)
   c.algorithm = "grpo"    # advantage estimator, agentjax.rl.advantages.ADVANTAGE_ESTIMATORS
 
   # ---- model: a Hugging Face folder (weights + tokenizer), or a shape preset trained from scratch.
@@ -177,6 +177,44 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # "random" (each bit drawn with the judge's own marginal rate in the step).
   c.judge.noise = "none"
   c.judge.noise_p = 0.0
+
+  # ---- DAC (trainer = "dac"; configs/dac.py, agentjax/dac/): a searcher and a generator, two LoRA
+  # adapters ("searcher", "generator" in model.lora.adapters) on one frozen backbone. The paper gives
+  # no reward table, prompt, hand-off or augmentation rule: every value here is our reading
+  # (methods spec DAC-A1..A8), each one override away.
+  c.dac = ml_collections.ConfigDict()
+  # The generator's answers per evidence set (m); its advantages are grouped by "evidence" (the m
+  # answers to one evidence set: needs m >= 2) or by "question" (every answer to any evidence set
+  # of the question).
+  c.dac.generator_samples = 4
+  c.dac.generator_group = "evidence"
+  # What the generator reads: the question and the searcher's deduplicated documents, in order;
+  # True also gives it the searcher's turns as text (its reasoning and queries).
+  c.dac.generator_sees_reasoning = False
+  c.dac.max_evidence_docs = 8          # documents shown at most (first retrieved first)
+  c.dac.generator_max_new_tokens = 64
+  c.dac.generator_max_total_tokens = 1024  # the generator's prompt + answer budget (its KV cache)
+  # The one abstention answer, <answer> abstain_text </answer>, matched after normalization; it
+  # never counts as correct.
+  c.dac.abstain_text = "insufficient evidence"
+  # Sufficiency S: some shown document contains a gold answer after normalization, as whole words
+  # ("word") or as any substring ("substring": "10" is found in "100").
+  c.dac.sufficiency_match = "word"
+  # Generator reward: 1 answered and correct (EM); alpha abstained on S = 0; 0 abstained on S = 1;
+  # 0 answered wrongly on S = 1; -insufficient_answer_penalty answered wrongly on S = 0; an
+  # output with no valid answer: rl.format_penalty when rl.penalize_format, else 0.
+  c.dac.alpha = 0.3
+  c.dac.insufficient_answer_penalty = 0.0
+  # Searcher reward, the mean over its evidence set's m generator answers of:
+  # "sufficient_answered" S and the answer is not an abstention (the cross-agent signal),
+  # "sufficient_only" S (no abstention term), "correct" S and C (the monolithic credit).
+  c.dac.searcher_reward = "sufficient_answered"
+  # Hard-positive augmentation (training only): a share augment_rate of the sufficient evidence
+  # sets gets augment_k documents that the retriever returned (top augment_depth) for the
+  # searcher's own queries but that hold no gold answer, shuffled in.
+  c.dac.augment_rate = 0.5
+  c.dac.augment_k = 2
+  c.dac.augment_depth = 10
 
   # ---- optimizer: AdamW, global-norm clipping, warmup + cosine
   c.optimizer = ml_collections.ConfigDict()

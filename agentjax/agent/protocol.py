@@ -141,6 +141,7 @@ class Protocol:
   call_tag: str = "search"       # the action tag that carries a search: <search> or <tool_call>
   query_in_json: bool = False    # tool-call style: the tag holds {"name": "search", "arguments": ...}
   max_query_chars: int = 1000
+  can_search: bool = True        # False: a role that only answers (a search action is invalid)
 
   def prompt(self, question: str) -> str:
     return self.instruction.format(question=question)
@@ -163,6 +164,8 @@ class Protocol:
     query, why = _json_query(body) if self.query_in_json else (body, None)
     query = clean_text(query)
     why = why or _check_query(query, self.max_query_chars)
+    if not why and not self.can_search:
+      why = f"the {self.name} protocol cannot search: answer inside <answer> and </answer>"
     return Action(INVALID, why) if why else Action(SEARCH, query)
 
   def _answer_or_none(self, text: str) -> Action | None:
@@ -257,7 +260,20 @@ TOOL_CALL = Protocol(
         "</answer>. Let me try again.\n</tool_response><|im_end|>\n<|im_start|>assistant\n"),
 )
 
-PROTOCOLS = {p.name: p for p in (SEARCH_R1, TOOL_CALL)}
+# One answer from a prompt built elsewhere (the "question" is the whole instruction, e.g. DAC's
+# generator prompt: agentjax/dac/roles.py): no search, one turn, stops at </answer>.
+ANSWER_ONLY = Protocol(
+    name="answer_only",
+    instruction="{question}",
+    stop_strings=("</answer>",),
+    can_search=False,
+    observation_prefix="\n\n<information>",
+    observation_suffix="</information>\n\n",
+    invalid_message=("\nMy previous action is invalid. I should put the final answer between "
+                     "<answer> and </answer>.\n"),
+)
+
+PROTOCOLS = {p.name: p for p in (SEARCH_R1, TOOL_CALL, ANSWER_ONLY)}
 
 
 def get_protocol(name: str) -> Protocol:

@@ -51,6 +51,7 @@ class TrainTarget:
   trainable: Any
   backbone_record: dict[str, str] | None = None
   own_lrs: dict[str, float] | None = None  # model.lora.lr: adapters with a rate of their own
+  roles: tuple[str, ...] | None = None  # adapters trained by updates (None: the policy alone)
 
   @classmethod
   def build(cls, config: Any, cfg: QwenConfig, params: Any, mesh: jax.sharding.Mesh
@@ -72,12 +73,13 @@ class TrainTarget:
              ",".join(spec.names), spec.rank, spec.alpha, ",".join(spec.targets),
              f"{n_adapter:,}", 100.0 * n_adapter / max(n_backbone, 1))
     own = config_lib.lora_rates(config)
-    return cls(cfg, spec, params, adapters, record, own)
+    return cls(cfg, spec, params, adapters, record, own, config_lib.trained_roles(config))
 
   @classmethod
   def of(cls, config: Any) -> "TrainTarget":
     """The spec alone (no arrays): what a Checkpointer records when no model is loaded."""
-    return cls(None, config_lib.lora_spec(config), None, None)
+    return cls(None, config_lib.lora_spec(config), None, None,
+               roles=config_lib.trained_roles(config))
 
   # ------------------------------------------------------------------ params
 
@@ -101,6 +103,13 @@ class TrainTarget:
     if self.spec is None:
       return trainable
     return lora_lib.attach(self.backbone, trainable, self.spec, name or self.policy_name)
+
+  def rollout_params(self, trainable: Any) -> Any:
+    """What the run's agent rolls out with: the policy's params, or with several trained roles
+    (DAC) {role: params with its adapter selected}."""
+    if self.roles:
+      return {role: self.policy_params(trainable, role) for role in self.roles}
+    return self.policy_params(trainable)
 
   def reference(self, kl_coef: float) -> tuple[Any, Qwen | None]:
     """(reference params, its module) for the KL term; (None, None) without one. Full
@@ -148,16 +157,18 @@ class TrainTarget:
     if ignored:
       log.warning("model.lora.lr gives a rate to %s, which this run does not train (it trains "
                   "%s): ignored", ignored, list(self.trained))
-    # RL and SFT train the policy adapter; the others ride along untouched (a method that trains
-    # several roles, e.g. DAC, passes its own `trained`).
+    # RL and SFT train the policy adapter, DAC its two roles' (`roles`); the others ride along
+    # untouched. Adapters of different roles clip their own gradients.
     frozen = tuple(n for n in self.spec.names if n not in self.trained)
     return make_adapter_optimizer(lrs, warmup, total, weight_decay, clip_norm, final_ratio, b2,
-                                  frozen=frozen)
+                                  frozen=frozen, clip_each=len(self.trained) > 1)
 
   @property
   def trained(self) -> tuple[str, ...]:
-    """The adapters this run's updates train (the policy's)."""
-    return () if self.spec is None else (self.policy_name,)
+    """The adapters this run's updates train: its roles' (DAC), else the policy's."""
+    if self.spec is None:
+      return ()
+    return tuple(self.roles) if self.roles else (self.policy_name,)
 
   # ------------------------------------------------------------------ checkpoints and exports
 

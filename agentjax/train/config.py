@@ -22,7 +22,11 @@ from agentjax.judge.controls import NOISE_MODES
 from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
-TRAINERS = ("rl", "sft")
+TRAINERS = ("rl", "sft", "dac")
+# DAC's roles: the LoRA adapters a "dac" run trains (agentjax/dac/roles.py ROLES).
+DAC_ROLES = ("searcher", "generator")
+# Estimators DAC's roles can use: per-trajectory outcome advantages (no probes, no judge).
+DAC_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "reinforce++", "reinforce++_baseline")
 # Estimators that compare the rollouts of one question: a group of one gives no signal.
 GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
 # Estimators that read per-round judge verdicts (retrieval_scores / thinking_scores).
@@ -104,6 +108,8 @@ def validate(config: Any) -> None:
       _fail("sft.demos", "", "needs the demonstrations JSONL (SynthWorld writes demos.jsonl)")
     return
   _validate_rl(config)
+  if trainer == "dac":
+    _validate_dac(config)
 
 
 def _validate_model(config: Any) -> None:
@@ -276,6 +282,63 @@ def _validate_rl(config: Any) -> None:
     _fail("retrieval.backend", backend, "must be 'bm25' or 'http'")
   benchmark_list(_get(config, "data.train"), "data.train")
   benchmark_list(_get(config, "data.eval"), "data.eval")
+
+
+def trained_roles(config: Any) -> tuple[str, ...] | None:
+  """The adapters a run's updates train when not just the policy: DAC's two roles."""
+  return DAC_ROLES if _get(config, "trainer") == "dac" else None
+
+
+def _validate_dac(config: Any) -> None:
+  from agentjax.dac.rewards import SEARCHER_REWARDS, SUFFICIENCY_MATCHES
+  from agentjax.answers import normalize_answer
+  names = _names(_get(config, "model.lora.adapters"), "model.lora.adapters")
+  missing = [r for r in DAC_ROLES if r not in names]
+  if missing:
+    _fail("model.lora.adapters", _get(config, "model.lora.adapters"),
+          f"trainer 'dac' trains the LoRA adapters {list(DAC_ROLES)} on one backbone: add "
+          f"{missing}")
+  algorithm = _get(config, "algorithm")
+  if algorithm not in DAC_ALGORITHMS:
+    _fail("algorithm", algorithm, f"DAC's roles take per-trajectory outcome advantages: one of "
+          f"{list(DAC_ALGORITHMS)}")
+  for f in ("dac.generator_samples", "dac.max_evidence_docs", "dac.generator_max_new_tokens",
+            "dac.generator_max_total_tokens", "dac.augment_depth"):
+    v = _get(config, f)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      _fail(f, v, "must be an int >= 1")
+  k = _get(config, "dac.augment_k")
+  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+    _fail("dac.augment_k", k, "must be an int >= 0")
+  m, group = _get(config, "dac.generator_samples"), _get(config, "dac.generator_group")
+  if group not in ("evidence", "question"):
+    _fail("dac.generator_group", group, "must be 'evidence' or 'question'")
+  if group == "evidence" and m < 2 and algorithm in GROUP_ALGORITHMS:
+    _fail("dac.generator_samples", m, f"the generator's advantages are grouped by evidence set "
+          f"(dac.generator_group='evidence'): {algorithm!r} needs >= 2 answers per set")
+  if _get(config, "dac.generator_max_new_tokens") >= _get(config, "dac.generator_max_total_tokens"):
+    _fail("dac.generator_max_total_tokens", _get(config, "dac.generator_max_total_tokens"),
+          "must exceed dac.generator_max_new_tokens (the prompt needs room)")
+  rate = _get(config, "dac.augment_rate")
+  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
+    _fail("dac.augment_rate", rate, "must be a share in [0, 1]")
+  for f in ("dac.alpha", "dac.insufficient_answer_penalty"):
+    v = _get(config, f)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+      _fail(f, v, "must be a number")
+  _non_negative(config, "dac.insufficient_answer_penalty")
+  if _get(config, "dac.searcher_reward") not in SEARCHER_REWARDS:
+    _fail("dac.searcher_reward", _get(config, "dac.searcher_reward"),
+          f"must be one of {list(SEARCHER_REWARDS)}")
+  if _get(config, "dac.sufficiency_match") not in SUFFICIENCY_MATCHES:
+    _fail("dac.sufficiency_match", _get(config, "dac.sufficiency_match"),
+          f"must be one of {list(SUFFICIENCY_MATCHES)}")
+  text = _get(config, "dac.abstain_text")
+  if not isinstance(text, str) or not normalize_answer(text):
+    _fail("dac.abstain_text", text, "must be text that is not empty after normalization")
+  if not isinstance(_get(config, "dac.generator_sees_reasoning"), bool):
+    _fail("dac.generator_sees_reasoning", _get(config, "dac.generator_sees_reasoning"),
+          "must be True or False")
 
 
 def _validate_judge(config: Any, algorithm: str) -> None:

@@ -20,7 +20,6 @@ padded to the batch size, so one compiled program serves every batch and sample.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any, Mapping, Sequence
 
@@ -33,6 +32,9 @@ from agentjax.sampling import SamplingParams
 log = logging.getLogger(__name__)
 
 SCORES = ("accuracy", "em", "f1")  # what the overall and macro averages report
+# An agent that may abstain (DAC's generator): the share of samples answered (not abstained, not
+# invalid), EM accuracy over those, and the abstention rate. Abstentions score 0 in EM and F1.
+ABSTENTION_SCORES = ("coverage", "accuracy_answered", "abstain_rate")
 
 
 def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], batch_size: int,
@@ -76,6 +78,8 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
             "answer": answer, "golds": golds, "f1": f1_score(answer, golds),
             "em": exact_match(answer, golds), "turns": int(batch.num_turns[i]),
             "format_ok": bool(batch.format_valid[i])})
+        if hasattr(batch, "abstentions"):  # an agent that may abstain (DAC)
+          batch_rows[i][-1]["abstained"] = bool(batch.abstentions[i])
     rows += [row for question in batch_rows for row in question]
   return {"n": len(records), "samples": samples, **row_means(rows), "per_question": rows}
 
@@ -86,9 +90,15 @@ def row_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   if not rows:
     return {k: 0.0 for k in ("accuracy", "em", "f1", "format_ok", "turns")}
   col = lambda k: np.asarray([r[k] for r in rows], np.float64)  # noqa: E731
-  return {"accuracy": float(np.mean(col("em") > 0)), "em": float(col("em").mean()),
-          "f1": float(col("f1").mean()), "format_ok": float(col("format_ok").mean()),
-          "turns": float(col("turns").mean())}
+  out = {"accuracy": float(np.mean(col("em") > 0)), "em": float(col("em").mean()),
+         "f1": float(col("f1").mean()), "format_ok": float(col("format_ok").mean()),
+         "turns": float(col("turns").mean())}
+  if all("abstained" in r for r in rows):  # ABSTENTION_SCORES
+    answered = np.asarray([r["answer"] is not None for r in rows])
+    out["coverage"] = float(answered.mean())
+    out["accuracy_answered"] = float(np.mean(col("em")[answered] > 0)) if answered.any() else 0.0
+    out["abstain_rate"] = float(col("abstained").mean())
+  return out
 
 
 def mix_scores(per_question: Mapping[str, Sequence[Mapping[str, Any]]]
@@ -149,12 +159,11 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   "f1"} (sample-weighted), "average": {"accuracy", "em", "f1"} (macro),
   "per_question": {name: [row per sample]}}.
   """
-  from agentjax.agent import RolloutEngine
   from agentjax.judge import judge_identity
   from agentjax.parallel import make_mesh, use_mesh
   from agentjax.train import config as config_lib
-  from agentjax.train.trainer import (load_model, make_search_backend, restore_policy,
-                                      rollout_config)
+  from agentjax.train.trainer import (load_model, make_agents, make_search_backend,
+                                      restore_policy, restore_trainable)
   if (workdir is None) == (hf_path is None):
     raise ValueError("eval needs exactly one of workdir (a run's checkpoints) or hf_path")
   if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
@@ -170,17 +179,26 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   config_lib.validate(config)
   config_lib.check_paths(config)
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  if workdir is not None:
+  dac = config.trainer == "dac"  # the searcher then the generator, both adapters
+  lora = None
+  if workdir is not None and dac:
+    cfg, target, trainable, tokenizer, source = restore_trainable(config, workdir, mesh,
+                                                                  step=step, purpose="evaluate")
+    params, lora = target.rollout_params(trainable), target.spec
+  elif workdir is not None:
     cfg, params, tokenizer, source = restore_policy(config, workdir, mesh, step=step,
                                                     purpose="evaluate")
   else:
     (cfg, params, tokenizer), source = load_model(config, mesh), hf_path
-  rollout = rollout_config(config, greedy=True)  # one trajectory per question
+    if dac:  # both roles played by the plain model
+      from agentjax.dac.roles import ROLES
+      params = {role: params for role in ROLES}
+  sampling = None  # greedy; a temperature samples with the config's top_k / top_p filters
   if temperature is not None:
     r = config.rollout
-    rollout = dataclasses.replace(rollout, sampling=SamplingParams(
-        temperature=float(temperature), top_k=r.top_k, top_p=r.top_p))
-  engine = RolloutEngine(cfg, tokenizer, make_search_backend(config), rollout, mesh=mesh)
+    sampling = SamplingParams(temperature=float(temperature), top_k=r.top_k, top_p=r.top_p)
+  _, engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh, lora,
+                          eval_sampling=sampling, eval_only=True)
   questions = eval_questions(config)
   out = {"source": source, "split": config.data.eval_split, "samples": samples,
          "temperature": temperature, "seed": int(config.seed),

@@ -48,23 +48,31 @@ def make_optimizer(lr: float, warmup_steps: int, total_steps: int, weight_decay:
 def make_adapter_optimizer(lrs: Mapping[str, float], warmup_steps: int, total_steps: int,
                            weight_decay: float = 0.0, clip_norm: float | None = 1.0,
                            final_lr_ratio: float = 0.1, b2: float = 0.95,
-                           frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
+                           frozen: tuple[str, ...] = (), clip_each: bool = False
+                           ) -> optax.GradientTransformation:
   """AdamW per LoRA adapter, each on its own learning rate (`lrs`: adapter name -> peak lr), for
   params {name: adapter tree}; the same warmup + cosine shape and betas for all.
 
   Gradients are clipped by their global norm over every adapter first (one clip, as for a
   full model), then each adapter's AdamW applies its own schedule (optax.multi_transform).
+  clip_each: each adapter's gradient is clipped by its own norm instead (adapters trained by
+  different roles' losses, e.g. DAC's searcher and generator: one role's large gradient then
+  does not shrink the other's step).
   Adapters in `frozen` (held by the model but not trained by this run) get no update at all:
   not even AdamW's weight decay, which would otherwise shrink them at every step."""
-  transforms = {name: optax.set_to_zero() if name in frozen else
-                optax.adamw(make_schedule(lr, warmup_steps, total_steps, final_lr_ratio),
-                            b1=0.9, b2=b2, weight_decay=weight_decay, mask=_decay_mask)
+  def adamw(lr):
+    opt = optax.adamw(make_schedule(lr, warmup_steps, total_steps, final_lr_ratio), b1=0.9,
+                      b2=b2, weight_decay=weight_decay, mask=_decay_mask)
+    return optax.chain(optax.clip_by_global_norm(clip_norm), opt) \
+        if clip_each and clip_norm is not None else opt
+
+  transforms = {name: optax.set_to_zero() if name in frozen else adamw(lr)
                 for name, lr in lrs.items()}
   # A prefix of the params' tree labels each adapter's whole subtree with its name.
-  adamw = optax.multi_transform(transforms, {name: name for name in lrs})
-  if clip_norm is None:
-    return adamw
-  return optax.chain(optax.clip_by_global_norm(clip_norm), adamw)
+  per_adapter = optax.multi_transform(transforms, {name: name for name in lrs})
+  if clip_norm is None or clip_each:
+    return per_adapter
+  return optax.chain(optax.clip_by_global_norm(clip_norm), per_adapter)
 
 
 def all_finite(tree: Any) -> jax.Array:

@@ -146,6 +146,22 @@ class PolicyLossConfig:
     return dict(self.kwargs)
 
 
+def _role_objective(model: Qwen, loss: PolicyLossConfig):
+  """loss(params, minibatch) -> (value, metrics) of the policy loss on one minibatch; `params`
+  are the model's (a LoRA model's with its adapter selected)."""
+  loss_fn = get_policy_loss(loss.name)
+  kwargs = loss.as_kwargs()
+  use_ref = kwargs.get("kl_coef", 0.0) > 0
+
+  def objective(params, mb):
+    logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
+                                  with_entropy=loss.entropy)
+    return loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
+                   ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, **kwargs)
+
+  return objective
+
+
 def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
                        loss: PolicyLossConfig = PolicyLossConfig(), policy: str | None = None):
   """Step 5: a jitted update on one minibatch (params and optimizer state donated).
@@ -159,20 +175,44 @@ def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
   `policy` (default: the first of model.lora.names). Gradients and optimizer state then exist
   for the adapters only.
   """
-  loss_fn = get_policy_loss(loss.name)
-  kwargs = loss.as_kwargs()
-  use_ref = kwargs.get("kl_coef", 0.0) > 0
+  role_loss = _role_objective(model, loss)
   spec = model.lora
   active = None if spec is None else (policy or spec.policy)
 
   def objective(params, mb, *backbone):
     if spec is not None:
       params = attach(frozen_backbone(backbone, "make_policy_update"), params, spec, active)
-    logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
-                                  with_entropy=loss.entropy)
-    value, metrics = loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
-                             ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, **kwargs)
-    return value, metrics
+    return role_loss(params, mb)
+
+  return make_guarded_step(objective, optimizer)
+
+
+def make_roles_update(model: Qwen, optimizer: optax.GradientTransformation,
+                      loss: PolicyLossConfig, roles: tuple[str, ...]):
+  """One jitted update of several LoRA adapters, each on its own role's minibatch (DAC: the
+  searcher's trajectories and the generator's answers):
+
+      update(adapters, opt_state, {role: minibatch}, backbone) -> (adapters, opt_state, metrics)
+
+  The loss is the sum of the roles' policy losses, each with its adapter selected; the adapters
+  share no parameter, so each gets exactly its own role's gradient (and, with
+  optim.make_adapter_optimizer, its own AdamW). metrics: each role's as "<role>/<name>", plus
+  the sum's loss, grad_norm and skipped (a non-finite role skips the whole update)."""
+  spec = model.lora
+  if spec is None or any(r not in spec.names for r in roles):
+    raise ValueError(f"make_roles_update needs a LoRA model with adapters {list(roles)}; got "
+                     f"{None if spec is None else list(spec.names)}")
+  role_loss = _role_objective(model, loss)
+
+  def objective(params, mbs, *backbone):
+    backbone = frozen_backbone(backbone, "make_roles_update")
+    total, metrics = 0.0, {}
+    for role in roles:
+      value, m = role_loss(attach(backbone, params, spec, role), mbs[role])
+      total = total + value
+      metrics.update({f"{role}/{k}": v for k, v in m.items()})
+      metrics[f"{role}/loss"] = value
+    return total, metrics
 
   return make_guarded_step(objective, optimizer)
 

@@ -36,7 +36,7 @@ from agentjax.train.rl import (PolicyLossConfig, advantage_kwargs, compute_advan
 
 def updates_per_step(config: Any) -> int:
   """Optimizer updates in one RL step (the schedule counts updates; config counts steps)."""
-  if config.trainer != "rl":
+  if config.trainer not in ("rl", "dac"):
     return 1
   batch = config.rl.prompts_per_step * config.rollout.group_size
   return config.rl.ppo_epochs * (batch // config.rl.minibatch_size)

@@ -128,6 +128,28 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
                        use_chat_template=r.use_chat_template)
 
 
+def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
+                mesh: jax.sharding.Mesh, lora: Any = None,
+                eval_sampling: SamplingParams | None = None, eval_only: bool = False
+                ) -> tuple[Any, Any]:
+  """(training agent, eval agent): RolloutEngines, or with trainer "dac" DacAgents (searcher
+  and generator; eval: one answer per evidence set). The eval agent rolls out one trajectory
+  per question, greedy unless `eval_sampling`. eval_only: no training agent (None)."""
+  train_rollout = rollout_config(config)
+  eval_rollout = rollout_config(config, greedy=True)
+  if eval_sampling is not None:
+    eval_rollout = dataclasses.replace(eval_rollout, sampling=eval_sampling)
+  if config.trainer == "dac":
+    from agentjax.dac.roles import DacAgent, DacSettings
+    settings = DacSettings.from_config(config)
+    make = lambda rollout, samples: DacAgent(  # noqa: E731
+        cfg, tokenizer, backend, rollout, settings, mesh=mesh, lora=lora, samples=samples)
+    return (None if eval_only else make(train_rollout, None)), make(eval_rollout, 1)
+  make = lambda rollout: RolloutEngine(cfg, tokenizer, backend, rollout, mesh=mesh,  # noqa: E731
+                                       lora=lora)
+  return (None if eval_only else make(train_rollout)), make(eval_rollout)
+
+
 def load_questions(config: Any, names: Sequence[str], split: str,
                    field: str = "data.train") -> list[dict[str, Any]]:
   """Question records of `split` of each benchmark (tfds search_qa, built from data.manual_dir
@@ -229,13 +251,13 @@ def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = No
                       check_stored=target.check_backbone)
 
 
-def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
-                   step: int | None = None, purpose: str = "restore"
-                   ) -> tuple[QwenConfig, Any, Any, str]:
-  """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
-  for eval and serving. The full train state is the restore target (orbax reads it shard by shard
-  into place, FSDP included); only its params are kept. FileNotFoundError without a checkpoint.
-  A LoRA run's policy comes back as plain params: the backbone with the policy adapter merged."""
+def restore_trainable(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
+                      step: int | None = None, purpose: str = "restore"
+                      ) -> tuple[QwenConfig, TrainTarget, Any, Any, str]:
+  """(cfg, target, trained params, tokenizer, checkpoint dir) of a run at `step` (default: the
+  latest): the full train state is the restore target (orbax reads it shard by shard into
+  place, FSDP included); only its params are kept (with LoRA: {name: adapter}, on
+  target.backbone). FileNotFoundError without a checkpoint."""
   cfg, params, tokenizer = load_model(config, mesh)
   target = TrainTarget.build(config, cfg, params, mesh)
   _, state = init_train_state(config, cfg, params, mesh, target)
@@ -247,7 +269,18 @@ def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
     ckpt.close()
   if restored is None:
     raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to {purpose}")
-  return cfg, target.merged(restored[0]["params"]), tokenizer, str(ckpt.step_dir(restored[2]))
+  return cfg, target, restored[0]["params"], tokenizer, str(ckpt.step_dir(restored[2]))
+
+
+def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
+                   step: int | None = None, purpose: str = "restore"
+                   ) -> tuple[QwenConfig, Any, Any, str]:
+  """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
+  for eval and serving (`restore_trainable`). A LoRA run's policy comes back as plain params: the
+  backbone with the policy adapter merged."""
+  cfg, target, trainable, tokenizer, source = restore_trainable(config, workdir, mesh, step=step,
+                                                                purpose=purpose)
+  return cfg, target.merged(trainable), tokenizer, source
 
 
 # ============================================================================ metrics
@@ -368,7 +401,7 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def train(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
-  """Runs config.trainer ("rl" or "sft") in `workdir`; see train_rl / train_sft."""
+  """Runs config.trainer ("rl", "dac" or "sft") in `workdir`; see train_rl / train_sft."""
   config_lib.validate(config)
   config_lib.check_paths(config)
   if config.trainer == "sft":
@@ -473,11 +506,9 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
   backend = make_search_backend(config)
-  engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config), mesh=mesh,
-                         lora=target.spec)
-  eval_engine = RolloutEngine(cfg, tokenizer, backend, rollout_config(config, greedy=True),
-                              mesh=mesh, lora=target.spec)
-  longest = max(len(engine.prompt_ids(r["question"])) for r in stream.records + dev)
+  engine, eval_engine = make_agents(config, cfg, tokenizer, backend, mesh, target.spec)
+  searcher = engine.searcher if config.trainer == "dac" else engine
+  longest = max(len(searcher.prompt_ids(r["question"])) for r in stream.records + dev)
   if longest + config.rollout.max_new_tokens >= config.rollout.max_total_tokens:
     raise config_lib.ConfigError(
         f"config.rollout.max_total_tokens={config.rollout.max_total_tokens}: a {longest}-token "
@@ -485,8 +516,12 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
   steps = config.train.steps
   optimizer, state = init_train_state(config, cfg, params, mesh, target)
-  rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params, target=target,
-                         ref_model=ref_model)
+  if config.trainer == "dac":  # two roles, both adapters updated by every step
+    from agentjax.dac.step import DacStep
+    rl_step = DacStep.build(config, mesh, engine, optimizer, ref_params, target, ref_model)
+  else:
+    rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params, target=target,
+                           ref_model=ref_model)
 
   ckpt = make_checkpointer(config, workdir, target)
   restored = ckpt.restore_or_none(abstract_state(state))
@@ -509,13 +544,16 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   def run_eval(at_step: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     with use_mesh(mesh):
-      result = evaluate(eval_engine, target.policy_params(state["params"]), dev,
+      result = evaluate(eval_engine, target.rollout_params(state["params"]), dev,
                         config.train.eval_batch)
     _write_json(eval_path(at_step),
                 dict(result, step=at_step, benchmark=eval_name, split=config.data.eval_split))
     metrics = {"eval/f1": result["f1"], "eval/em": result["em"],
                "eval/format_ok": result["format_ok"], "eval/turns": result["turns"],
                "eval/seconds": time.perf_counter() - t0}
+    for key in ABSTENTION_SCORES:  # DAC: coverage, accuracy when answered, abstention rate
+      if key in result:
+        metrics[f"eval/{key}"] = result[key]
     writer.write(at_step, metrics)
     log.info("eval at step %d on %s/%s (%d questions): F1 %.4f EM %.4f", at_step, eval_name,
              config.data.eval_split, result["n"], result["f1"], result["em"])
@@ -598,7 +636,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
 # Evaluation lives in agentjax/train/evaluation.py; its names stay importable from here (the RL
 # loop calls `evaluate` through this module's namespace, so tests can patch trainer.evaluate).
-from agentjax.train.evaluation import eval_benchmarks, evaluate, format_table  # noqa: E402,F401
+from agentjax.train.evaluation import (ABSTENTION_SCORES, eval_benchmarks, evaluate,  # noqa: E402,F401
+                                       format_table)
 
 
 # ============================================================================ SFT

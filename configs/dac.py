@@ -1,0 +1,96 @@
+r"""DAC (Divide and Cooperate): a searcher and a generator as two LoRA adapters on one frozen
+backbone, the generator answering from the searcher's evidence or abstaining, its abstention part
+of the searcher's reward (agentjax/dac/; methods spec §5). There is no public implementation:
+every choice below that the paper leaves open is a config.dac field (configs/base.py), our
+reading, with its alternatives one override away.
+
+  # the demo (after `make demo`): the generator's warm start, then both roles
+  python launch/dac_demos.py                     # runs/demo/dac/generator_demos.jsonl
+  python launch/train.py --config=configs/dac.py:generator_sft --workdir=runs/demo/dac/generator_sft
+  python launch/train.py --config=configs/dac.py:demo --workdir=runs/demo/dac
+  python launch/eval.py --config=configs/dac.py:demo --workdir=runs/demo/dac   # coverage, EM, F1
+  # the paper's settings
+  python launch/train.py --config=configs/dac.py:qwen2.5-7b --workdir=/mnt/shared/runs/dac7b \
+      --config.retrieval.url=http://10.0.0.2:8000/retrieve
+
+Presets:
+  demo           SynthWorld on a CPU, the demo RL settings of every method (configs/base.py),
+                 LoRA rank 32 (alpha 32) at 3e-4 for both roles (the LoRA study's rate), the
+                 generator adapter started from `generator_sft`'s PEFT export.
+  generator_sft  the generator's warm start on the demo: LoRA SFT of the "generator" adapter on
+                 generator demonstrations (launch/dac_demos.py: the searcher demonstrations'
+                 evidence, answered when it holds the answer, abstained on when it does not).
+                 An instruction-tuned Qwen follows the abstention instruction from the start;
+                 the demo's from-scratch model has never seen it, and without this RL could never
+                 sample an abstention (our stand-in, not the paper's).
+  qwen2.5-7b     the paper's: AdamW (0.9, 0.999), weight decay 0.01, 500 steps, checkpoints
+  qwen3-8b       every 100; searcher / generator lr 1e-6 / 1e-6 (Qwen2.5-7B-Instruct) and
+                 2e-6 / 1e-5 (Qwen3-8B). Not stated by the paper, ours: LoRA rank 32 (a secondary
+                 source), alpha 32, all 7 projections; GRPO per role with the IGPO presets'
+                 rollout settings (16 per question, 10 turns, KL 0.001 low_var_kl, clip 0.2),
+                 Search-R1 protocol and retriever.
+
+The roles' adapters are "searcher" and "generator" (model.lora.adapters). Exports: each adapter
+as a PEFT folder, {workdir}/adapters/searcher/ and {workdir}/adapters/generator/ (hf_export is off:
+one merged model would hold only one role).
+"""
+
+from configs import base
+
+PRESETS = ("demo", "generator_sft", "qwen2.5-7b", "qwen3-8b")
+DEMO_DIR = f"{base.DEMO_ROOT}/dac"  # generator demos, the generator warm start
+GENERATOR_DEMOS = f"{DEMO_DIR}/generator_demos.jsonl"
+GENERATOR_INIT = f"{DEMO_DIR}/generator_sft/adapters/generator"
+LORA_LR = 3e-4  # the LoRA study's demo rate (docs/results/lora)
+
+
+def get_config(arg: str = "demo"):
+  if arg not in PRESETS:
+    raise ValueError(f"unknown preset {arg!r}; known: {list(PRESETS)}")
+  config = base.get_config("demo" if arg in ("demo", "generator_sft") else arg)
+  config.preset = arg
+  config.trainer = "dac"
+  config.algorithm = "grpo"
+  c = config
+  c.model.lora.adapters = "searcher,generator"
+  c.model.lora.rank = 32
+  c.model.lora.alpha = 32.0
+  c.train.export_hf = False
+  if arg == "generator_sft":
+    # LoRA SFT of the generator alone (trainer sft trains the first adapter) on prompts the DAC
+    # rollout builds (protocol answer_only: the prompt is the generator's whole instruction).
+    c.trainer = "sft"
+    c.model.lora.adapters = "generator"
+    c.rollout.protocol = "answer_only"
+    c.sft.demos = GENERATOR_DEMOS
+    c.sft.corpus_path = ""
+    c.sft.steps = 150
+    c.sft.batch_size = 16
+    c.sft.max_len = 512
+    c.sft.lr = 1e-3
+    c.sft.micro_batches = 1
+    c.sft.length_buckets = ()
+    c.sft.checkpoint_every = 50
+    return config
+  if arg == "demo":
+    c.optimizer.lr = LORA_LR
+    c.model.lora.init = f"generator={GENERATOR_INIT}"
+    c.dac.generator_samples = 4
+    c.dac.max_evidence_docs = 4
+    c.dac.generator_max_new_tokens = 32
+    c.dac.generator_max_total_tokens = 768
+    return config
+  # The paper's table (methods spec §5.4); everything else is the IGPO presets' (base._paper).
+  c.optimizer.b2 = 0.999
+  c.optimizer.weight_decay = 0.01
+  c.train.steps = 500
+  c.train.checkpoint_every = 100
+  c.train.eval_every = 100
+  rates = {"qwen2.5-7b": (1e-6, 1e-6), "qwen3-8b": (2e-6, 1e-5)}[arg]
+  c.optimizer.lr = rates[0]
+  c.model.lora.lr = f"searcher={rates[0]:g},generator={rates[1]:g}"
+  c.dac.generator_samples = 4
+  c.dac.max_evidence_docs = 10
+  c.dac.generator_max_new_tokens = 256
+  c.dac.generator_max_total_tokens = 8192
+  return config
