@@ -125,6 +125,8 @@ class DacBatch:
   def abstentions(self) -> np.ndarray:
     return self.abstained[::self.samples]
 
+  # self.sufficient ([E]) is per evidence set already.
+
   @property
   def num_turns(self) -> np.ndarray:
     return self.searcher.num_turns
@@ -136,6 +138,8 @@ class DacBatch:
 
 class DacAgent:
   """The searcher and the generator over one backbone (module docstring)."""
+
+  labels_from_golds = True  # evaluation passes golds to `run`: S and C per evidence set
 
   def __init__(self, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
                searcher: RolloutConfig, settings: DacSettings, mesh: jax.sharding.Mesh | None = None,

@@ -33,8 +33,10 @@ log = logging.getLogger(__name__)
 
 SCORES = ("accuracy", "em", "f1")  # what the overall and macro averages report
 # An agent that may abstain (DAC's generator): the share of samples answered (not abstained, not
-# invalid), EM accuracy over those, and the abstention rate. Abstentions score 0 in EM and F1.
-ABSTENTION_SCORES = ("coverage", "accuracy_answered", "abstain_rate")
+# invalid), EM accuracy over those, the abstention rate and its precision and recall against the
+# evidence's insufficiency (S = 0). Abstentions score 0 in EM and F1.
+ABSTENTION_SCORES = ("coverage", "accuracy_answered", "abstain_rate", "abstain_precision",
+                     "abstain_recall")
 
 
 def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], batch_size: int,
@@ -69,7 +71,10 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
     batch_rows: list[list[dict[str, Any]]] = [[] for _ in range(real)]
     for s in range(samples):
       rng = jax.random.fold_in(jax.random.fold_in(root, index), s)
-      batch, _ = engine.run(params, questions, rng)
+      # An agent with labels of its own (DAC: the sufficiency of each evidence set) gets golds.
+      labels = {"golds": [r["golden_answers"] for r in chunk]} \
+          if getattr(engine, "labels_from_golds", False) else {}
+      batch, _ = engine.run(params, questions, rng, **labels)
       for i, rec in enumerate(chunk[:real]):
         answer = batch.answers[i] if batch.answered[i] else None
         golds = list(rec["golden_answers"])
@@ -80,6 +85,7 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
             "format_ok": bool(batch.format_valid[i])})
         if hasattr(batch, "abstentions"):  # an agent that may abstain (DAC)
           batch_rows[i][-1]["abstained"] = bool(batch.abstentions[i])
+          batch_rows[i][-1]["sufficient"] = bool(batch.sufficient[i])
     rows += [row for question in batch_rows for row in question]
   return {"n": len(records), "samples": samples, **row_means(rows), "per_question": rows}
 
@@ -98,6 +104,11 @@ def row_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
     out["coverage"] = float(answered.mean())
     out["accuracy_answered"] = float(np.mean(col("em")[answered] > 0)) if answered.any() else 0.0
     out["abstain_rate"] = float(col("abstained").mean())
+    abstained, insufficient = col("abstained") > 0, col("sufficient") == 0
+    # Against the label S of the evidence the answer was given on: P(S = 0 | abstained) and
+    # P(abstained | S = 0) (0 when nothing abstained / no set was insufficient).
+    out["abstain_precision"] = float(insufficient[abstained].mean()) if abstained.any() else 0.0
+    out["abstain_recall"] = float(abstained[insufficient].mean()) if insufficient.any() else 0.0
   return out
 
 
