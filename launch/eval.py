@@ -6,6 +6,8 @@ r"""EM, F1 and accuracy per benchmark, from a run's checkpoint or a Hugging Face
   # CW-GRPO's evaluation: its 400-question mix, 4 samples per question at temperature 1
   python launch/eval.py --config=configs/cw_grpo.py:qwen3-8b --workdir=/mnt/shared/runs/cw8b \
       --config.data.eval=cw_grpo_400 --samples=4 --temperature=1.0
+  # DAC: the searcher then the generator (both adapters of the run); an abstention is wrong
+  python launch/eval.py --config=configs/dac.py:demo --workdir=runs/demo/dac
 
 Benchmarks: config.data.eval (comma-separated names, or a named list such as cw_grpo_400 that
 fixes each member's split and size: agentjax/data/searchqa.py BENCHMARK_LISTS), split
@@ -14,7 +16,10 @@ config's retriever and rollout limits. Greedy, one rollout per question, unless 
 then --samples rollouts per question sampled at that temperature, seeded by config.seed.
 Accuracy is the share of samples whose answer EM > 0; "overall" is the mean over every sample of
 the mix (CW-GRPO's code), "average" the macro average over benchmarks
-(agentjax/train/evaluation.py).
+(agentjax/train/evaluation.py). A DAC run (trainer "dac") is evaluated as it trains: the searcher
+gathers evidence, the generator answers or abstains; an abstention scores 0, and each benchmark
+also reports coverage (the share answered), accuracy when answered, and the abstention rate with
+its precision and recall against insufficient evidence.
 
 Prints a table, writes JSON (per-sample answers and the judge identity included) to --output
 (default {workdir}/eval_{split}_{step}[_samples{S}_t{T}].json, or
@@ -64,7 +69,7 @@ def main(_):
                          f"identical")
   common.init_distributed()
   import jax
-  from agentjax.train.evaluation import eval_benchmarks, format_table
+  from agentjax.train.evaluation import ABSTENTION_SCORES, eval_benchmarks, format_table
   result = eval_benchmarks(_CONFIG.value, workdir=_WORKDIR.value, hf_path=_HF_PATH.value,
                            step=_STEP.value, samples=_SAMPLES.value,
                            temperature=_TEMPERATURE.value)
@@ -89,7 +94,9 @@ def main(_):
   print(json.dumps({"eval": result["source"], "split": split, "samples": result["samples"],
                     "temperature": result["temperature"], "judge": result["judge"],
                     **{name: {"accuracy": round(b["accuracy"], 4), "em": round(b["em"], 4),
-                              "f1": round(b["f1"], 4), "n": b["n"]}
+                              "f1": round(b["f1"], 4), "n": b["n"],
+                              # DAC: coverage, accuracy when answered, abstention rate/P/R
+                              **{k: round(b[k], 4) for k in ABSTENTION_SCORES if k in b}}
                        for name, b in result["benchmarks"].items()},
                     "overall": _rounded(result["overall"]),
                     "average": _rounded(result["average"])}))

@@ -192,6 +192,12 @@ class DacStep:
         # searcher's.
         "reward": float(gen_reward.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
         "format_error_rate": float(1.0 - gb.format_valid.mean()),
+        # S of everything the searcher retrieved (as RLStep logs it for a monolithic agent);
+        # dac/sufficiency_rate is S of what the generator was shown (the rewards' label).
+        "sufficiency_rate": float(np.mean([
+            R.sufficient(R.evidence_set([t.documents for t in turns]), golds[g],
+                         self.agent.settings.sufficiency_match)
+            for turns, g in zip(sb.turns, sb.group_ids)])),
         "answered": float(gb.answered.mean()), "truncated": float(sb.truncated.mean()),
         "turns": float(sb.num_turns.mean()),
         "search_queries": float(queries), "search_failures": float(failed),

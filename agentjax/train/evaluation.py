@@ -229,9 +229,13 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
 def format_table(result: Mapping[str, Any]) -> str:
   """The benchmarks of eval_benchmarks' result as a fixed-width text table, then the
   sample-weighted overall and the macro average."""
-  lines = [f"{'benchmark':<18}{'n':>6}{'acc':>9}{'EM':>9}{'F1':>9}"]
+  abstains = bool(result["benchmarks"]) and all("coverage" in b
+                                                for b in result["benchmarks"].values())
+  lines = [f"{'benchmark':<18}{'n':>6}{'acc':>9}{'EM':>9}{'F1':>9}" +
+           (f"{'coverage':>10}{'acc|ans':>9}" if abstains else "")]
   for name, b in result["benchmarks"].items():
-    lines.append(f"{name:<18}{b['n']:>6}{b['accuracy']:>9.4f}{b['em']:>9.4f}{b['f1']:>9.4f}")
+    lines.append(f"{name:<18}{b['n']:>6}{b['accuracy']:>9.4f}{b['em']:>9.4f}{b['f1']:>9.4f}" +
+                 (f"{b['coverage']:>10.4f}{b['accuracy_answered']:>9.4f}" if abstains else ""))
   n = sum(b["n"] for b in result["benchmarks"].values())
   for label, key, count in (("overall (samples)", "overall", n), ("average (macro)", "average",
                                                                    "")):

@@ -21,6 +21,7 @@ import numpy as np
 import optax
 
 from agentjax.agent import RolloutEngine
+from agentjax.dac.rewards import evidence_set, sufficient
 from agentjax.judge import build_judge
 from agentjax.judge.stage import JudgePass
 from agentjax.parallel import use_mesh
@@ -182,6 +183,11 @@ class RLStep:
     metrics = {
         "reward": float(outcome.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
         "format_error_rate": float(1.0 - batch.format_valid.mean()),
+        # The share of trajectories whose retrieved documents hold a gold answer (DAC's label S
+        # of the evidence, for any agent: DAC's study compares it with its searcher's).
+        "sufficiency_rate": float(np.mean([
+            sufficient(evidence_set([t.documents for t in turns]), g)
+            for turns, g in zip(batch.turns, row_golds)])),
         "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
         "turns": float(batch.num_turns.mean()),
         "search_queries": float(queries), "search_failures": float(failed),
