@@ -64,18 +64,20 @@ def get_config(arg: str = "demo"):
     c.rollout.protocol = "answer_only"
     c.sft.demos = GENERATOR_DEMOS
     c.sft.corpus_path = ""
-    c.sft.steps = 150
+    c.sft.steps = 400
     c.sft.batch_size = 16
     c.sft.max_len = 512
     c.sft.lr = 1e-3
     c.sft.micro_batches = 1
     c.sft.length_buckets = ()
-    c.sft.checkpoint_every = 50
+    c.sft.checkpoint_every = 100
     return config
   if arg == "demo":
     c.optimizer.lr = LORA_LR
     c.model.lora.init = f"generator={GENERATOR_INIT}"
-    c.dac.generator_samples = 4
+    # Two answers per evidence set (the generator's GRPO group; base.py's default is 4): keeps a
+    # demo step about twice a monolithic one on a CPU.
+    c.dac.generator_samples = 2
     c.dac.max_evidence_docs = 4
     c.dac.generator_max_new_tokens = 32
     c.dac.generator_max_total_tokens = 768
