@@ -56,6 +56,12 @@ def get_config(arg: str = "demo"):
   c.model.lora.rank = 32
   c.model.lora.alpha = 32.0
   c.train.export_hf = False
+  if arg in ("demo", "generator_sft"):
+    # The demo's tokenizer was trained on SynthWorld text, where "insufficient evidence" never
+    # occurs: it splits into byte tokens whose output embeddings the from-scratch model never
+    # trained and a LoRA cannot sharpen (greedy decoding writes it, sampling at temperature 1
+    # garbles it, so no sampled abstention would ever count). These words are all frequent there.
+    c.dac.abstain_text = "I need to search"
   if arg == "generator_sft":
     # LoRA SFT of the generator alone (trainer sft trains the first adapter) on prompts the DAC
     # rollout builds (protocol answer_only: the prompt is the generator's whole instruction).
