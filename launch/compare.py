@@ -114,6 +114,23 @@ LORA_METHODS = {
 }
 
 
+# DAC's study (issue 18 section 4): the monolithic policy by GRPO with full fine-tuning and with
+# one LoRA adapter (the LoRA study's rank, alpha and rate: separates "decomposition" from "LoRA"),
+# against DAC (configs/dac.py:demo, two LoRA roles) and its ablations: the searcher rewarded by S
+# alone (no abstention term), no hard-positive augmentation, alpha 0.1 / 0.5 (dac is 0.3).
+DAC_METHODS = {
+    "grpo_full": ("grpo", {}),
+    "grpo_lora": ("grpo", LORA_METHODS["lora_r32"][1]),
+    "dac": ("dac", {}),
+    "dac_sufficient_only": ("dac", {"dac.searcher_reward": "sufficient_only"}),
+    "dac_no_aug": ("dac", {"dac.augment_rate": 0.0}),
+    "dac_alpha0.1": ("dac", {"dac.alpha": 0.1}),
+    "dac_alpha0.5": ("dac", {"dac.alpha": 0.5}),
+}
+DAC_START = "dac_start"  # pseudo-method: the DAC agent before RL (the generator's warm start)
+GENERATOR_SFT = "generator_sft"  # {root}/{size}/generator_sft: the generator's warm start
+
+
 @dataclasses.dataclass(frozen=True)
 class Study:
   """One study's methods and defaults (--root, --out, --sizes, --sft_from when not given)."""
@@ -130,12 +147,14 @@ STUDIES = {
     "cw_grpo": Study(CW_METHODS, "runs/cw_grpo", "docs/results/cw_grpo", ("base",), False,
                      "runs/demo"),
     "lora": Study(LORA_METHODS, "runs/lora", "docs/results/lora", ("wide",), True, ""),
+    "dac": Study(DAC_METHODS, "runs/dac", "docs/results/dac", ("base",), False, "runs/cw_grpo"),
 }
 SPLITS = ("dev", "test")
 
 _STUDY = flags.DEFINE_enum("study", "igpo", list(STUDIES), "igpo: IGPO vs GRPO (docs/results); "
                           "cw_grpo: CW-GRPO vs GRPO and its judge controls (docs/results/cw_grpo); "
-                          "lora: IGPO with LoRA vs full fine-tuning (docs/results/lora).")
+                          "lora: IGPO with LoRA vs full fine-tuning (docs/results/lora); "
+                          "dac: DAC's two LoRA roles vs monolithic GRPO (docs/results/dac).")
 _ROOT = flags.DEFINE_string("root", "", "Folder of the world and every run (default: the study's, "
                             "runs/compare or runs/cw_grpo).")
 _OUT = flags.DEFINE_string("out", "", "Where the tables and plots go (default: the study's, "
@@ -160,6 +179,12 @@ _FIRST_CORE = flags.DEFINE_integer("first_core", 0, "With --pin_cores: worker k 
                                    "first_core + k.")
 _REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only build the report.")
 _RUN = flags.DEFINE_string("run", "", "Internal: run one size/method/seed in this process.")
+_EVAL_SIZE = flags.DEFINE_integer("eval_size", 0, "Questions of each eval split (0: the whole "
+                                  "split); less only for smoke tests.")
+_GENERATOR_SFT_STEPS = flags.DEFINE_integer("generator_sft_steps", 0, "dac study: steps of the "
+                                            "generator's warm start (0: configs/dac.py:"
+                                            "generator_sft's sft.steps); less only for smoke "
+                                            "tests.")
 _HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the report (default: "
                                 "this machine's CPU and core count).")
 
@@ -194,6 +219,8 @@ def result_path(root: str, spec: str) -> str:
   size, method, seed = spec.split("/")
   if method == "sft":
     return os.path.join(root, size, "start.json")
+  if method == GENERATOR_SFT:
+    return os.path.join(root, size, GENERATOR_SFT, "result.json")
   return os.path.join(root, size, method, f"seed{seed}", "result.json")
 
 
@@ -212,9 +239,12 @@ def sft_config(root: str, size: str):
   return config
 
 
-def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: str = "igpo"):
+def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: str = "igpo",
+              eval_size: int = 0):
   """The RL config of one run of `study`: the method's config file and overrides on the demo
-  preset, the world under `root`, the size's SFT export as the start."""
+  preset, the world under `root`, the size's SFT export as the start (and with DAC, the
+  generator adapter from the size's warm start, generator_config). eval_size: questions of each
+  eval split (0: the whole split)."""
   import importlib
   module, overrides = STUDIES[study].methods[method]
   config = importlib.import_module(f"configs.{module}").get_config("demo")
@@ -229,6 +259,10 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
   config.train.checkpoint_every = 10
   config.train.export_hf = False
   config.rl.probe_all = STUDIES[study].probe_all
+  if eval_size:  # smoke tests only: the first eval_size questions of each split
+    config.data.eval_size = eval_size
+  if config.trainer == "dac":  # the generator adapter starts from this size's warm start
+    config.model.lora.init = f"generator={generator_init(root, size)}"
   for key, value in overrides.items():
     *parents, leaf = key.split(".")
     node = config
@@ -237,6 +271,28 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
     if leaf not in node:  # a typo must not become a new, unread field
       raise KeyError(f"method {method!r}: config has no field {key!r}")
     node[leaf] = value
+  return config
+
+
+def generator_init(root: str, size: str) -> str:
+  """The PEFT folder of the generator's warm start of `size` (DAC runs' model.lora.init)."""
+  return os.path.join(root, size, GENERATOR_SFT, "adapters", "generator")
+
+
+def generator_config(root: str, size: str, steps: int = 0):
+  """configs/dac.py:generator_sft on the world under `root`, from the size's SFT export: LoRA SFT
+  of the "generator" adapter on generator demonstrations written under {root}/{size}/
+  generator_sft/ (agentjax/dac/warmstart.py). steps: 0 keeps the preset's sft.steps."""
+  from configs import dac
+  config = dac.get_config(GENERATOR_SFT)
+  corpus = config.sft.corpus_path  # the preset's ("": demonstrations only); use_demo_world sets it
+  _point_at_world(config, root, size)
+  config.sft.corpus_path = corpus
+  config.sft.demos = os.path.join(root, size, GENERATOR_SFT, "generator_demos.jsonl")
+  config.model.hf_path = os.path.join(root, size, "sft", "hf_export")
+  config.model.tokenizer_path = ""
+  if steps:
+    config.sft.steps = steps
   return config
 
 
@@ -250,42 +306,75 @@ def _split_result(root: str, split: str, rows: list[dict]) -> dict:
           "acc": sum(q["em"] > 0 for q in rows) / n, "n": n,
           "per_hop": {f"{h}-hop": f1 for h, f1 in f1_by_hops(rows, hops).items()},
           "f1_by_id": {q["id"]: q["f1"] for q in rows},
-          "em_by_id": {q["id"]: q["em"] for q in rows}}
+          "em_by_id": {q["id"]: q["em"] for q in rows}, **answer_scores(rows)}
+
+
+def answer_scores(rows: list[dict]) -> dict:
+  """Coverage (share of questions answered: not abstained, not invalid), accuracy when answered
+  (EM > 0) and, for an agent that may abstain (rows with "abstained" and "sufficient": DAC), the
+  abstention rate and its precision P(S = 0 | abstained) and recall P(abstained | S = 0)
+  (evaluation.row_means); a monolithic agent never abstains (rate 0, no precision or recall)."""
+  from agentjax.train.evaluation import ABSTENTION_SCORES, row_means
+  if rows and all("abstained" in q for q in rows):
+    means = row_means(rows)
+    return {k: means[k] for k in ABSTENTION_SCORES}
+  answered = [q for q in rows if q["answer"] is not None]
+  return {"coverage": len(answered) / len(rows) if rows else 0.0,
+          "accuracy_answered": (sum(q["em"] > 0 for q in answered) / len(answered)
+                                if answered else 0.0), "abstain_rate": 0.0}
 
 
 def _eval_split(config, root: str, split: str, **source) -> dict:
   """Greedy eval of the whole split, from a checkpoint (workdir=) or HF folder (hf_path=)."""
   from agentjax.train.trainer import eval_benchmarks
   c = config.copy_and_resolve_references()
-  c.data.eval_split = split
-  c.data.eval_size = 0
+  c.data.eval_split = split  # the whole split (rl_config's eval_size: smoke tests only)
   rows = eval_benchmarks(c, **source)["per_question"]["synthworld"]
   return _split_result(root, split, rows)
 
 
-def run_one(root: str, spec: str, steps: int, study: str = "igpo") -> None:
+def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: int = 0,
+            generator_sft_steps: int = 0) -> None:
   """One size/method/seed RL run + its final dev/test eval, or the SFT (+ start eval) of a size.
-  A size whose SFT export exists (a finished SFT, or one reused by _reuse_sft) is not trained."""
+  A size whose SFT export exists (a finished SFT, or one reused by _reuse_sft) is not trained.
+  DAC's study also has the generator's warm start (size/generator_sft/0) and the eval of the DAC
+  agent before RL (size/dac_start/0); its DAC runs add the augmentation check."""
   from agentjax.judge import judge_identity
   from agentjax.train.trainer import train
   size, method, seed = spec.split("/")
+  if method == GENERATOR_SFT:
+    run_generator_sft(root, size, generator_sft_steps)
+    return
+  if method == DAC_START:  # both roles as RL starts them: the backbone and the warm start
+    config = rl_config(root, size, "dac", 0, steps, study, eval_size)
+    t0 = time.time()
+    result = {split: _dac_split(config, root, split) for split in SPLITS}
+    result["minutes"] = (time.time() - t0) / 60
+    os.makedirs(os.path.dirname(result_path(root, spec)), exist_ok=True)
+    _write(result_path(root, spec), result)
+    return
   if method == "sft":
     if not os.path.exists(os.path.join(root, size, "sft", "hf_export", "config.json")):
       train(sft_config(root, size), os.path.join(root, size, "sft"))
     start = os.path.join(root, size, "start.json")
     if not os.path.exists(start):
-      rl = rl_config(root, size, next(iter(STUDIES[study].methods)), 0, steps, study)
+      rl = rl_config(root, size, next(iter(STUDIES[study].methods)), 0, steps, study,
+                     eval_size)
       _write(start, {split: _eval_split(rl, root, split, hf_path=rl.model.hf_path)
                      for split in SPLITS})
     return
   workdir = os.path.join(root, size, method, f"seed{seed}")
-  config = rl_config(root, size, method, int(seed), steps, study)
+  config = rl_config(root, size, method, int(seed), steps, study, eval_size)
   t0 = time.time()
   train(config, workdir)
   # The trainer's final eval is the whole dev split (500 questions, greedy); test is added here.
   with open(os.path.join(workdir, "eval", f"{steps}.json")) as f:
-    result = {"dev": _split_result(root, "dev", json.load(f)["per_question"])}
+    dev_rows = json.load(f)["per_question"]
+  result = {"dev": _split_result(root, "dev", dev_rows)}
   result["test"] = _eval_split(config, root, "test", workdir=workdir)
+  if config.trainer == "dac":  # the generator on dev evidence with distractors vs clean
+    result["augmentation_check"] = augmentation_summary(
+        augmented_dev_rows(config, workdir), dev_rows)
   result["minutes"] = (time.time() - t0) / 60  # of this invocation (less after a resume)
   result["steps"] = steps
   result["judge"] = judge_identity(config.judge)  # backend, model, prompt hash, study noise
@@ -296,6 +385,122 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo") -> None:
   result["train_state"] = train_state_bytes(config)
   result["checkpoint_bytes"] = _tree_bytes(os.path.join(workdir, "checkpoints", str(steps)))
   _write(result_path(root, spec), result)
+
+
+def run_generator_sft(root: str, size: str, steps: int = 0) -> None:
+  """DAC's generator warm start of `size` (configs/dac.py:generator_sft, generator_config): its
+  demonstrations written from the world's searcher demonstrations, then LoRA SFT of the
+  "generator" adapter; every DAC method and seed starts its generator adapter from the PEFT
+  export. Writes {root}/{size}/generator_sft/result.json (the demos' counts, the last SFT step's
+  loss and token accuracy, minutes)."""
+  from agentjax.dac.warmstart import write_generator_demos
+  from agentjax.jsonl import iter_json_objects
+  from agentjax.train.trainer import train
+  config = generator_config(root, size, steps)
+  workdir = os.path.join(root, size, GENERATOR_SFT)
+  t0 = time.time()
+  if not os.path.exists(config.sft.demos):
+    write_generator_demos(config)
+  demos = [row for _, row in iter_json_objects(config.sft.demos, ValueError, what="demos")]
+  train(config, workdir)
+  if not os.path.isdir(generator_init(root, size)):
+    raise RuntimeError(f"{workdir}: the warm start left no PEFT folder {generator_init(root, size)}")
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    last = [m for m in map(json.loads, f) if "loss" in m][-1]
+  _write(result_path(root, f"{size}/{GENERATOR_SFT}/0"), {
+      "demos": len(demos), "sufficient": sum(bool(r["sufficient"]) for r in demos),
+      "steps": config.sft.steps, "batch_size": config.sft.batch_size, "lr": config.sft.lr,
+      "last_loss": last["loss"], "last_accuracy": last["accuracy"],
+      "minutes": (time.time() - t0) / 60})
+
+
+def _dac_split(config, root: str, split: str) -> dict:
+  """Greedy eval of the DAC agent before RL on `split`: the searcher adapter at its init (B = 0:
+  the backbone) and the generator adapter from the warm start (the params RL starts from)."""
+  from agentjax.parallel import make_mesh, use_mesh
+  from agentjax.train import config as config_lib
+  from agentjax.train.evaluation import eval_questions, evaluate
+  from agentjax.train.trainer import TrainTarget, load_model, make_agents, make_search_backend
+  c = config.copy_and_resolve_references()
+  c.data.eval_split = split
+  mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+  cfg, params, tokenizer = load_model(c, mesh)
+  target = TrainTarget.build(c, cfg, params, mesh)
+  _, agent = make_agents(c, cfg, tokenizer, make_search_backend(c), mesh, target.spec,
+                         eval_only=True)
+  name = config_lib.benchmark_list(c.data.eval, "data.eval")[0]
+  _, records = eval_questions(c)[name]
+  with use_mesh(mesh):
+    rows = evaluate(agent, target.rollout_params(target.trainable), records,
+                    c.train.eval_batch)["per_question"]
+  return _split_result(root, split, rows)
+
+
+def augmented_dev_rows(config, workdir: str) -> list[dict]:
+  """The augmentation check's rollouts (issue 18 section 4, methods spec 5.9): the run's final
+  searcher and generator, greedy, one answer per evidence set, on the dev questions the trainer's
+  final eval used, with dac.augment_rate = 1: every sufficient evidence set gets augment_k hard
+  distractors (answer-free retriever hits for the searcher's own queries) shuffled in, as in
+  training. Batches as the trainer's eval (train.eval_batch, the last padded), so the searcher's
+  greedy trajectories are the eval's; the augmentation rng of batch b is
+  default_rng([config.seed, b]). Returns per question {"id", "answer", "sufficient",
+  "augmented", "distractors", "abstained", "correct"}."""
+  import jax
+  import numpy as np
+  from agentjax.parallel import make_mesh, use_mesh
+  from agentjax.train import config as config_lib
+  from agentjax.train.evaluation import eval_questions
+  from agentjax.train.trainer import make_agents, make_search_backend, restore_trainable
+  c = config.copy_and_resolve_references()
+  c.dac.augment_rate = 1.0
+  mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+  cfg, target, trainable, tokenizer, _ = restore_trainable(c, workdir, mesh,
+                                                           purpose="check augmentation")
+  _, agent = make_agents(c, cfg, tokenizer, make_search_backend(c), mesh, target.spec,
+                         eval_only=True)
+  name = config_lib.benchmark_list(c.data.eval, "data.eval")[0]
+  _, records = eval_questions(c)[name]
+  params, size, rows = target.rollout_params(trainable), c.train.eval_batch, []
+  with use_mesh(mesh):
+    for b, start in enumerate(range(0, len(records), size)):
+      chunk = list(records[start:start + size])
+      real = len(chunk)
+      chunk += [chunk[-1]] * (size - real)  # the eval's padding: one compiled shape
+      out, _ = agent.run(params, [r["question"] for r in chunk], jax.random.key(0),
+                         golds=[r["golden_answers"] for r in chunk],
+                         aug_rng=np.random.default_rng([int(c.seed), b]))
+      for i, rec in enumerate(chunk[:real]):
+        rows.append({"id": rec["id"], "answer": out.answers[i] if out.answered[i] else None,
+                     "sufficient": bool(out.sufficient[i]), "augmented": bool(out.augmented[i]),
+                     "distractors": int(out.distractors[i]), "abstained": bool(out.abstained[i]),
+                     "correct": bool(out.correct[i])})
+  return rows
+
+
+def augmentation_summary(augmented_rows: list[dict], clean_rows: list[dict]) -> dict:
+  """The augmentation check from the augmented pass's rows (augmented_dev_rows) and the clean
+  eval's rows of the same questions (the trainer's final dev eval: "id", "answer", "em",
+  "abstained", "sufficient"): on the questions whose evidence was sufficient in both passes and
+  got distractors in the augmented one, the generator's accuracy (EM > 0; an abstention is
+  wrong) and abstention rate with distractors vs clean (paired: same questions, same searcher
+  trajectories). consistency: the share of the other questions (nothing added) whose answer is
+  the clean eval's, a check that both passes saw the same searcher trajectories (1.0 expected)."""
+  clean = {r["id"]: r for r in clean_rows}
+  both = [r for r in augmented_rows if r["augmented"] and r["sufficient"]
+          and clean[r["id"]]["sufficient"]]
+  rest = [r for r in augmented_rows if not r["augmented"]]
+  share = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+  acc_aug = share([r["correct"] for r in both])
+  acc_clean = share([clean[r["id"]]["em"] > 0 for r in both])
+  return {
+      "n_augmented_sufficient": len(both),
+      "n_sufficient": sum(r["sufficient"] for r in augmented_rows),
+      "distractors_per_set": share([r["distractors"] for r in both]),
+      "accuracy_augmented": acc_aug, "accuracy_clean": acc_clean,
+      "accuracy_drop": None if acc_aug is None else acc_clean - acc_aug,
+      "abstain_rate_augmented": share([r["abstained"] for r in both]),
+      "abstain_rate_clean": share([clean[r["id"]]["abstained"] for r in both]),
+      "consistency": share([r["answer"] == clean[r["id"]]["answer"] for r in rest])}
 
 
 def train_state_bytes(config) -> dict:
@@ -362,7 +567,8 @@ def _spawn(spec: str) -> tuple[str, int | None, float]:
     return spec, None, 0.0
   log = os.path.join(root, spec.replace("/", "_") + ".log")
   cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={root}",
-         f"--steps={_STEPS.value}", f"--study={_STUDY.value}"]
+         f"--steps={_STEPS.value}", f"--study={_STUDY.value}", f"--eval_size={_EVAL_SIZE.value}",
+         f"--generator_sft_steps={_GENERATOR_SFT_STEPS.value}"]
   core = _FREE_CORES.get() if _PIN.value else None
   if core is not None:
     cmd = ["taskset", "-c", str(core)] + cmd
@@ -416,10 +622,13 @@ def reuse_sft(root: str, source: str, topk: int) -> str:
   target = os.path.join(root, "base", "sft", "hf_export")
   if os.path.exists(os.path.join(target, "config.json")):
     return f"base SFT export: {target} exists"
-  recorded = _read_json(os.path.join(source, "sft", "config.json"))
-  export = os.path.join(source, "sft", "hf_export")
+  # `make demo`'s layout ({source}/sft) or a study's ({source}/base/sft, with its start.json).
+  base = os.path.join(source, "base") if os.path.isdir(os.path.join(source, "base", "sft")) \
+      else source
+  recorded = _read_json(os.path.join(base, "sft", "config.json"))
+  export = os.path.join(base, "sft", "hf_export")
   if recorded is None or not os.path.exists(os.path.join(export, "config.json")):
-    return f"base SFT: no finished SFT in {source}/sft; trained here"
+    return f"base SFT: no finished SFT in {base}/sft; trained here"
   for name in ("synthworld", "tfds", "bm25_index"):
     if not os.path.exists(os.path.join(root, name)):
       shutil.copytree(os.path.join(source, name), os.path.join(root, name))
@@ -432,10 +641,18 @@ def reuse_sft(root: str, source: str, topk: int) -> str:
             "trained here")
   os.makedirs(os.path.dirname(target), exist_ok=True)
   shutil.copytree(export, target + ".tmp", dirs_exist_ok=True)
-  shutil.copy(os.path.join(source, "sft", "config.json"),
+  shutil.copy(os.path.join(base, "sft", "config.json"),
               os.path.join(root, "base", "sft", "config.json"))
   os.replace(target + ".tmp", target)  # an interrupted copy never looks like an export
-  return f"base SFT export and world: copied from {source} (same world and SFT settings)"
+  done = f"base SFT export and world: copied from {base} (same world and SFT settings)"
+  # A study's eval of that export (start.json: the demo RL config, whole dev and test splits)
+  # is the one this study would make: reused too.
+  start = os.path.join(base, "start.json")
+  if base != source and os.path.exists(start) and not os.path.exists(
+      os.path.join(root, "base", "start.json")):
+    shutil.copy(start, os.path.join(root, "base", "start.json"))
+    done += f"; its start eval {start} too"
+  return done
 
 
 def _run_all() -> None:
@@ -452,14 +669,22 @@ def _run_all() -> None:
     for k in range(_WORKERS.value):
       _FREE_CORES.put(cores[(_FIRST_CORE.value + k) % len(cores)])
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
-    for stage in ("sft", "rl"):
-      if stage == "sft":
-        specs = [f"{s}/sft/0" for s in _sizes()]
+    # DAC's study: the generator's warm start after the SFT, and the DAC agent's eval before RL
+    # beside the RL runs (stage "rl" runs only sizes whose earlier stages are done).
+    stages = ("sft", GENERATOR_SFT, "rl") if study == "dac" else ("sft", "rl")
+    for i, stage in enumerate(stages):
+      if stage != "rl":
+        ready = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
+                                            for x in stages[:i])]
+        specs = [f"{s}/{stage}/0" for s in ready]
       else:  # only sizes whose SFT start is ready (another process may still be training one)
-        sizes = [s for s in _sizes() if os.path.exists(result_path(root, f"{s}/sft/0"))]
+        sizes = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
+                                            for x in stages[:-1])]
         for s in set(_sizes()) - set(sizes):
           _say(f"size {s}: its SFT start is not ready (held by another process?); skipped")
         specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _methods()]
+        if study == "dac":
+          specs = [f"{s}/{DAC_START}/0" for s in sizes] + specs
       specs = [x for x in specs if not os.path.exists(result_path(root, x))]
       _say(f"{len(specs)} run(s): {' '.join(specs)}")
       for spec, rc, secs in pool.map(_spawn, specs):
@@ -959,6 +1184,291 @@ def markdown_lora(table: dict, steps: int, hardware: str) -> str:
 LORA_PANELS = (("f1", "f1_vs_step", "training F1"),)
 
 
+# ============================================================================ DAC report
+
+# The monolithic baseline every method is paired with; the alpha ablation's methods by alpha.
+DAC_REFERENCE = "grpo_full"
+DAC_ALPHAS = (("dac_alpha0.1", 0.1), ("dac", 0.3), ("dac_alpha0.5", 0.5))
+# Per split of result.json: (column, key); precision and recall only exist for an agent that
+# abstains (DAC), and "—" is shown for the others.
+DAC_SPLIT_KEYS = ("f1", "em", "coverage", "accuracy_answered", "abstain_rate",
+                  "abstain_precision", "abstain_recall")
+# Training metrics (metrics.jsonl) averaged over a run's last WINDOW steps.
+DAC_TRAIN_KEYS = (("train_f1", "f1"), ("sufficiency_rate", "sufficiency_rate"),
+                  ("train_abstain_rate", "dac/abstain_rate"),
+                  ("train_abstain_precision", "dac/abstain_precision"),
+                  ("train_abstain_recall", "dac/abstain_recall"),
+                  ("searcher_reward", "dac/searcher_reward"),
+                  ("generator_reward", "dac/generator_reward"))
+AUG_KEYS = ("accuracy_clean", "accuracy_augmented", "accuracy_drop", "abstain_rate_clean",
+            "abstain_rate_augmented", "n_augmented_sufficient", "consistency")
+
+
+def _ms(xs: list) -> tuple[float, float] | None:
+  """Mean ± sample std of the values that exist (None when none does)."""
+  xs = [x for x in xs if x is not None]
+  return _mean_std(xs) if xs else None
+
+
+def _last_mean(curve: list[dict], key: str, w: int = WINDOW) -> float | None:
+  """Mean of `key` over the last w steps that log it (None: never logged)."""
+  xs = [m[key] for m in curve if key in m][-w:]
+  return sum(xs) / len(xs) if xs else None
+
+
+def _dac_train_accuracy(curve: list[dict]) -> dict[str, float | None]:
+  """The generator's training accuracy on sufficient evidence sets without / with distractors,
+  over every step, each step weighted by its share of such sets (dac/accuracy_* is a per-step
+  share, logged 0 when the step has no such set): clean sets ~ dac/sufficiency_rate -
+  dac/augmented_rate (augmented sets are sufficient), augmented ~ dac/augmented_rate."""
+  clean = lambda m: max(m["dac/sufficiency_rate"] - m["dac/augmented_rate"], 0.0)  # noqa: E731
+  if not all("dac/augmented_rate" in m for m in curve):
+    return {"accuracy_clean": None, "accuracy_augmented": None}
+  return {"accuracy_clean": _step_mean(curve, "dac/accuracy_clean", clean),
+          "accuracy_augmented": _step_mean(curve, "dac/accuracy_augmented",
+                                           lambda m: m["dac/augmented_rate"])}
+
+
+def summarize_dac(study: dict, dac_start: dict | None = None,
+                  reference: str = DAC_REFERENCE) -> dict:
+  """Per size and method of DAC's study: mean ± sample std over seeds of dev and test F1 / EM
+  (an abstention is wrong), coverage, accuracy when answered, abstention rate, precision and
+  recall against S = 0; training figures over the last WINDOW steps (F1, the sufficiency rate of
+  the searcher's retrieved documents, abstention); the sufficiency rate's rise (last WINDOW steps
+  minus first WINDOW); the generator's training accuracy on clean / augmented sufficient sets;
+  the augmentation check of each DAC run (augmentation_summary); each method against `reference`
+  seed by seed (paired per-question test F1 difference ± its standard error, training F1
+  paired by step); and the alpha ablation (DAC_ALPHAS). dac_start: the DAC agent's eval before
+  RL ({"dev", "test"}), reported as is."""
+  from agentjax.data.demo_world import paired_gain
+  table = {}
+  for size, s in study.items():
+    runs, start = s["runs"], s["start"]
+    ref = {r["seed"]: r for r in runs.get(reference, [])}
+    t = {"start": {split: {k: start[split][k] for k in ("f1", "em", "acc") if k in start[split]}
+                   for split in SPLITS}, "methods": {}, "alpha": []}
+    if dac_start:
+      t["dac_start"] = {split: {k: dac_start[split].get(k) for k in DAC_SPLIT_KEYS}
+                        for split in SPLITS}
+    for method, rs in runs.items():
+      row = {"seeds": len(rs), "overrides": rs[0].get("overrides")}
+      for split in SPLITS:
+        for k in DAC_SPLIT_KEYS:
+          row[f"{split}_{k}"] = _ms([r[split].get(k) for r in rs])
+        # (the start's questions that the run was evaluated on: all of them but in smoke tests)
+        row[f"{split}_gain"] = _ms([paired_gain(
+            {q: f for q, f in start[split]["f1_by_id"].items() if q in r[split]["f1_by_id"]},
+            r[split]["f1_by_id"])[0] for r in rs])
+      for column, key in DAC_TRAIN_KEYS:
+        row[column] = _ms([_last_mean(r["curve"], key) for r in rs])
+      rise = [_last_mean(r["curve"], "sufficiency_rate")
+              - sum(m["sufficiency_rate"] for m in r["curve"][:WINDOW]) / WINDOW
+              for r in rs if all("sufficiency_rate" in m for m in r["curve"])]
+      row["sufficiency_rise"] = _ms(rise)
+      accs = [_dac_train_accuracy(r["curve"]) for r in rs]
+      for k in ("accuracy_clean", "accuracy_augmented"):
+        row[f"train_{k}"] = _ms([a[k] for a in accs])
+      checks = [r["augmentation_check"] for r in rs if r.get("augmentation_check")]
+      if checks:
+        row["augmentation_check"] = {k: _ms([c[k] for c in checks]) for k in AUG_KEYS}
+        row["augmentation_check"]["per_seed"] = checks
+      row["step_s"] = _mean_std([_step_seconds(r["curve"])[1] for r in rs])
+      row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
+      paired = [r for r in rs if r["seed"] in ref]
+      if method != reference and paired:
+        per_seed = [paired_gain(ref[r["seed"]]["test"]["f1_by_id"], r["test"]["f1_by_id"])
+                    for r in paired]
+        row["vs_reference"] = {
+            "reference": reference, "seeds": [r["seed"] for r in paired],
+            "test_f1_points": [round(100 * d, 2) for d, _ in per_seed],
+            "test_f1_stderr_points": [round(100 * e, 2) for _, e in per_seed],
+            "seeds_ahead": sum(d > 0 for d, _ in per_seed),
+            "train_f1_paired_by_step": _mean_std(
+                [_paired_by_step(r, ref[r["seed"]], "f1") for r in paired]),
+            "sufficiency_paired_by_step": _ms(
+                [_paired_by_step(r, ref[r["seed"]], "sufficiency_rate") for r in paired
+                 if all("sufficiency_rate" in m for m in r["curve"] + ref[r["seed"]]["curve"])])}
+      t["methods"][method] = row
+    for method, alpha in DAC_ALPHAS:
+      if method in t["methods"]:
+        r = t["methods"][method]
+        t["alpha"].append({"alpha": alpha, "method": method, "seeds": r["seeds"],
+                           **{k: r[k] for k in ("dev_abstain_rate", "dev_abstain_precision",
+                                                "dev_abstain_recall", "dev_coverage",
+                                                "dev_accuracy_answered", "test_abstain_rate",
+                                                "test_abstain_precision", "test_abstain_recall",
+                                                "test_f1", "train_abstain_rate")}})
+    table[size] = t
+  return table
+
+
+def _pct(ms, digits: int = 1) -> str:
+  """A share as percent, mean ± std ("—" when absent)."""
+  if ms is None:
+    return "—"
+  return _pm((100 * ms[0], 100 * ms[1]), digits)
+
+
+def markdown_dac(table: dict, steps: int, hardware: str) -> str:
+  """results.md of DAC's study: the method table (dev and test), training figures, the paired
+  comparison with full fine-tuning, the alpha ablation and the augmentation check."""
+  lines = []
+  for size, t in table.items():
+    st = t["start"]
+    lines += [f"### {size} model ({hardware})", "",
+              f"SFT start (monolithic, greedy, whole splits): dev F1 {st['dev']['f1']:.3f}, EM "
+              f"{st['dev']['em']:.3f}; test F1 {st['test']['f1']:.3f}, EM "
+              f"{st['test']['em']:.3f}."]
+    if "dac_start" in t:
+      d = t["dac_start"]
+      lines.append(
+          "DAC before RL (searcher = the SFT model, its adapter at B = 0; generator = the warm "
+          f"start): dev F1 {d['dev']['f1']:.3f} (coverage {d['dev']['coverage']:.3f}, abstention "
+          f"{d['dev']['abstain_rate']:.3f}, precision {d['dev']['abstain_precision']:.3f}, "
+          f"recall {d['dev']['abstain_recall']:.3f}); test F1 {d['test']['f1']:.3f} (coverage "
+          f"{d['test']['coverage']:.3f}, abstention {d['test']['abstain_rate']:.3f}).")
+    lines += ["", f"{steps} RL steps; mean ± sample std over seeds; whole dev and test splits "
+              "(500 questions each), greedy. An abstention counts as wrong in F1 and EM. Coverage: "
+              "share of questions answered (not abstained, not invalid); accuracy when answered: "
+              "EM > 0 among those. Abstention precision P(S = 0 | abstained) and recall "
+              "P(abstained | S = 0), S the sufficiency of the evidence the generator was shown.",
+              "", "| method | seeds | dev F1 | dev EM | test F1 | test EM | test F1 gain vs SFT "
+              "(paired) | coverage (test) | accuracy when answered (test) | abstention rate "
+              "(test) | abstention precision (test) | abstention recall (test) |",
+              "| --- " * 12 + "|"]
+    for method, r in t["methods"].items():
+      lines.append(
+          f"| {method} | {r['seeds']} | {_pm(r['dev_f1'])} | {_pm(r['dev_em'])} | "
+          f"{_pm(r['test_f1'])} | {_pm(r['test_em'])} | {_cell(r['test_gain'], sign='+')} | "
+          f"{_cell(r['test_coverage'])} | {_cell(r['test_accuracy_answered'])} | "
+          f"{_cell(r['test_abstain_rate'])} | {_cell(r['test_abstain_precision'])} | "
+          f"{_cell(r['test_abstain_recall'])} |")
+    lines += ["", "Dev split, abstention (DAC methods):", "",
+              "| method | dev coverage | dev accuracy when answered | dev abstention rate | dev "
+              "abstention precision | dev abstention recall |", "| --- " * 6 + "|"]
+    for method, r in t["methods"].items():
+      if r["dev_abstain_precision"] is not None:
+        lines.append(f"| {method} | {_cell(r['dev_coverage'])} | "
+                     f"{_cell(r['dev_accuracy_answered'])} | {_cell(r['dev_abstain_rate'])} | "
+                     f"{_cell(r['dev_abstain_precision'])} | {_cell(r['dev_abstain_recall'])} |")
+    lines += ["", f"Training (metrics.jsonl; \"last {WINDOW}\": the mean over the last {WINDOW} "
+              "steps). Training F1: of the trajectories' answers (monolithic) or of the "
+              "generator's answers (DAC, m per evidence set), abstentions 0. Sufficiency rate: "
+              "the share of searcher trajectories whose retrieved documents hold a gold answer "
+              f"(every retrieved document; rise: last {WINDOW} steps minus first {WINDOW}). "
+              "Generator accuracy on sufficient sets, clean / with distractors: over all steps, "
+              "each step weighted by its number of such sets.", "",
+              f"| method | training F1 (last {WINDOW}) | sufficiency rate (last {WINDOW}) | "
+              "sufficiency rise | abstention rate (last 5) | abstention precision (last 5) | "
+              "abstention recall (last 5) | generator accuracy, clean sufficient sets | "
+              "generator accuracy, augmented sets | step s (steps 2+) | minutes a run |",
+              "| --- " * 11 + "|"]
+    for method, r in t["methods"].items():
+      lines.append(
+          f"| {method} | {_cell(r['train_f1'])} | {_cell(r['sufficiency_rate'])} | "
+          f"{_cell(r['sufficiency_rise'], sign='+')} | {_cell(r['train_abstain_rate'])} | "
+          f"{_cell(r['train_abstain_precision'])} | {_cell(r['train_abstain_recall'])} | "
+          f"{_cell(r['train_accuracy_clean'])} | {_cell(r['train_accuracy_augmented'])} | "
+          f"{_pm(r['step_s'], 1)} | {_pm(r['minutes'], 1)} |")
+    vs = {m: r["vs_reference"] for m, r in t["methods"].items() if "vs_reference" in r}
+    if vs:
+      lines += ["", f"Against {DAC_REFERENCE} (monolithic, full fine-tuning), seed by seed (same "
+                "seed: same training questions at every step; test: the same 500 questions, "
+                "paired per question, ± its standard error):", "",
+                "| method | seeds | Δ test F1 per seed, points | seeds ahead | training F1 − "
+                f"{DAC_REFERENCE} (paired by step) | sufficiency rate − {DAC_REFERENCE} (paired "
+                "by step) |", "| --- " * 6 + "|"]
+      for m, v in vs.items():
+        cells = ", ".join(f"{d:+.1f} ± {e:.1f}" for d, e in
+                          zip(v["test_f1_points"], v["test_f1_stderr_points"]))
+        lines.append(f"| {m} | {', '.join(v['seeds'])} | {cells} | {v['seeds_ahead']}/"
+                     f"{len(v['seeds'])} | {_pm(v['train_f1_paired_by_step'], sign='+')} | "
+                     f"{_cell(v['sufficiency_paired_by_step'], sign='+')} |")
+    if t["alpha"]:
+      lines += ["", "The α ablation (generator reward α for abstaining on insufficient evidence; "
+                "the paper's trade-off predicts more abstention as α rises):", "",
+                "| α | method | seeds | dev abstention rate | dev precision | dev recall | dev "
+                "coverage | dev accuracy when answered | test abstention rate | test precision | "
+                "test recall | test F1 | training abstention rate (last 5) |",
+                "| --- " * 13 + "|"]
+      for a in t["alpha"]:
+        lines.append(
+            f"| {a['alpha']:g} | {a['method']} | {a['seeds']} | {_cell(a['dev_abstain_rate'])} | "
+            f"{_cell(a['dev_abstain_precision'])} | {_cell(a['dev_abstain_recall'])} | "
+            f"{_cell(a['dev_coverage'])} | {_cell(a['dev_accuracy_answered'])} | "
+            f"{_cell(a['test_abstain_rate'])} | {_cell(a['test_abstain_precision'])} | "
+            f"{_cell(a['test_abstain_recall'])} | {_cell(a['test_f1'])} | "
+            f"{_cell(a['train_abstain_rate'])} |")
+    checks = {m: r["augmentation_check"] for m, r in t["methods"].items()
+              if "augmentation_check" in r}
+    if checks:
+      lines += ["", "The augmentation check (each DAC run's final searcher and generator, greedy, "
+                "dev questions): on the questions whose evidence is sufficient and got hard "
+                "distractors (augment_k answer-free retriever hits for the searcher's own "
+                "queries, shuffled in), the generator's accuracy (EM > 0) and abstention rate "
+                "with the distractors vs on the same evidence clean (the final dev eval: same "
+                "searcher trajectories). Consistency: the share of the other questions whose "
+                "answer equals the clean eval's (1 = the two passes saw the same trajectories).",
+                "", "| method | questions checked | accuracy clean | accuracy with distractors | "
+                "drop (clean − augmented) | abstention clean | abstention with distractors | "
+                "consistency |", "| --- " * 8 + "|"]
+      for m, c in checks.items():
+        lines.append(
+            f"| {m} | {_cell(c['n_augmented_sufficient'], 0)} | {_cell(c['accuracy_clean'])} | "
+            f"{_cell(c['accuracy_augmented'])} | {_cell(c['accuracy_drop'], sign='+')} | "
+            f"{_cell(c['abstain_rate_clean'])} | {_cell(c['abstain_rate_augmented'])} | "
+            f"{_cell(c['consistency'])} |")
+    lines.append("")
+  return "\n".join(lines)
+
+
+# (metric key, file name, label, methods plotted: None = every method that logs the key)
+DAC_PANELS = (("f1", "f1_vs_step", "training F1", None),
+              ("sufficiency_rate", "sufficiency_vs_step", "sufficiency rate of retrieved docs",
+               ("grpo_full", "grpo_lora", "dac", "dac_sufficient_only", "dac_no_aug")),
+              ("dac/abstain_rate", "abstain_vs_step", "training abstention rate",
+               tuple(m for m, _ in DAC_ALPHAS)))
+
+
+def plot_dac(study: dict, out: str) -> list[str]:
+  """DAC_PANELS vs step ({WINDOW}-step moving averages over full windows): the mean over seeds as
+  a line, the min-max over seeds as a band; a method whose runs do not log the key is left out."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  paths = []
+  for key, name, label, methods in DAC_PANELS:
+    fig, axes = plt.subplots(1, len(study), figsize=(7 * len(study), 4.5), squeeze=False)
+    for ax, (size, s) in zip(axes[0], study.items()):
+      for method, rs in s["runs"].items():
+        if methods is not None and method not in methods:
+          continue
+        values = [[m[key] for m in r["curve"]] for r in rs
+                  if all(key in m for m in r["curve"])]
+        if not values or min(len(v) for v in values) < WINDOW:
+          continue
+        n = min(len(v) for v in values)
+        curves = [_moving(v[:n])[WINDOW - 1:] for v in values]
+        steps = [m["step"] for m in rs[0]["curve"][WINDOW - 1:n]]
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))]
+        style = "--" if method.startswith("grpo") else "-"
+        line, = ax.plot(steps, mean, style, label=f"{method} ({len(values)} seeds)")
+        ax.fill_between(steps, [min(c[i] for c in curves) for i in range(len(steps))],
+                        [max(c[i] for c in curves) for i in range(len(steps))], alpha=0.15,
+                        color=line.get_color())
+      ax.set_title(f"{size} model: mean over seeds, band min-max over seeds")
+      ax.set_xlabel("RL step")
+      ax.set_ylabel(f"{label}\n({WINDOW}-step moving average)")
+      ax.grid(alpha=0.3)
+      ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, f"{name}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
 def _hardware() -> str:
   if _HARDWARE.value:
     return _HARDWARE.value
@@ -998,6 +1508,24 @@ def report() -> None:
              "lora": {"rank": LORA_RANK, "alpha": float(LORA_RANK), "lr": LORA_LR},
              "seed_band": "min-max over seeds", "table": table}
     panels, title = LORA_PANELS, "{size} model, IGPO (mean over seeds; band: min-max)"
+  elif _STUDY.value == "dac":
+    dac_start = {size: _read_json(result_path(root, f"{size}/{DAC_START}/0")) for size in study}
+    table = {size: summarize_dac({size: s}, dac_start[size])[size] for size, s in study.items()}
+    text = markdown_dac(table, _STEPS.value, _hardware())
+    saved = {"study": "dac", "steps": _STEPS.value, "hardware": _hardware(),
+             "methods": {m: {"config": f"configs/{c}.py:demo", "overrides": o}
+                         for m, (c, o) in DAC_METHODS.items()},
+             "generator_sft": {size: _read_json(result_path(root, f"{size}/{GENERATOR_SFT}/0"))
+                               for size in study},
+             "seed_band": "min-max over seeds", "table": table}
+    with open(os.path.join(out, "results.md"), "w") as f:
+      f.write(text)
+    _write(os.path.join(out, "results.json"), _no_nan(saved))
+    paths = plot_dac(study, out)
+    _say(text)
+    _say(f"written: {os.path.join(out, 'results.md')}, results.json, "
+         + ", ".join(os.path.basename(p) for p in paths))
+    return
   else:
     table = summarize(study, _TARGET.value)
     text = markdown(table, _STEPS.value, _hardware())
@@ -1019,7 +1547,8 @@ def report() -> None:
 def main(_):
   if _RUN.value:  # a run's log shows its steps (the trainer logs one line per step at INFO)
     logging.getLogger().setLevel(logging.INFO)
-    run_one(_root(), _RUN.value, _STEPS.value, _STUDY.value)
+    run_one(_root(), _RUN.value, _STEPS.value, _STUDY.value, _EVAL_SIZE.value,
+            _GENERATOR_SFT_STEPS.value)
     return
   logging.getLogger().setLevel(logging.WARNING)
   for name in _sizes():

@@ -423,3 +423,150 @@ def test_sft_mismatch_ignores_fields_added_since_at_their_default(compare, tmp_p
   lora = json.loads(json.dumps(recorded))
   lora["model"]["lora"]["adapters"] = "policy"
   assert compare.sft_mismatch(lora, ours) == ["model.lora.adapters"]
+
+
+@pytest.mark.parametrize("method", ["grpo_full", "grpo_lora", "dac", "dac_sufficient_only",
+                                    "dac_no_aug", "dac_alpha0.1", "dac_alpha0.5"])
+def test_dac_study_configs(compare, method, tmp_path):
+  """DAC's study: every run validates; the generator starts from the study's warm start; each
+  ablation differs from dac only in its field, and grpo_lora from grpo_full only in model.lora."""
+  root = str(tmp_path)
+  os.makedirs(compare.generator_init(root, "base"))  # lora.init must name a folder
+  config = compare.rl_config(root, "base", method, seed=1, steps=3, study="dac")
+  config_lib.validate(config)
+  assert config.train.steps == 3 and not config.train.export_hf and config.data.eval_size == 0
+  assert config.model.hf_path == f"{root}/base/sft/hf_export"
+  flat = lambda c: compare._flat(c.to_dict())  # noqa: E731
+  if method.startswith("dac"):
+    assert config.trainer == "dac"
+    assert config.model.lora.init == f"generator={root}/base/generator_sft/adapters/generator"
+    diff = {k for k, v in flat(config).items()
+            if v != flat(compare.rl_config(root, "base", "dac", 1, 3, study="dac"))[k]}
+    assert diff == {"dac_sufficient_only": {"dac.searcher_reward"},
+                    "dac_no_aug": {"dac.augment_rate"}, "dac_alpha0.1": {"dac.alpha"},
+                    "dac_alpha0.5": {"dac.alpha"}}.get(method, set())
+  else:
+    full = flat(compare.rl_config(root, "base", "grpo_full", 1, 3, study="dac"))
+    diff = {k for k, v in flat(config).items() if v != full[k]}
+    assert diff == (set() if method == "grpo_full" else
+                    {"model.lora.adapters", "model.lora.alpha", "model.lora.lr"})
+  gen = compare.generator_config(root, "base", steps=7)
+  config_lib.validate(gen)
+  assert gen.trainer == "sft" and gen.sft.steps == 7 and gen.sft.corpus_path == ""
+  assert gen.sft.demos == f"{root}/base/generator_sft/generator_demos.jsonl"
+
+
+def test_dac_augmentation_summary_against_hand_counts(compare):
+  """Hand-built clean and augmented passes: q0, q1 sufficient in both and augmented (checked);
+  q4 augmented but insufficient in the clean pass (left out); q2, q3 not augmented (consistency:
+  q2's answer is the clean one, q3's is not)."""
+  clean = [{"id": "q0", "answer": "a", "em": 1.0, "abstained": False, "sufficient": True},
+           {"id": "q1", "answer": None, "em": 0.0, "abstained": True, "sufficient": True},
+           {"id": "q2", "answer": None, "em": 0.0, "abstained": True, "sufficient": False},
+           {"id": "q3", "answer": "b", "em": 1.0, "abstained": False, "sufficient": True},
+           {"id": "q4", "answer": "x", "em": 0.0, "abstained": False, "sufficient": False}]
+  aug = [{"id": "q0", "answer": "z", "sufficient": True, "augmented": True, "distractors": 2,
+          "abstained": False, "correct": False},
+         {"id": "q1", "answer": "c", "sufficient": True, "augmented": True, "distractors": 1,
+          "abstained": False, "correct": True},
+         {"id": "q2", "answer": None, "sufficient": False, "augmented": False, "distractors": 0,
+          "abstained": True, "correct": False},
+         {"id": "q3", "answer": "c", "sufficient": True, "augmented": False, "distractors": 0,
+          "abstained": False, "correct": False},
+         {"id": "q4", "answer": "x", "sufficient": True, "augmented": True, "distractors": 2,
+          "abstained": False, "correct": True}]
+  got = compare.augmentation_summary(aug, clean)
+  assert got == {"n_augmented_sufficient": 2, "n_sufficient": 4, "distractors_per_set": 1.5,
+                 "accuracy_augmented": 0.5, "accuracy_clean": 0.5, "accuracy_drop": 0.0,
+                 "abstain_rate_augmented": 0.0, "abstain_rate_clean": 0.5, "consistency": 0.5}
+  none = compare.augmentation_summary([dict(r, augmented=False) for r in aug], clean)
+  assert none["n_augmented_sufficient"] == 0 and none["accuracy_augmented"] is None
+  # A monolithic agent's eval rows: coverage and accuracy when answered, no abstention.
+  rows = [{"answer": "a", "em": 1.0}, {"answer": None, "em": 0.0}, {"answer": "b", "em": 0.0}]
+  assert compare.answer_scores(rows) == {"coverage": 2 / 3, "accuracy_answered": 0.5,
+                                         "abstain_rate": 0.0}
+
+
+def test_dac_report_against_a_direct_computation(compare, tmp_path):
+  """DAC's study figures from fake runs (two seeds of grpo_full and dac), against NumPy: dev/test
+  means, last-5 training means, the sufficiency rise, the step-weighted generator accuracy, the
+  paired comparison with grpo_full, the alpha table; and the tables and plots render."""
+  root = str(tmp_path / "runs")
+  _write_world(root)
+  rng = np.random.default_rng(7)
+  ids = lambda s: [f"{s}_{i}" for i in range(4)]  # noqa: E731
+
+  def split(name, f1s, dac):
+    out = {"f1": float(np.mean(f1s)), "em": float(np.mean(f1s > 0.5)), "n": 4,
+           "f1_by_id": dict(zip(ids(name), map(float, f1s))), "coverage": 0.75,
+           "accuracy_answered": 0.5, "abstain_rate": 0.25 if dac else 0.0}
+    if dac:
+      out.update(abstain_precision=float(f1s[0]), abstain_recall=float(f1s[1]))
+    return out
+  os.makedirs(os.path.join(root, "base"))
+  json.dump({s: split(s, np.zeros(4), False) for s in ("dev", "test")},
+            open(os.path.join(root, "base", "start.json"), "w"))
+  truth, steps = {}, 6
+  for method in ("grpo_full", "dac"):
+    for seed in ("0", "1"):
+      wd = os.path.join(root, "base", method, f"seed{seed}")
+      os.makedirs(wd)
+      f1s, curve = rng.uniform(0, 1, 4), []
+      for i in range(steps):
+        m = {"step": i + 1, "reward": 0.0, "f1": float(rng.uniform()), "step_s": 1.0 + i,
+             "sufficiency_rate": float(rng.uniform(0.5, 1))}
+        if method == "dac":
+          m.update({"dac/abstain_rate": float(rng.uniform()),
+                    "dac/sufficiency_rate": m["sufficiency_rate"],
+                    "dac/augmented_rate": float(rng.uniform(0, 0.4)),
+                    "dac/accuracy_clean": float(rng.uniform()),
+                    "dac/accuracy_augmented": float(rng.uniform())})
+        curve.append(m)
+      with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+        f.writelines(json.dumps(m) + "\n" for m in curve)
+      result = {s: split(s, f1s, method == "dac") for s in ("dev", "test")}
+      result.update(steps=steps, minutes=1.0)
+      if method == "dac":
+        result["augmentation_check"] = {k: float(rng.uniform()) for k in compare.AUG_KEYS}
+      json.dump(result, open(os.path.join(wd, "result.json"), "w"))
+      truth[method, seed] = (f1s, curve, result)
+  study = compare.collect(root, ["base"], ["grpo_full", "dac"], ["0", "1"], steps=steps)
+  t = compare.summarize_dac(study, {s: split(s, np.ones(4), True) for s in ("dev", "test")})
+  t = t["base"]
+  dac, grpo = t["methods"]["dac"], t["methods"]["grpo_full"]
+  runs = [truth["dac", s] for s in "01"]
+  test = [f.mean() for f, _, _ in runs]
+  assert dac["test_f1"] == pytest.approx((np.mean(test), np.std(test, ddof=1)))
+  assert dac["test_abstain_precision"][0] == pytest.approx(np.mean([f[0] for f, _, _ in runs]))
+  assert grpo["test_abstain_precision"] is None and grpo["train_abstain_rate"] is None
+  col = lambda c, k: np.array([m[k] for m in c])  # noqa: E731
+  assert dac["sufficiency_rate"][0] == pytest.approx(
+      np.mean([col(c, "sufficiency_rate")[-5:].mean() for _, c, _ in runs]))
+  assert dac["sufficiency_rise"][0] == pytest.approx(np.mean(
+      [col(c, "sufficiency_rate")[-5:].mean() - col(c, "sufficiency_rate")[:5].mean()
+       for _, c, _ in runs]))
+  w = [col(c, "dac/augmented_rate") for _, c, _ in runs]
+  assert dac["train_accuracy_augmented"][0] == pytest.approx(np.mean(
+      [np.average(col(c, "dac/accuracy_augmented"), weights=x) for (_, c, _), x in zip(runs, w)]))
+  wc = [np.maximum(col(c, "sufficiency_rate") - col(c, "dac/augmented_rate"), 0)
+        for _, c, _ in runs]
+  assert dac["train_accuracy_clean"][0] == pytest.approx(np.mean(
+      [np.average(col(c, "dac/accuracy_clean"), weights=x) for (_, c, _), x in zip(runs, wc)]))
+  assert dac["step_s"][0] == pytest.approx(np.mean(np.arange(2, steps + 1)))
+  assert dac["augmentation_check"]["accuracy_drop"][0] == pytest.approx(
+      np.mean([r["augmentation_check"]["accuracy_drop"] for _, _, r in runs]))
+  vs = dac["vs_reference"]
+  d = [truth["dac", s][0] - truth["grpo_full", s][0] for s in "01"]
+  assert vs["test_f1_points"] == pytest.approx([100 * x.mean() for x in d], abs=0.01)
+  assert vs["sufficiency_paired_by_step"][0] == pytest.approx(np.mean(
+      [(col(truth["dac", s][1], "sufficiency_rate")
+        - col(truth["grpo_full", s][1], "sufficiency_rate")).mean() for s in "01"]))
+  assert "vs_reference" not in grpo
+  assert [a["alpha"] for a in t["alpha"]] == [0.3]
+  assert t["dac_start"]["dev"]["f1"] == 1.0
+  text = compare.markdown_dac({"base": t}, steps, "test CPU")
+  assert "| dac | 2 |" in text and "| 0.3 | dac | 2 |" in text and "test CPU" in text
+  paths = compare.plot_dac(study, str(tmp_path))
+  assert [os.path.basename(p) for p in paths] == [
+      "f1_vs_step.png", "sufficiency_vs_step.png", "abstain_vs_step.png"]
+  assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
