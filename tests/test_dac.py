@@ -19,9 +19,7 @@ import optax
 import pytest
 
 from agentjax.compiles import CompileCounter
-from agentjax.dac import rewards as R
 from agentjax.dac.roles import ROLES, DacAgent, DacSettings, generator_prompt
-from agentjax.models import lora as lora_lib
 from agentjax.models.logprobs import sequence_logprobs
 from agentjax.models.lora import LoraSpec, attach
 from agentjax.models.qwen import Qwen, QwenConfig, init_adapters, init_params
@@ -240,8 +238,8 @@ def test_dac_run_clips_each_role(world_dir, tokenizer, tmp_path):
 
 DOCS = [Document(r["id"], r["contents"], 1.0) for r in corpus_rows()]
 QUESTIONS = ["Who founded Zorvath?", "Who founded Ostravane?"]
-# Zorvath's founder is in the evidence the fake retriever gives; Quellmoor's (Delphine) is not.
-GOLDS = [["Aldric"], ["Katrin"]]
+# Zorvath's founder is in the evidence the fake retriever gives; Ostravane's (Delphine) is not.
+GOLDS = [["Aldric"], ["Delphine"]]
 AUG_DEPTH = 7  # the augmentation call's depth: unlike the searcher's topk (2)
 
 
@@ -336,7 +334,7 @@ def test_generator_sees_the_question_and_the_evidence_only(plain_run):
     # Nothing of the searcher's turns: its thoughts, queries and observations stay behind.
     assert "Let me look." not in text and "<search>" not in text
     assert "<information>" not in text and "Notes from the search" not in text
-  # S on the documents shown: Aldric (Zorvath) is in them, Katrin (Ostravane) is not.
+  # S on the documents shown: Aldric (Zorvath) is in them, Delphine (Ostravane) is not.
   np.testing.assert_array_equal(out.sufficient, [True, True, False, False])
   assert not out.augmented.any() and not out.distractors.any()
   assert set(metrics) >= {"searcher_search_queries", "generator_sampled_tokens"}
@@ -374,7 +372,6 @@ def test_documents_are_dropped_from_the_end_to_fit_the_budget(scripted_dac):
   texts, shown = dac.prompts(QUESTIONS[:1] * 2, [long_docs, long_docs[:1]], [None, None])
   assert shown == [tuple(long_docs[:2]), tuple(long_docs[:1])]
   assert texts[0] == generator_prompt(QUESTIONS[0], long_docs[:2], dac.settings.abstain_text)
-  assert len(dac.generator.prompt_ids(texts[0])) + new <= sizes[2] + new
   dac = make(FakeBackend(), generator_max_new_tokens=new,
              generator_max_total_tokens=sizes[0] + new - 1)
   with pytest.raises(ValueError, match="generator_max_total_tokens"):
@@ -383,8 +380,10 @@ def test_documents_are_dropped_from_the_end_to_fit_the_budget(scripted_dac):
 
 def test_augmentation_adds_answer_free_hits_of_the_searchers_queries(scripted_dac):
   make, params, _ = scripted_dac
-  # The augmentation hits: an evidence document, one with Zorvath's answer, two answer-free.
-  hits = [DOCS[1], DOCS[0], DOCS[3], DOCS[4], DOCS[5]]
+  # The augmentation hits, best first: an evidence document, one outside the evidence that holds
+  # Zorvath's answer, then three answer-free ones (the first two are added).
+  answer = Document("aldric", "\"Aldric\"\nAldric founded a fortress.", 1.0)
+  hits = [DOCS[1], answer, DOCS[3], DOCS[4], DOCS[5]]
   backend = FakeBackend(augment=hits)
   dac = make(backend, augment_rate=1.0, augment_k=2)
   out, _ = dac.run(params(), QUESTIONS, jax.random.key(0), golds=GOLDS,
@@ -483,7 +482,9 @@ def _persistent_compilation_cache(folder: str):
 
 @pytest.fixture(scope="module")
 def dac_runs(world_dir, tokenizer, tmp_path_factory):
-  """A: 2 DAC steps uninterrupted. B: the same stopped after 1 step, then resumed."""
+  """A: 2 DAC steps uninterrupted. B: the same stopped after 1 step, then resumed. Then
+  eval_benchmarks on A's workdir (its result is the fifth item)."""
+  from agentjax.train.evaluation import eval_benchmarks
   from agentjax.train.trainer import train
   tmp = str(tmp_path_factory.mktemp("dac_runs"))
   config = _dac_config(world_dir, tokenizer.name_or_path, tmp)
@@ -491,33 +492,25 @@ def dac_runs(world_dir, tokenizer, tmp_path_factory):
     a = train(config, os.path.join(tmp, "a"))
     train(config, os.path.join(tmp, "b"), stop_after=1)
     b = train(config, os.path.join(tmp, "b"))
-  return config, tmp, a, b
+    evaluated = eval_benchmarks(config, workdir=os.path.join(tmp, "a"))
+  return config, tmp, a, b, evaluated
 
 
-def _backbone(config):
-  from agentjax.parallel import make_mesh
-  from agentjax.train.trainer import load_model
-  cfg, params, _ = load_model(config, make_mesh(-1, 1, 1))
-  return cfg, params
-
-
-def _movement(trained, init):
-  return max(float(np.abs(np.asarray(x) - np.asarray(y)).max())
-             for x, y in zip(jax.tree.leaves(_host(trained)), jax.tree.leaves(_host(init))))
+def _largest_b(adapter) -> float:
+  """max |lora_b| of an adapter: B starts at 0, so this is how far the adapter moved."""
+  flat = jax.tree_util.tree_flatten_with_path(_host(adapter))[0]
+  return max(float(np.abs(x).max()) for p, x in flat if p[-1].key == "lora_b")
 
 
 def test_both_adapters_train_each_at_its_rate_on_a_frozen_backbone(dac_runs):
-  config, tmp, a, _ = dac_runs
+  _, tmp, a, _, _ = dac_runs
   assert a["step"] == 2 and sorted(a["params"]) == sorted(ROLES)
   # The train state holds the adapters only: the backbone is never an optimizer's.
   leaves = jax.tree_util.tree_flatten_with_path(a["params"])[0]
   assert leaves and all(getattr(p[-1], "key", None) in ("lora_a", "lora_b") for p, _ in leaves)
-  cfg, backbone = _backbone(config)
-  recorded = json.load(open(os.path.join(tmp, "a", "config.json")))["lora_backbone"]
-  assert recorded == {"path": "preset:tiny", "fingerprint": lora_lib.fingerprint(backbone)}
-  spec = config_lib.lora_spec(config)
-  fresh = init_adapters(cfg, spec, jax.random.fold_in(jax.random.key(config.seed), 1))
-  moved = {r: _movement(a["params"][r], fresh[r]) for r in ROLES}
+  recorded = json.load(open(os.path.join(tmp, "a", "config.json")))["lora"]
+  assert recorded["adapters"] == list(ROLES)
+  moved = {r: _largest_b(a["params"][r]) for r in ROLES}
   assert moved["generator"] > 0 and moved["searcher"] > 0
   # Adam's steps are ~lr each: 100x apart in rate, far apart in movement.
   assert moved["searcher"] > 10 * moved["generator"], moved
@@ -525,7 +518,7 @@ def test_both_adapters_train_each_at_its_rate_on_a_frozen_backbone(dac_runs):
 
 
 def test_resumed_dac_run_repeats_the_uninterrupted_one(dac_runs):
-  _, tmp, a, b = dac_runs
+  _, tmp, a, b, _ = dac_runs
   rows_a, rows_b = _metrics(os.path.join(tmp, "a")), _metrics(os.path.join(tmp, "b"))
   assert [r["step"] for r in rows_a] == [r["step"] for r in rows_b] == [1, 2]
   evals_a = _metrics(os.path.join(tmp, "a"), "eval/f1")
@@ -540,7 +533,7 @@ def test_resumed_dac_run_repeats_the_uninterrupted_one(dac_runs):
 
 
 def test_metrics_hold_both_roles(dac_runs):
-  _, tmp, _, _ = dac_runs
+  _, tmp, _, _, _ = dac_runs
   rows = _metrics(os.path.join(tmp, "a"))
   want = {"dac/sufficiency_rate", "dac/abstain_rate", "dac/abstain_precision",
           "dac/abstain_recall", "dac/coverage", "dac/accuracy_answered", "dac/augmented_rate",
@@ -559,9 +552,9 @@ def test_metrics_hold_both_roles(dac_runs):
 
 def test_adapters_are_exported_as_peft_folders(dac_runs):
   from agentjax.models.qwen.peft import load_peft
-  config, tmp, a, _ = dac_runs
+  config, tmp, a, _, _ = dac_runs
   assert a["hf_export"] is None  # one merged model would hold one role only
-  cfg, _ = _backbone(config)
+  cfg = a["cfg"]
   spec = config_lib.lora_spec(config)
   assert sorted(os.listdir(os.path.join(tmp, "a", "adapters"))) == sorted(ROLES)
   for role in ROLES:
@@ -572,9 +565,8 @@ def test_adapters_are_exported_as_peft_folders(dac_runs):
 def test_eval_benchmarks_scores_abstention_on_the_dac_workdir(dac_runs):
   """eval_benchmarks on the workdir restores both adapters: it repeats the run's own final eval
   (greedy, the same dev questions) and reports coverage and the abstention scores."""
-  from agentjax.train.evaluation import ABSTENTION_SCORES, eval_benchmarks
-  config, tmp, _, _ = dac_runs
-  result = eval_benchmarks(config, workdir=os.path.join(tmp, "a"))
+  from agentjax.train.evaluation import ABSTENTION_SCORES
+  config, tmp, _, _, result = dac_runs
   (name, bench), = result["benchmarks"].items()
   assert set(ABSTENTION_SCORES) <= set(bench)
   rows = result["per_question"][name]
