@@ -189,11 +189,14 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.dac.generator_samples = 4
   c.dac.generator_group = "evidence"
   # What the generator reads: the question and the searcher's deduplicated documents, in order;
-  # True also gives it the searcher's turns as text (its reasoning and queries).
+  # True also gives it the text the searcher generated (its reasoning and queries, not the
+  # documents again; cut to its last characters when it does not fit the budget).
   c.dac.generator_sees_reasoning = False
-  c.dac.max_evidence_docs = 8          # documents shown at most (first retrieved first)
+  # The searcher's documents shown at most (first retrieved first; fewer when the budget below
+  # is reached); augmentation adds up to augment_k more.
+  c.dac.max_evidence_docs = 8
   c.dac.generator_max_new_tokens = 64
-  c.dac.generator_max_total_tokens = 1024  # the generator's prompt + answer budget (its KV cache)
+  c.dac.generator_max_total_tokens = 1024  # the generator's prompt + answer budget
   # The one abstention answer, <answer> abstain_text </answer>, matched after normalization; it
   # never counts as correct.
   c.dac.abstain_text = "insufficient evidence"
@@ -202,11 +205,16 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.dac.sufficiency_match = "word"
   # Generator reward: 1 answered and correct (EM); alpha abstained on S = 0; 0 abstained on S = 1;
   # 0 answered wrongly on S = 1; -insufficient_answer_penalty answered wrongly on S = 0; an
-  # output with no valid answer: rl.format_penalty when rl.penalize_format, else 0.
+  # output with no valid answer: rl.format_penalty when rl.penalize_format, else 0. (DAC's
+  # rewards replace rl.reward_metric; the searcher gets no format penalty: its hand-over may be
+  # running out of turns.) The KL reference of both roles is the bare backbone, also for an
+  # adapter started from model.lora.init (so with rl.kl_coef > 0 the KL pulls a warm-started
+  # generator back towards a model that never abstained: the demo runs without KL).
   c.dac.alpha = 0.3
   c.dac.insufficient_answer_penalty = 0.0
   # Searcher reward, the mean over its evidence set's m generator answers of:
-  # "sufficient_answered" S and the answer is not an abstention (the cross-agent signal),
+  # "sufficient_answered" S and a valid answer that is not an abstention (the cross-agent
+  # signal),
   # "sufficient_only" S (no abstention term), "correct" S and C (the monolithic credit).
   c.dac.searcher_reward = "sufficient_answered"
   # Hard-positive augmentation (training only): a share augment_rate of the sufficient evidence

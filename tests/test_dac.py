@@ -107,7 +107,7 @@ def roles_update(lora_qwen):
   cfg, spec, _, _ = lora_qwen
   loss = PolicyLossConfig(name="ppo", kwargs=tuple(sorted(LOSS_KW.items())), entropy=True,
                           chunk=CHUNK)
-  return make_roles_update(Qwen(cfg, lora=spec), optax.sgd(LR), loss, ROLES)
+  return make_roles_update(Qwen(cfg, lora=spec), optax.sgd(LR), {role: loss for role in ROLES})
 
 
 def test_each_adapter_gets_its_own_roles_gradient(lora_qwen, role_reference, roles_update):
@@ -348,13 +348,13 @@ def test_generator_sees_the_searchers_turns_when_asked(scripted_dac, plain_run):
   for g in range(out.generator.tokens.shape[0]):
     b = g // out.samples
     assert out.evidence[b] == EVIDENCE[:2]  # max_evidence_docs: the first retrieved kept
-    notes = "".join(t.text + t.observation for t in out.searcher.turns[b])
+    notes = "".join(t.text for t in out.searcher.turns[b])  # its own text, not the documents
     question = QUESTIONS[out.searcher.group_ids[b]]
     want = generator_prompt(question, EVIDENCE[:2], dac.settings.abstain_text, notes)
     assert _prompt_text(dac, out, g) == dac.generator.decode(dac.generator.prompt_ids(want))
     text = _prompt_text(dac, out, g)
     assert "Notes from the search:" in text and "<search>Zorvath founder</search>" in text
-    assert "Let me look." in text
+    assert "Let me look." in text and "<information>" not in text
 
 
 def test_documents_are_dropped_from_the_end_to_fit_the_budget(scripted_dac):
@@ -369,13 +369,16 @@ def test_documents_are_dropped_from_the_end_to_fit_the_budget(scripted_dac):
   new = 16
   # Room for two documents and the answer, not three.
   dac = make(FakeBackend(), generator_max_new_tokens=new, generator_max_total_tokens=sizes[2] + new)
-  texts, shown = dac.prompts(QUESTIONS[:1] * 2, [long_docs, long_docs[:1]], [None, None])
-  assert shown == [tuple(long_docs[:2]), tuple(long_docs[:1])]
-  assert texts[0] == generator_prompt(QUESTIONS[0], long_docs[:2], dac.settings.abstain_text)
+  assert dac.fit(QUESTIONS[0], long_docs, None) == (tuple(long_docs[:2]), None)
+  assert dac.fit(QUESTIONS[0], long_docs[:1], None) == (tuple(long_docs[:1]), None)
+  # Notes that do not fit are cut to their end (the searcher's latest text) before failing.
+  notes = " ".join(f"note{i}" for i in range(400))
+  docs, cut = dac.fit(QUESTIONS[0], long_docs[:1], notes)
+  assert docs == () and cut and notes.endswith(cut) and len(cut) < len(notes)
   dac = make(FakeBackend(), generator_max_new_tokens=new,
              generator_max_total_tokens=sizes[0] + new - 1)
   with pytest.raises(ValueError, match="generator_max_total_tokens"):
-    dac.prompts(QUESTIONS[:1], [long_docs], [None])
+    dac.fit(QUESTIONS[0], long_docs, None)
 
 
 def test_augmentation_adds_answer_free_hits_of_the_searchers_queries(scripted_dac):

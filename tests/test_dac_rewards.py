@@ -18,12 +18,13 @@ import re
 import string
 import types
 
+import jax
 import numpy as np
 import pytest
 
 from agentjax.agent.protocol import ANSWER, ANSWER_ONLY, INVALID, SEARCH_R1, get_protocol
 from agentjax.dac import rewards as R
-from agentjax.dac.roles import DacBatch, DacSettings, generator_prompt
+from agentjax.dac.roles import DacAgent, DacBatch, DacSettings, generator_prompt
 from agentjax.dac.step import DacStep, dac_metrics
 from agentjax.dac.warmstart import generator_demos
 from agentjax.retrieval import Document, SearchResponse, SearchStats
@@ -646,7 +647,7 @@ def _batch(sufficient, augmented, answered, abstained, is_correct, format_valid,
                   sufficient=np.asarray(sufficient, bool), augmented=np.asarray(augmented, bool),
                   distractors=np.asarray(augmented, np.int32) * 2,
                   abstained=np.asarray(abstained, bool), correct=np.asarray(is_correct, bool),
-                  metrics={})
+                  retrieved_sufficient=np.asarray(sufficient, bool), metrics={})
 
 
 def ref_metrics(b, gen_reward, search_reward):
@@ -746,7 +747,7 @@ def test_dac_step_rewards_wiring(mode):
         agent=types.SimpleNamespace(settings=settings),
         config=types.SimpleNamespace(rl=types.SimpleNamespace(format_penalty=-2.0,
                                                               penalize_format=penalize)))
-    gen, search = DacStep.rewards(step, b, golds=None)
+    gen, search = DacStep.rewards(step, b)
     m = 3
     exp_gen = [ref_generator_reward(b.generator.answered[g], b.abstained[g], b.correct[g],
                                     b.sufficient[g // m], 0.25, 0.5, invalid) for g in range(12)]
@@ -755,3 +756,72 @@ def test_dac_step_rewards_wiring(mode):
                                       mode) for i in range(4)]
     np.testing.assert_allclose(gen, np.float32(exp_gen))
     np.testing.assert_allclose(search, np.float32(exp_search), rtol=1e-6)
+
+
+# ---------------------------------------------------------------------------------------------
+# The review's regressions (both failed on the first version of DacAgent.run): DacAgent.run with
+# fake engines, host only.
+# ---------------------------------------------------------------------------------------------
+
+REVIEW_GOLD = Document("gold", '"Zorvath"\nZorvath was founded by Aldric.', 1.0)
+REVIEW_DIST = [Document(f"x{i}", f'"Other{i}"\nOther{i} is a village by the sea.', 1.0) for i in range(3)]
+
+
+class ReviewBackend:
+  def search(self, queries, k):
+    return SearchResponse([list(REVIEW_DIST) for _ in queries], [None] * len(queries))
+
+
+def _review_agent(settings, turns_text="", obs=""):
+  """A DacAgent whose engines are fakes: a searcher with one search turn that retrieved REVIEW_GOLD, a
+  generator that abstains; prompt_ids = whitespace tokens."""
+  agent = object.__new__(DacAgent)
+  agent.settings, agent.backend = settings, ReviewBackend()
+  turn = types.SimpleNamespace(documents=[REVIEW_GOLD], action=types.SimpleNamespace(content="Zorvath founder"),
+                         text=turns_text, observation=obs)
+
+  def s_run(params, questions, rng):
+    rows = len(questions)
+    return types.SimpleNamespace(group_ids=np.arange(rows), turns=[[turn] for _ in range(rows)]), {}
+
+  shown_texts = []
+
+  def g_run(params, texts, rng):
+    shown_texts.extend(texts)
+    m = settings.generator_samples
+    n = len(texts) * m
+    return types.SimpleNamespace(tokens=np.zeros((n, 4)), answers=[settings.abstain_text] * n,
+                           answered=np.ones(n, bool)), {}
+
+  agent.searcher = types.SimpleNamespace(run=s_run, search=agent.backend.search)
+  agent.generator = types.SimpleNamespace(run=g_run, prompt_ids=lambda t: t.split())
+  return agent, shown_texts
+
+
+def test_review_augmentation_never_removes_the_searchers_evidence_nor_changes_S():
+  """A sufficient set (REVIEW_GOLD alone) augmented with 2 distractors; the generator's budget fits the
+  prompt with one document only. The budget then drops documents from the END of the shuffled
+  set: whenever REVIEW_GOLD is not shuffled to the front, the searcher's own gold document is removed
+  and S (hence the searcher's reward) flips to 0 because of the generator-side augmentation."""
+  base = generator_prompt("Who founded Zorvath?", [REVIEW_GOLD], "insufficient evidence")
+  room = len(base.split())
+  s = DacSettings(generator_samples=2, augment_rate=1.0, augment_k=2,
+                  generator_max_new_tokens=8, generator_max_total_tokens=room + 8)
+  flipped = 0
+  for seed in range(12):
+    agent, _ = _review_agent(s)
+    out, _ = agent.run({"searcher": None, "generator": None}, ["Who founded Zorvath?"],
+                       jax.random.key(0), golds=[["Aldric"]], aug_rng=np.random.default_rng(seed))
+    flipped += int(not out.sufficient[0])
+  assert flipped == 0, f"{flipped}/12 augmented sufficient sets lost the gold document"
+
+
+def test_review_sees_reasoning_with_long_notes_does_not_crash_the_step():
+  """generator_sees_reasoning: the searcher's turns (up to rollout.max_total_tokens) go into the
+  generator's prompt whole; only documents are dropped to fit, so long notes raise ValueError
+  mid-training instead of being cut."""
+  s = DacSettings(generator_samples=2, augment_rate=0.0, sees_reasoning=True,
+                  generator_max_new_tokens=8, generator_max_total_tokens=120)
+  agent, _ = _review_agent(s, turns_text="think " * 200)
+  agent.run({"searcher": None, "generator": None}, ["Who founded Zorvath?"], jax.random.key(0),
+            golds=[["Aldric"]])

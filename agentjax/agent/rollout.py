@@ -182,11 +182,12 @@ class RolloutEngine:
     except Exception as e:  # noqa: BLE001 - any parser failure is the model's malformed output
       return Action(INVALID, f"unparsable action ({type(e).__name__})")
 
-  def search(self, queries: Sequence[str]) -> SearchResponse:
-    """One batched call; a backend that raises or answers the wrong number of results fails
-    every query of the call (each gets an error observation) instead of ending the rollout."""
+  def search(self, queries: Sequence[str], topk: int | None = None) -> SearchResponse:
+    """One batched call (top `topk`, default rollout.topk); a backend that raises or answers the
+    wrong number of results fails every query of the call (each gets an error observation)
+    instead of ending the rollout."""
     try:
-      response = self.backend.search(list(queries), self.config.topk)
+      response = self.backend.search(list(queries), topk or self.config.topk)
       if len(response.documents) != len(queries) or len(response.errors) != len(queries):
         raise ValueError(f"{len(response.documents)} results for {len(queries)} queries")
       return response

@@ -93,8 +93,10 @@ class DacBatch:
 
   searcher: TrajectoryBatch [E]; generator: TrajectoryBatch [E * m] (its group_ids: the set).
   evidence: [E] the documents each set showed the generator (after augmentation and the budget).
-  sufficient: [E] bool S; augmented: [E] bool (got distractors); distractors: [E] int added.
-  abstained, correct: [E * m] bool. metrics: the two rollouts' counts and times.
+  sufficient: [E] bool S of what was shown; augmented: [E] bool (got distractors);
+  distractors: [E] int added. abstained, correct: [E * m] bool. retrieved_sufficient: [E] bool
+  S of everything the searcher retrieved (before the caps). metrics: the rollouts' counts and
+  times.
   """
   searcher: TrajectoryBatch
   generator: TrajectoryBatch
@@ -104,6 +106,7 @@ class DacBatch:
   distractors: np.ndarray
   abstained: np.ndarray
   correct: np.ndarray
+  retrieved_sufficient: np.ndarray
   metrics: dict[str, Any]
 
   @property
@@ -157,59 +160,61 @@ class DacAgent:
         sampling=searcher.sampling, use_chat_template=searcher.use_chat_template)
     self.generator = RolloutEngine(cfg, tokenizer, backend, generator, mesh=mesh, lora=lora)
 
-  def prompts(self, questions: Sequence[str], evidence: Sequence[Sequence[Document]],
-              notes: Sequence[str | None]) -> tuple[list[str], list[tuple[Document, ...]]]:
-    """Each set's generator prompt and the documents it shows: documents are dropped from the end
-    until the prompt and an answer of generator_max_new_tokens fit the generator's budget."""
+  def _fits(self, question: str, docs: Sequence[Document], note: str | None) -> bool:
+    """Whether the generator's prompt and an answer of generator_max_new_tokens fit its budget."""
     s = self.settings
-    room = s.generator_max_total_tokens - s.generator_max_new_tokens
-    texts, shown = [], []
-    for question, docs, note in zip(questions, evidence, notes):
-      docs = list(docs)
-      while True:
-        text = generator_prompt(question, docs, s.abstain_text, note)
-        if len(self.generator.prompt_ids(text)) <= room:
-          break
-        if not docs:
-          raise ValueError(
-              f"dac.generator_max_total_tokens={s.generator_max_total_tokens}: the generator's "
-              f"prompt for {question[:60]!r} does not fit even without documents (with "
-              f"dac.generator_max_new_tokens={s.generator_max_new_tokens})")
-        docs.pop()
-      texts.append(text)
-      shown.append(tuple(docs))
-    return texts, shown
+    text = generator_prompt(question, docs, s.abstain_text, note)
+    return len(self.generator.prompt_ids(text)) <= \
+        s.generator_max_total_tokens - s.generator_max_new_tokens
+
+  def fit(self, question: str, docs: Sequence[Document], note: str | None
+          ) -> tuple[tuple[Document, ...], str | None]:
+    """(documents, notes) that fit the generator's budget: documents dropped from the end (the
+    last retrieved first), then the notes cut to their last characters (the searcher's latest
+    turns); ValueError naming the fields when the bare question and instruction do not fit."""
+    s = self.settings
+    docs = list(docs)
+    while docs and not self._fits(question, docs, note):
+      docs.pop()
+    while note and not self._fits(question, docs, note):
+      note = note[len(note) // 2 + 1:]  # halves: a handful of tokenizations at most
+    if not self._fits(question, docs, note):
+      raise ValueError(
+          f"dac.generator_max_total_tokens={s.generator_max_total_tokens}: the generator's prompt "
+          f"for {question[:60]!r} does not fit even without documents (with "
+          f"dac.generator_max_new_tokens={s.generator_max_new_tokens})")
+    return tuple(docs), note or None
 
   def distractors(self, batch: TrajectoryBatch, rows: Sequence[int],
                   evidence: Sequence[Sequence[Document]], golds: Sequence[Any]
-                  ) -> dict[int, list[Document]]:
-    """Answer-free hits (rewards.distractor_candidates) for the searcher's queries of `rows`, in
-    one batched retriever call of depth augment_depth; a failed call or query gives none (the
-    set then stays as it is: a retriever fault never stops training)."""
+                  ) -> tuple[dict[int, list[Document]], int]:
+    """({row: answer-free hits (rewards.distractor_candidates)}, queries that failed) for the
+    searcher's queries of `rows`, in one batched retriever call of depth augment_depth (the
+    searcher engine's guarded search: a failed call or query gives no hits, and the set stays as
+    it is: a retriever fault never stops training)."""
     s = self.settings
     queries = {b: [t.action.content for t in batch.turns[b] if t.documents] for b in rows}
     flat = [q for b in rows for q in queries[b]]
     if not flat:
-      return {}
-    try:
-      response = self.backend.search(flat, s.augment_depth)
-      if len(response.documents) != len(flat):
-        raise ValueError(f"{len(response.documents)} results for {len(flat)} queries")
-      hits = [docs if err is None else [] for docs, err in zip(response.documents,
-                                                                response.errors)]
-    except Exception:  # noqa: BLE001 - retriever faults must not crash training
-      return {}
+      return {}, 0
+    response = self.searcher.search(flat, s.augment_depth)
     out, i = {}, 0
     for b in rows:
-      mine = hits[i:i + len(queries[b])]
+      hits = [d if e is None else [] for d, e in zip(response.documents[i:i + len(queries[b])],
+                                                     response.errors[i:i + len(queries[b])])]
       i += len(queries[b])
-      out[b] = R.distractor_candidates(mine, evidence[b], golds[b], s.sufficiency_match)
-    return out
+      out[b] = R.distractor_candidates(hits, evidence[b], golds[b], s.sufficiency_match)
+    return out, sum(e is not None for e in response.errors)
 
   def run(self, params: Mapping[str, Any], questions: Sequence[str], rng: jax.Array,
           golds: Sequence[Any] | None = None, aug_rng: np.random.Generator | None = None
           ) -> tuple[DacBatch, dict[str, Any]]:
     """Both stages for Q questions (module docstring).
+
+    The evidence a generator is shown: the searcher's first max_evidence_docs documents, fitted
+    to the generator's budget (`fit`); an augmented set then gets up to augment_k distractors
+    (as many as still fit) and is shuffled. Distractors hold no gold answer, so S is the same
+    with or without them.
 
     Args:
       params: {"searcher": params, "generator": params} (each with its adapter selected).
@@ -218,7 +223,8 @@ class DacAgent:
       aug_rng: a numpy Generator: augment (training); None: no augmentation (eval).
     Returns:
       (DacBatch, metrics): as RolloutEngine.run, the two rollouts' metrics prefixed "searcher_"
-      and "generator_" (also DacBatch.metrics).
+      and "generator_", and "augment_failures" (the augmentation's retriever queries that
+      failed) (also DacBatch.metrics).
     """
     s = self.settings
     rng_s, rng_g = jax.random.split(rng)
@@ -226,36 +232,43 @@ class DacAgent:
     rows = len(sb.group_ids)
     row_q = [questions[g] for g in sb.group_ids]
     row_golds = [golds[g] for g in sb.group_ids] if golds is not None else [None] * rows
-    evidence = [R.evidence_set([t.documents for t in turns])[:s.max_evidence_docs]
-                for turns in sb.turns]
-    augmented = np.zeros(rows, bool)
+    retrieved = [R.evidence_set([t.documents for t in turns]) for turns in sb.turns]
+    # The searcher's text (its reasoning and queries, not the documents again) when asked.
+    notes = [("".join(t.text for t in turns) if s.sees_reasoning else None) for turns in sb.turns]
+    evidence, notes = map(list, zip(*(self.fit(q, docs[:s.max_evidence_docs], note)
+                                      for q, docs, note in zip(row_q, retrieved, notes)))) \
+        if rows else ([], [])
+    suff = np.array([golds is not None and R.sufficient(d, row_golds[b], s.sufficiency_match)
+                     for b, d in enumerate(evidence)], bool)
     added = np.zeros(rows, np.int32)
+    failed = 0
     if aug_rng is not None and golds is not None and s.augment_rate > 0 and s.augment_k > 0:
       draw = aug_rng.random(rows) < s.augment_rate  # one draw per set: the same stream always
-      chosen = [b for b in range(rows) if draw[b] and
-                R.sufficient(evidence[b], row_golds[b], s.sufficiency_match)]
-      pool = self.distractors(sb, chosen, evidence, row_golds)
+      chosen = [b for b in range(rows) if draw[b] and suff[b]]
+      pool, failed = self.distractors(sb, chosen, evidence, row_golds)
       for b in chosen:
         extra = pool.get(b, [])[:s.augment_k]
+        while extra and not self._fits(row_q[b], evidence[b] + tuple(extra), notes[b]):
+          extra.pop()
         if extra:
           evidence[b] = R.augment(evidence[b], extra, s.augment_k, aug_rng)
-          augmented[b], added[b] = True, len(extra)
-    notes = [("".join(t.text + t.observation for t in turns) if s.sees_reasoning else None)
-             for turns in sb.turns]
-    texts, shown = self.prompts(row_q, evidence, notes)
+          added[b] = len(extra)
+    texts = [generator_prompt(q, d, s.abstain_text, n) for q, d, n in zip(row_q, evidence, notes)]
     gb, g_metrics = self.generator.run(params["generator"], texts, rng_g)
     m = gb.tokens.shape[0] // rows
-    suff = np.array([golds is not None and R.sufficient(d, row_golds[b], s.sufficiency_match)
-                     for b, d in enumerate(shown)], bool)
     answers = [a if ok else None for a, ok in zip(gb.answers, gb.answered)]
     abstained = np.array([R.is_abstention(a, s.abstain_text) for a in answers], bool)
     correct = np.array([golds is not None and R.correct(a, row_golds[g // m], s.abstain_text)
                         for g, a in enumerate(answers)], bool)
+    retrieved_suff = np.array([golds is not None and R.sufficient(
+        d, row_golds[b], s.sufficiency_match) for b, d in enumerate(retrieved)], bool)
     metrics = {**{f"searcher_{k}": v for k, v in s_metrics.items()},
-               **{f"generator_{k}": v for k, v in g_metrics.items()}}
-    return DacBatch(searcher=sb, generator=gb, evidence=shown, sufficient=suff,
-                    augmented=augmented & (added > 0), distractors=added, abstained=abstained,
-                    correct=correct, metrics=metrics), metrics
+               **{f"generator_{k}": v for k, v in g_metrics.items()},
+               "augment_failures": float(failed)}
+    return DacBatch(searcher=sb, generator=gb, evidence=evidence, sufficient=suff,
+                    augmented=added > 0, distractors=added, abstained=abstained,
+                    correct=correct, retrieved_sufficient=retrieved_suff,
+                    metrics=metrics), metrics
 
 
 __all__ = ["DacAgent", "DacBatch", "DacSettings", "GENERATOR_TEMPLATE", "ROLES",

@@ -88,23 +88,32 @@ class DacStep:
   schedule: optax.Schedule
   adv_kwargs: Mapping[str, Any]
   target: TrainTarget
+  role_schedules: Mapping[str, optax.Schedule]  # each role's learning rate (for logging)
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, agent: DacAgent,
             optimizer: optax.GradientTransformation, ref_params: Any, target: TrainTarget,
             ref_model: Any = None) -> "DacStep":
     rl = config.rl
-    loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
-                       kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
-                       aggregation=rl.aggregation, norm_length=config.rollout.max_total_tokens)
-    update = make_roles_update(target.model, optimizer, PolicyLossConfig(
-        name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk),
-        ROLES)
+
+    def loss(budget):  # Dr.GRPO's constant normalizer: each role's own token budget
+      kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
+                    kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
+                    aggregation=rl.aggregation, norm_length=budget)
+      return PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(kwargs.items())), entropy=True,
+                              chunk=rl.chunk)
+
+    update = make_roles_update(target.model, optimizer, {
+        "searcher": loss(config.rollout.max_total_tokens),
+        "generator": loss(config.dac.generator_max_total_tokens)})
     return cls(config=config, mesh=mesh, agent=agent, update=update, ref_params=ref_params,
                ref_model=ref_model, schedule=make_schedule(*schedule_args(config)),
-               adv_kwargs=advantage_kwargs(config), target=target)
+               adv_kwargs=advantage_kwargs(config), target=target,
+               role_schedules={role: make_schedule(rate, *schedule_args(config)[1:])
+                               for role, rate in target.learning_rates(config.optimizer.lr).items()
+                               if role in ROLES})
 
-  def rewards(self, out: DacBatch, golds: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+  def rewards(self, out: DacBatch) -> tuple[np.ndarray, np.ndarray]:
     """(generator rewards [E * m], searcher rewards [E]) of a rollout (dac/rewards.py)."""
     s, rl = self.agent.settings, self.config.rl
     m = out.samples
@@ -131,12 +140,13 @@ class DacStep:
       params = self.target.rollout_params(state["params"])  # {role: backbone + its adapter}
       out, _ = self.agent.run(params, [q["question"] for q in questions], rollout_rng, golds=golds,
                               aug_rng=np.random.default_rng([config.seed, step, 2]))
-      batches = {"searcher": trim(out.searcher), "generator": trim(out.generator)}
+      # The generator's width in coarser steps: the update compiles once per pair of widths.
+      batches = {"searcher": trim(out.searcher), "generator": trim(out.generator, 256)}
     t_rollout = time.perf_counter() - t0
     m = out.samples
 
     # 2. rewards (host)
-    gen_reward, search_reward = self.rewards(out, golds)
+    gen_reward, search_reward = self.rewards(out)
     rewards = {"searcher": search_reward, "generator": gen_reward}
     if self.agent.settings.generator_group == "question":  # one group per question
       batches["generator"] = batches["generator"].replace(
@@ -194,10 +204,7 @@ class DacStep:
         "format_error_rate": float(1.0 - gb.format_valid.mean()),
         # S of everything the searcher retrieved (as RLStep logs it for a monolithic agent);
         # dac/sufficiency_rate is S of what the generator was shown (the rewards' label).
-        "sufficiency_rate": float(np.mean([
-            R.sufficient(R.evidence_set([t.documents for t in turns]), golds[g],
-                         self.agent.settings.sufficiency_match)
-            for turns, g in zip(sb.turns, sb.group_ids)])),
+        "sufficiency_rate": float(out.retrieved_sufficient.mean()),
         "answered": float(gb.answered.mean()), "truncated": float(sb.truncated.mean()),
         "turns": float(sb.num_turns.mean()),
         "search_queries": float(queries), "search_failures": float(failed),
@@ -211,6 +218,10 @@ class DacStep:
         "sampled_tokens_per_s": sampled / max(t_rollout, 1e-9),
         "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
         "search_s": out.metrics["searcher_search_s"],
+        "dac/searcher_format_error_rate": float(1.0 - sb.format_valid.mean()),
+        "dac/augment_failures": out.metrics["augment_failures"],
+        **{f"dac/{role}_lr": float(schedule(step * updates_per_step(config)))
+           for role, schedule in self.role_schedules.items()},
         **dac_metrics(out, gen_reward, search_reward), **per_role}
     return StepOutput(state={"params": adapters, "opt_state": opt_state, "rng": rng},
                       metrics=metrics, update_skipped=skipped, search_queries=queries,

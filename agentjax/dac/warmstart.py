@@ -31,10 +31,12 @@ from agentjax.retrieval import Document, SearchBackend
 
 def generator_demos(searcher_demos: Iterable[Mapping[str, Any]], backend: SearchBackend,
                     topk: int, abstain_text: str, corpus: list[Document], seed: int = 0,
-                    insufficient_share: float = 0.33, match: str = "word"
-                    ) -> list[dict[str, Any]]:
+                    insufficient_share: float = 0.33, match: str = "word",
+                    max_docs: int | None = None) -> list[dict[str, Any]]:
   """Demonstrations for the generator (module docstring), in the SFT format of
-  agentjax/train/sft.py with protocol "answer_only" (the "question" is the whole prompt)."""
+  agentjax/train/sft.py with protocol "answer_only" (the "question" is the whole prompt).
+  max_docs: the evidence cut to its first max_docs documents, as the rollout cuts it
+  (dac.max_evidence_docs)."""
   rng = np.random.default_rng(seed)
   out = []
   for demo in searcher_demos:
@@ -46,7 +48,7 @@ def generator_demos(searcher_demos: Iterable[Mapping[str, Any]], backend: Search
     if queries:
       response = backend.search(queries, topk)
       docs = R.evidence_set([d for d, e in zip(response.documents, response.errors)
-                             if e is None])
+                             if e is None])[:max_docs]
     if rng.random() < insufficient_share:
       docs = tuple(d for d in docs if not R.contains_answer(d.contents, golds, match))
       if not docs:
@@ -81,7 +83,8 @@ def write_generator_demos(config: Any, seed: int | None = None,
   demos = [row for _, row in iter_json_objects(source, ValueError, what="demonstrations")]
   rows = generator_demos(demos, backend, r.topk, config.dac.abstain_text, corpus,
                          seed=config.seed if seed is None else seed,
-                         insufficient_share=insufficient_share, match=config.dac.sufficiency_match)
+                         insufficient_share=insufficient_share, match=config.dac.sufficiency_match,
+                         max_docs=config.dac.max_evidence_docs)
   path = os.path.expanduser(config.sft.demos)
   os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   with open(path + ".tmp", "w") as f:

@@ -151,8 +151,7 @@ class TrainTarget:
     model.lora.lr train at `lr`."""
     if self.spec is None:
       return make_optimizer(lr, warmup, total, weight_decay, clip_norm, final_ratio, b2)
-    lrs = {name: lr for name in self.spec.names}
-    lrs.update(self.own_lrs or {})
+    lrs = self.learning_rates(lr)
     ignored = sorted(set(self.own_lrs or {}) - set(self.trained))
     if ignored:
       log.warning("model.lora.lr gives a rate to %s, which this run does not train (it trains "
@@ -162,6 +161,10 @@ class TrainTarget:
     frozen = tuple(n for n in self.spec.names if n not in self.trained)
     return make_adapter_optimizer(lrs, warmup, total, weight_decay, clip_norm, final_ratio, b2,
                                   frozen=frozen, clip_each=len(self.trained) > 1)
+
+  def learning_rates(self, lr: float) -> dict[str, float]:
+    """{adapter: peak rate}: its model.lora.lr entry, else `lr`."""
+    return dict({name: lr for name in self.spec.names}, **(self.own_lrs or {}))
 
   @property
   def trained(self) -> tuple[str, ...]:

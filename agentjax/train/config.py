@@ -23,8 +23,6 @@ from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIM
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 TRAINERS = ("rl", "sft", "dac")
-# DAC's roles: the LoRA adapters a "dac" run trains (agentjax/dac/roles.py ROLES).
-DAC_ROLES = ("searcher", "generator")
 # Estimators DAC's roles can use: per-trajectory outcome advantages (no probes, no judge).
 DAC_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "reinforce++", "reinforce++_baseline")
 # Estimators that compare the rollouts of one question: a group of one gives no signal.
@@ -208,8 +206,12 @@ def lora_inits(config: Any) -> dict[str, str]:
   out = _assignments(config, "model.lora.init", spec.names)
   for name, path in out.items():
     if not os.path.isdir(os.path.expanduser(path)):
+      hint = ("; DAC's demo starts its generator from its warm start: run `python "
+              "launch/dac_demos.py` and `python launch/train.py --config=configs/dac.py:"
+              "generator_sft --workdir=runs/demo/dac/generator_sft` first (configs/dac.py)"
+              if _get(config, "trainer") == "dac" else "")
       _fail("model.lora.init", _get(config, "model.lora.init"),
-            f"{name}: {path} is not a folder")
+            f"{name}: {path} is not a folder{hint}")
   return {k: os.path.expanduser(v) for k, v in out.items()}
 
 
@@ -286,18 +288,28 @@ def _validate_rl(config: Any) -> None:
 
 def trained_roles(config: Any) -> tuple[str, ...] | None:
   """The adapters a run's updates train when not just the policy: DAC's two roles."""
-  return DAC_ROLES if _get(config, "trainer") == "dac" else None
+  from agentjax.dac.roles import ROLES
+  return ROLES if _get(config, "trainer") == "dac" else None
 
 
 def _validate_dac(config: Any) -> None:
   from agentjax.dac.rewards import SEARCHER_REWARDS, SUFFICIENCY_MATCHES
   from agentjax.answers import normalize_answer
+  from agentjax.dac.roles import ROLES
   names = _names(_get(config, "model.lora.adapters"), "model.lora.adapters")
-  missing = [r for r in DAC_ROLES if r not in names]
+  missing = [r for r in ROLES if r not in names]
   if missing:
     _fail("model.lora.adapters", _get(config, "model.lora.adapters"),
-          f"trainer 'dac' trains the LoRA adapters {list(DAC_ROLES)} on one backbone: add "
+          f"trainer 'dac' trains the LoRA adapters {list(ROLES)} on one backbone: add "
           f"{missing}")
+  if _get(config, "train.export_hf"):
+    _fail("train.export_hf", True, "a DAC run has two roles: each is exported as a PEFT folder "
+          "({workdir}/adapters/<role>/); merge one into a Hugging Face folder with "
+          "launch/merge_lora.py")
+  protocol = _get(config, "rollout.protocol")
+  if protocol in PROTOCOLS and not PROTOCOLS[protocol].can_search:
+    _fail("rollout.protocol", protocol, "is the searcher's protocol: it must be able to search "
+          "(the generator's answer_only protocol is DAC's own)")
   algorithm = _get(config, "algorithm")
   if algorithm not in DAC_ALGORITHMS:
     _fail("algorithm", algorithm, f"DAC's roles take per-trajectory outcome advantages: one of "

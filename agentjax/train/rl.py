@@ -188,27 +188,29 @@ def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
 
 
 def make_roles_update(model: Qwen, optimizer: optax.GradientTransformation,
-                      loss: PolicyLossConfig, roles: tuple[str, ...]):
+                      losses: Mapping[str, PolicyLossConfig]):
   """One jitted update of several LoRA adapters, each on its own role's minibatch (DAC: the
   searcher's trajectories and the generator's answers):
 
       update(adapters, opt_state, {role: minibatch}, backbone) -> (adapters, opt_state, metrics)
 
-  The loss is the sum of the roles' policy losses, each with its adapter selected; the adapters
-  share no parameter, so each gets exactly its own role's gradient (and, with
-  optim.make_adapter_optimizer, its own AdamW). metrics: each role's as "<role>/<name>", plus
-  the sum's loss, grad_norm and skipped (a non-finite role skips the whole update)."""
+  losses: {role: its policy loss} (the role's adapter has that name). The objective is the sum
+  of the roles' losses, each with its adapter selected; the adapters share no parameter, so each
+  gets exactly its own role's gradient (and, with optim.make_adapter_optimizer, its own AdamW).
+  metrics: each role's as "<role>/<name>", plus the sum's loss, grad_norm and skipped (a
+  non-finite role skips the whole update)."""
   spec = model.lora
+  roles = tuple(losses)
   if spec is None or any(r not in spec.names for r in roles):
     raise ValueError(f"make_roles_update needs a LoRA model with adapters {list(roles)}; got "
                      f"{None if spec is None else list(spec.names)}")
-  role_loss = _role_objective(model, loss)
+  role_losses = {role: _role_objective(model, loss) for role, loss in losses.items()}
 
   def objective(params, mbs, *backbone):
     backbone = frozen_backbone(backbone, "make_roles_update")
     total, metrics = 0.0, {}
     for role in roles:
-      value, m = role_loss(attach(backbone, params, spec, role), mbs[role])
+      value, m = role_losses[role](attach(backbone, params, spec, role), mbs[role])
       total = total + value
       metrics.update({f"{role}/{k}": v for k, v in m.items()})
       metrics[f"{role}/loss"] = value

@@ -186,7 +186,7 @@ class RLStep:
         # The share of trajectories whose retrieved documents hold a gold answer (DAC's label S
         # of the evidence, for any agent: DAC's study compares it with its searcher's).
         "sufficiency_rate": float(np.mean([
-            sufficient(evidence_set([t.documents for t in turns]), g)
+            sufficient(evidence_set([t.documents for t in turns]), g, config.dac.sufficiency_match)
             for turns, g in zip(batch.turns, row_golds)])),
         "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
         "turns": float(batch.num_turns.mean()),

@@ -273,14 +273,21 @@ def restore_trainable(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
 
 
 def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
-                   step: int | None = None, purpose: str = "restore"
+                   step: int | None = None, purpose: str = "restore", role: str | None = None
                    ) -> tuple[QwenConfig, Any, Any, str]:
   """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
   for eval and serving (`restore_trainable`). A LoRA run's policy comes back as plain params: the
-  backbone with the policy adapter merged."""
+  backbone with the policy adapter merged (or adapter `role`). A DAC run has no single policy: it
+  needs `role` ("searcher" or "generator")."""
+  if config.trainer == "dac" and role is None:
+    raise config_lib.ConfigError(
+        f"config.trainer='dac': {workdir} holds two roles (adapters {config.model.lora.adapters})"
+        f" and no single policy to {purpose}; evaluate both with launch/eval.py, or merge one "
+        f"role's PEFT folder ({workdir}/adapters/<role>/) with launch/merge_lora.py and use that "
+        f"Hugging Face folder")
   cfg, target, trainable, tokenizer, source = restore_trainable(config, workdir, mesh, step=step,
                                                                 purpose=purpose)
-  return cfg, target.merged(trainable), tokenizer, source
+  return cfg, target.merged(trainable, role), tokenizer, source
 
 
 # ============================================================================ metrics
