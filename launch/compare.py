@@ -185,6 +185,10 @@ _GENERATOR_SFT_STEPS = flags.DEFINE_integer("generator_sft_steps", 0, "dac study
                                             "generator's warm start (0: configs/dac.py:"
                                             "generator_sft's sft.steps); less only for smoke "
                                             "tests.")
+_PRIORITY = flags.DEFINE_list("priority_methods", [], "Run order: every method's first seed, "
+                              "then these methods' other seeds, then the rest (default: seed by "
+                              "seed). For a sweep that may not finish: the main comparison gets "
+                              "its seeds first.")
 _HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the report (default: "
                                 "this machine's CPU and core count).")
 
@@ -365,6 +369,8 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
     return
   workdir = os.path.join(root, size, method, f"seed{seed}")
   config = rl_config(root, size, method, int(seed), steps, study, eval_size)
+  if config.trainer == "dac":
+    check_generator_start(config, root, size)
   t0 = time.time()
   train(config, workdir)
   # The trainer's final eval is the whole dev split (500 questions, greedy); test is added here.
@@ -412,6 +418,20 @@ def run_generator_sft(root: str, size: str, steps: int = 0) -> None:
       "steps": config.sft.steps, "batch_size": config.sft.batch_size, "lr": config.sft.lr,
       "last_loss": last["loss"], "last_accuracy": last["accuracy"],
       "minutes": (time.time() - t0) / 60})
+
+
+def check_generator_start(config, root: str, size: str) -> None:
+  """A DAC run's generator must start from a warm start that learned the run's abstention
+  answer and labels: configs/dac.py may change between the warm start and a run."""
+  recorded = _read_json(os.path.join(root, size, GENERATOR_SFT, "config.json"))
+  if recorded is None:
+    raise FileNotFoundError(f"{root}/{size}/{GENERATOR_SFT}: no generator warm start")
+  for key in ("abstain_text", "sufficiency_match"):
+    if recorded["dac"][key] != config.dac[key]:
+      raise ValueError(
+          f"dac.{key}: the run has {config.dac[key]!r} but the generator warm start in "
+          f"{root}/{size}/{GENERATOR_SFT} was trained with {recorded['dac'][key]!r}; delete that "
+          "folder to train it again")
 
 
 def _dac_split(config, root: str, split: str) -> dict:
@@ -683,6 +703,11 @@ def _run_all() -> None:
         for s in set(_sizes()) - set(sizes):
           _say(f"size {s}: its SFT start is not ready (held by another process?); skipped")
         specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _methods()]
+        if _PRIORITY.value:
+          first = _SEEDS.value[0]
+          rank = lambda x: (x.split("/")[2] != first,  # noqa: E731
+                            x.split("/")[1] not in _PRIORITY.value)
+          specs = sorted(specs, key=rank)  # stable: seed by seed within each group
         if study == "dac":
           specs = [f"{s}/{DAC_START}/0" for s in sizes] + specs
       specs = [x for x in specs if not os.path.exists(result_path(root, x))]
@@ -1210,6 +1235,16 @@ def _ms(xs: list) -> tuple[float, float] | None:
   return _mean_std(xs) if xs else None
 
 
+def insufficient_share(split: dict) -> float | None:
+  """P(S = 0) of a split's evidence sets from its abstention figures: P(abstained and S = 0) /
+  P(abstained | S = 0) = rate * precision / recall (None without abstentions): the precision a
+  generator abstaining at random would have."""
+  rate, recall = split.get("abstain_rate"), split.get("abstain_recall")
+  if not rate or not recall or split.get("abstain_precision") is None:
+    return None
+  return rate * split["abstain_precision"] / recall
+
+
 def _last_mean(curve: list[dict], key: str, w: int = WINDOW) -> float | None:
   """Mean of `key` over the last w steps that log it (None: never logged)."""
   xs = [m[key] for m in curve if key in m][-w:]
@@ -1248,13 +1283,15 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
     t = {"start": {split: {k: start[split][k] for k in ("f1", "em", "acc") if k in start[split]}
                    for split in SPLITS}, "methods": {}, "alpha": []}
     if dac_start:
-      t["dac_start"] = {split: {k: dac_start[split].get(k) for k in DAC_SPLIT_KEYS}
+      t["dac_start"] = {split: {**{k: dac_start[split].get(k) for k in DAC_SPLIT_KEYS},
+                                "insufficient": insufficient_share(dac_start[split])}
                         for split in SPLITS}
     for method, rs in runs.items():
       row = {"seeds": len(rs), "overrides": rs[0].get("overrides")}
       for split in SPLITS:
         for k in DAC_SPLIT_KEYS:
           row[f"{split}_{k}"] = _ms([r[split].get(k) for r in rs])
+        row[f"{split}_insufficient"] = _ms([insufficient_share(r[split]) for r in rs])
         # (the start's questions that the run was evaluated on: all of them but in smoke tests)
         row[f"{split}_gain"] = _ms([paired_gain(
             {q: f for q, f in start[split]["f1_by_id"].items() if q in r[split]["f1_by_id"]},
@@ -1294,6 +1331,7 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
         r = t["methods"][method]
         t["alpha"].append({"alpha": alpha, "method": method, "seeds": r["seeds"],
                            **{k: r[k] for k in ("dev_abstain_rate", "dev_abstain_precision",
+                                                "dev_insufficient",
                                                 "dev_abstain_recall", "dev_coverage",
                                                 "dev_accuracy_answered", "test_abstain_rate",
                                                 "test_abstain_precision", "test_abstain_recall",
@@ -1307,6 +1345,10 @@ def _pct(ms, digits: int = 1) -> str:
   if ms is None:
     return "—"
   return _pm((100 * ms[0], 100 * ms[1]), digits)
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+  return "—" if x is None else f"{x:.{digits}f}"
 
 
 def markdown_dac(table: dict, steps: int, hardware: str) -> str:
@@ -1324,8 +1366,9 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
       lines.append(
           "DAC before RL (searcher = the SFT model, its adapter at B = 0; generator = the warm "
           f"start): dev F1 {d['dev']['f1']:.3f} (coverage {d['dev']['coverage']:.3f}, abstention "
-          f"{d['dev']['abstain_rate']:.3f}, precision {d['dev']['abstain_precision']:.3f}, "
-          f"recall {d['dev']['abstain_recall']:.3f}); test F1 {d['test']['f1']:.3f} (coverage "
+          f"{d['dev']['abstain_rate']:.3f}, precision {d['dev']['abstain_precision']:.3f} "
+          f"against P(S = 0) = {_num(d['dev']['insufficient'])}"
+          f", recall {d['dev']['abstain_recall']:.3f}); test F1 {d['test']['f1']:.3f} (coverage "
           f"{d['test']['coverage']:.3f}, abstention {d['test']['abstain_rate']:.3f}).")
     lines += ["", f"{steps} RL steps; mean ± sample std over seeds; whole dev and test splits "
               "(500 questions each), greedy. An abstention counts as wrong in F1 and EM. Coverage: "
@@ -1345,12 +1388,14 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
           f"{_cell(r['test_abstain_recall'])} |")
     lines += ["", "Dev split, abstention (DAC methods):", "",
               "| method | dev coverage | dev accuracy when answered | dev abstention rate | dev "
-              "abstention precision | dev abstention recall |", "| --- " * 6 + "|"]
+              "abstention precision | P(S = 0) (a random abstainer's precision) | dev abstention "
+              "recall |", "| --- " * 7 + "|"]
     for method, r in t["methods"].items():
       if r["dev_abstain_precision"] is not None:
         lines.append(f"| {method} | {_cell(r['dev_coverage'])} | "
                      f"{_cell(r['dev_accuracy_answered'])} | {_cell(r['dev_abstain_rate'])} | "
-                     f"{_cell(r['dev_abstain_precision'])} | {_cell(r['dev_abstain_recall'])} |")
+                     f"{_cell(r['dev_abstain_precision'])} | {_cell(r['dev_insufficient'])} | "
+                     f"{_cell(r['dev_abstain_recall'])} |")
     lines += ["", f"Training (metrics.jsonl; \"last {WINDOW}\": the mean over the last {WINDOW} "
               "steps). Training F1: of the trajectories' answers (monolithic) or of the "
               "generator's answers (DAC, m per evidence set), abstentions 0. Sufficiency rate: "
@@ -1387,14 +1432,16 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
     if t["alpha"]:
       lines += ["", "The α ablation (generator reward α for abstaining on insufficient evidence; "
                 "the paper's trade-off predicts more abstention as α rises):", "",
-                "| α | method | seeds | dev abstention rate | dev precision | dev recall | dev "
+                "| α | method | seeds | dev abstention rate | dev precision | dev P(S = 0) | dev "
+                "recall | dev "
                 "coverage | dev accuracy when answered | test abstention rate | test precision | "
                 "test recall | test F1 | training abstention rate (last 5) |",
-                "| --- " * 13 + "|"]
+                "| --- " * 14 + "|"]
       for a in t["alpha"]:
         lines.append(
             f"| {a['alpha']:g} | {a['method']} | {a['seeds']} | {_cell(a['dev_abstain_rate'])} | "
-            f"{_cell(a['dev_abstain_precision'])} | {_cell(a['dev_abstain_recall'])} | "
+            f"{_cell(a['dev_abstain_precision'])} | {_cell(a['dev_insufficient'])} | "
+            f"{_cell(a['dev_abstain_recall'])} | "
             f"{_cell(a['dev_coverage'])} | {_cell(a['dev_accuracy_answered'])} | "
             f"{_cell(a['test_abstain_rate'])} | {_cell(a['test_abstain_precision'])} | "
             f"{_cell(a['test_abstain_recall'])} | {_cell(a['test_f1'])} | "

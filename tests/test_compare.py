@@ -539,6 +539,9 @@ def test_dac_report_against_a_direct_computation(compare, tmp_path):
   assert dac["test_f1"] == pytest.approx((np.mean(test), np.std(test, ddof=1)))
   assert dac["test_abstain_precision"][0] == pytest.approx(np.mean([f[0] for f, _, _ in runs]))
   assert grpo["test_abstain_precision"] is None and grpo["train_abstain_rate"] is None
+  # P(S = 0) from rate * precision / recall: abstain_rate 0.25, precision f1s[0], recall f1s[1]
+  assert dac["dev_insufficient"][0] == pytest.approx(
+      np.mean([0.25 * f[0] / f[1] for f, _, _ in runs]))
   col = lambda c, k: np.array([m[k] for m in c])  # noqa: E731
   assert dac["sufficiency_rate"][0] == pytest.approx(
       np.mean([col(c, "sufficiency_rate")[-5:].mean() for _, c, _ in runs]))
