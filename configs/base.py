@@ -210,11 +210,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # running out of turns.) The KL reference of both roles is the bare backbone, also for an
   # adapter started from model.lora.init (so with rl.kl_coef > 0 the KL pulls a warm-started
   # generator back towards a model that never abstained: the demo runs without KL).
-  # Note: GRPO z-scores each group, so with m = 2 answers per evidence set only the ORDER of the
-  # rewards survives (correct 1 > abstain on S = 0 alpha > wrong 0): every alpha in (0, 1) gives
-  # the same advantages (the study's alpha runs were identical, docs/results/dac). alpha's size
-  # matters with larger groups (generator_samples > 2, or generator_group="question") or an
-  # estimator that keeps the reward's scale (drgrpo, rloo).
+  # Note: with generator_group="evidence" every answer of a group shares S, so an S = 0 group's
+  # rewards are alpha or 0 (unless an answer is right without sufficient evidence) and GRPO's
+  # z-score cancels alpha, for any m: the study's alpha runs were identical (docs/results/dac).
+  # alpha acts with generator_group="question", an estimator that keeps the reward's scale
+  # (drgrpo, rloo), or a non-zero insufficient_answer_penalty.
   c.dac.alpha = 0.3
   c.dac.insufficient_answer_penalty = 0.0
   # Searcher reward, the mean over its evidence set's m generator answers of:
