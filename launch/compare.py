@@ -973,6 +973,20 @@ def _step_mean(curve: list[dict], key: str, weight=None) -> float | None:
   return sum(w * m[key] for w, m in zip(ws, rows)) / total if total else None
 
 
+def _vs_reference(reference: str, ref: dict, paired: list[dict]) -> dict:
+  """A method's runs against the reference method's of the same seeds (`ref`: seed -> run):
+  test F1 paired by question (points and the paired standard error) and training F1 paired by
+  step."""
+  from agentjax.data.demo_world import paired_gain
+  per_seed = [paired_gain(ref[r["seed"]]["test"]["f1_by_id"], r["test"]["f1_by_id"])
+              for r in paired]
+  return {"reference": reference, "seeds": [r["seed"] for r in paired],
+          "test_f1_points": [round(100 * d, 2) for d, _ in per_seed],
+          "test_f1_stderr_points": [round(100 * e, 2) for _, e in per_seed],
+          "train_f1_paired_by_step": _mean_std(
+              [_paired_by_step(r, ref[r["seed"]], "f1") for r in paired])}
+
+
 def _paired_by_step(r: dict, other: dict, key: str) -> float:
   """Mean over steps of r's training `key` minus `other`'s at the same step (same seed)."""
   return sum(m[key] - o[key] for m, o in zip(r["curve"], other["curve"])) / len(r["curve"])
@@ -1133,16 +1147,10 @@ def summarize_lora(study: dict, reference: str = "full_ft") -> dict:
         row["checkpoint_bytes"] = [r.get("checkpoint_bytes") for r in rs]
       paired = [r for r in rs if r["seed"] in ref]
       if method != reference and paired:
-        per_seed = [paired_gain(ref[r["seed"]]["test"]["f1_by_id"], r["test"]["f1_by_id"])
-                    for r in paired]
-        row["vs_reference"] = {
-            "reference": reference, "seeds": [r["seed"] for r in paired],
-            "test_f1_points": [round(100 * d, 2) for d, _ in per_seed],
-            "test_f1_stderr_points": [round(100 * e, 2) for _, e in per_seed],
-            "dev_f1_points": [round(100 * (r["dev"]["f1"] - ref[r["seed"]]["dev"]["f1"]), 2)
-                              for r in paired],
-            "train_f1_paired_by_step": _mean_std(
-                [_paired_by_step(r, ref[r["seed"]], "f1") for r in paired])}
+        row["vs_reference"] = dict(
+            _vs_reference(reference, ref, paired),
+            dev_f1_points=[round(100 * (r["dev"]["f1"] - ref[r["seed"]]["dev"]["f1"]), 2)
+                           for r in paired])
       t["methods"][method] = row
     table[size] = t
   return table
@@ -1313,18 +1321,12 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
       row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
       paired = [r for r in rs if r["seed"] in ref]
       if method != reference and paired:
-        per_seed = [paired_gain(ref[r["seed"]]["test"]["f1_by_id"], r["test"]["f1_by_id"])
-                    for r in paired]
-        row["vs_reference"] = {
-            "reference": reference, "seeds": [r["seed"] for r in paired],
-            "test_f1_points": [round(100 * d, 2) for d, _ in per_seed],
-            "test_f1_stderr_points": [round(100 * e, 2) for _, e in per_seed],
-            "seeds_ahead": sum(d > 0 for d, _ in per_seed),
-            "train_f1_paired_by_step": _mean_std(
-                [_paired_by_step(r, ref[r["seed"]], "f1") for r in paired]),
-            "sufficiency_paired_by_step": _ms(
+        vs = _vs_reference(reference, ref, paired)
+        row["vs_reference"] = dict(
+            vs, seeds_ahead=sum(d > 0 for d in vs["test_f1_points"]),
+            sufficiency_paired_by_step=_ms(
                 [_paired_by_step(r, ref[r["seed"]], "sufficiency_rate") for r in paired
-                 if all("sufficiency_rate" in m for m in r["curve"] + ref[r["seed"]]["curve"])])}
+                 if all("sufficiency_rate" in m for m in r["curve"] + ref[r["seed"]]["curve"])]))
       t["methods"][method] = row
     for method, alpha in DAC_ALPHAS:
       if method in t["methods"]:
