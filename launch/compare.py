@@ -126,6 +126,11 @@ DAC_METHODS = {
     "dac_no_aug": ("dac", {"dac.augment_rate": 0.0}),
     "dac_alpha0.1": ("dac", {"dac.alpha": 0.1}),
     "dac_alpha0.5": ("dac", {"dac.alpha": 0.5}),
+    # alpha where it can act: the generator's advantages grouped by question (with groups per
+    # evidence set, GRPO's z-score cancels alpha exactly; docs/results/dac/README.md).
+    "dacq_alpha0.1": ("dac", {"dac.alpha": 0.1, "dac.generator_group": "question"}),
+    "dacq_alpha0.3": ("dac", {"dac.generator_group": "question"}),
+    "dacq_alpha0.5": ("dac", {"dac.alpha": 0.5, "dac.generator_group": "question"}),
 }
 DAC_START = "dac_start"  # pseudo-method: the DAC agent before RL (the generator's warm start)
 GENERATOR_SFT = "generator_sft"  # {root}/{size}/generator_sft: the generator's warm start

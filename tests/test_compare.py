@@ -426,7 +426,8 @@ def test_sft_mismatch_ignores_fields_added_since_at_their_default(compare, tmp_p
 
 
 @pytest.mark.parametrize("method", ["grpo_full", "grpo_lora", "dac", "dac_sufficient_only",
-                                    "dac_no_aug", "dac_alpha0.1", "dac_alpha0.5"])
+                                    "dac_no_aug", "dac_alpha0.1", "dac_alpha0.5",
+                                    "dacq_alpha0.1", "dacq_alpha0.3"])
 def test_dac_study_configs(compare, method, tmp_path):
   """DAC's study: every run validates; the generator starts from the study's warm start; each
   ablation differs from dac only in its field, and grpo_lora from grpo_full only in model.lora."""
@@ -444,7 +445,9 @@ def test_dac_study_configs(compare, method, tmp_path):
             if v != flat(compare.rl_config(root, "base", "dac", 1, 3, study="dac"))[k]}
     assert diff == {"dac_sufficient_only": {"dac.searcher_reward"},
                     "dac_no_aug": {"dac.augment_rate"}, "dac_alpha0.1": {"dac.alpha"},
-                    "dac_alpha0.5": {"dac.alpha"}}.get(method, set())
+                    "dac_alpha0.5": {"dac.alpha"},
+                    "dacq_alpha0.1": {"dac.alpha", "dac.generator_group"},
+                    "dacq_alpha0.3": {"dac.generator_group"}}.get(method, set())
   else:
     full = flat(compare.rl_config(root, "base", "grpo_full", 1, 3, study="dac"))
     diff = {k for k, v in flat(config).items() if v != full[k]}
