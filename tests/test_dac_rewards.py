@@ -644,7 +644,7 @@ def _batch(sufficient, augmented, answered, abstained, is_correct, format_valid,
                                     answers=[f"a{g}" for g in range(em)])
   evidence = [tuple(doc(f"{b}.{i}", "T") for i in range(n)) for b, n in enumerate(n_docs)]
   return DacBatch(searcher=searcher, generator=generator, evidence=evidence,
-                  sufficient=np.asarray(sufficient, bool), augmented=np.asarray(augmented, bool),
+                  sufficient=np.asarray(sufficient, bool),
                   distractors=np.asarray(augmented, np.int32) * 2,
                   abstained=np.asarray(abstained, bool), correct=np.asarray(is_correct, bool),
                   retrieved_sufficient=np.asarray(sufficient, bool), metrics={})

@@ -93,8 +93,7 @@ class DacBatch:
 
   searcher: TrajectoryBatch [E]; generator: TrajectoryBatch [E * m] (its group_ids: the set).
   evidence: [E] the documents each set showed the generator (after augmentation and the budget).
-  sufficient: [E] bool S of what was shown; augmented: [E] bool (got distractors);
-  distractors: [E] int added. abstained, correct: [E * m] bool. retrieved_sufficient: [E] bool
+  sufficient: [E] bool S of what was shown; distractors: [E] int added (`augmented`: > 0). abstained, correct: [E * m] bool. retrieved_sufficient: [E] bool
   S of everything the searcher retrieved (before the caps). metrics: the rollouts' counts and
   times.
   """
@@ -102,12 +101,16 @@ class DacBatch:
   generator: TrajectoryBatch
   evidence: list[tuple[Document, ...]]
   sufficient: np.ndarray
-  augmented: np.ndarray
   distractors: np.ndarray
   abstained: np.ndarray
   correct: np.ndarray
   retrieved_sufficient: np.ndarray
   metrics: dict[str, Any]
+
+  @property
+  def augmented(self) -> np.ndarray:
+    """[E] bool: the set got distractors."""
+    return self.distractors > 0
 
   @property
   def samples(self) -> int:
@@ -266,7 +269,7 @@ class DacAgent:
                **{f"generator_{k}": v for k, v in g_metrics.items()},
                "augment_failures": float(failed)}
     return DacBatch(searcher=sb, generator=gb, evidence=evidence, sufficient=suff,
-                    augmented=added > 0, distractors=added, abstained=abstained,
+                    distractors=added, abstained=abstained,
                     correct=correct, retrieved_sufficient=retrieved_suff,
                     metrics=metrics), metrics
 
