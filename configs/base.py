@@ -229,6 +229,73 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.dac.augment_k = 2
   c.dac.augment_depth = 10
 
+  # ---- Co-ReAct (configs/coreact.py, agentjax/coreact/; methods spec §4): a rubric generator
+  # trained with GRPO on a list-wise Spearman reward (trainer = "rubric") and rubric-guided agents
+  # at inference. Values are the official code's unless marked "ours".
+  c.coreact = ml_collections.ConfigDict()
+  # Branch points (launch/collect_branches.py): JSONL rows of a context, K candidates and the
+  # judges' rankings. The rubric trainer reads train / dev; collection writes them.
+  c.coreact.branches_train = f"{DEMO_ROOT}/coreact/branches_train.jsonl"
+  c.coreact.branches_dev = f"{DEMO_ROOT}/coreact/branches_dev.jsonl"
+  # SynthWorld's entity names (the rubric executor's "entity" predicates read them; ours).
+  c.coreact.entities_path = f"{DEMO_ROOT}/synthworld/entities.jsonl"
+  # Collection: candidates sampled from the policy at each temperature (the code: 4 per model x 3
+  # models), deduplicated, num_candidates kept by greedy BM25 diversity, ranked by num_judges
+  # judges (ties allowed) and aggregated by Borda (sum of ranks); the rank-1 action continues.
+  c.coreact.candidate_temperatures = (0.7, 1.0, 1.3)   # ours (the code's models are not ours)
+  c.coreact.candidates_per_temperature = 4
+  # Extra candidate generators, comma-separated: Hugging Face folders, or "openai:<model>" for
+  # config.judge's endpoint (base_url, api_key_env). "": the policy only.
+  c.coreact.extra_generators = ""
+  c.coreact.num_candidates = 4                  # diversity_top_k
+  c.coreact.num_judges = 3
+  # Judges in ranking mode: "oracle" (SynthWorld's value-to-go from the gold chain; ours),
+  # "openai" (config.judge's endpoint; judge_models, comma-separated, one model per judge, or
+  # config.judge.model for all), "local" (config.judge.hf_path).
+  c.coreact.judge_backend = "oracle"
+  c.coreact.judge_models = ""
+  # The oracle judges: value-to-go gamma^(steps to a correct answer); each judge adds Gaussian
+  # noise of this std to the values before ranking (0: J identical judges; ours).
+  c.coreact.oracle_gamma = 0.8
+  c.coreact.oracle_noise = 0.05
+  c.coreact.collect_split = "train"              # questions collected from (dev: held-out rows)
+  c.coreact.collect_questions = 200
+  # The rubric applier that ranks the K candidates by a rubric and counts its atomic criteria:
+  # "executor" (SynthWorld's predicate vocabulary, deterministic; ours), "openai" / "local" (an
+  # LLM applying the rubric, as the code's Gemini judge; config.judge's endpoint / hf_path).
+  c.coreact.applier = "executor"
+  # Reward: 0 if the response's 4-gram repeat rate > repeat_threshold; else spearman_weight *
+  # (rho + 1) / 2 + atomic_weight * atomic / N + format_weight * format (format = 0.5 [min_items
+  # <= N <= max_items] + 0.5 [|sum of positive w - 1| < weight_tol]); rho NaN -> nan_score; N < 2
+  # or a failed applier call: the rank and atomic terms are 0. rank_reward swaps the list-wise
+  # term for "pairwise" (accuracy over the expert's strictly ordered pairs) or "top1" (the
+  # rubric's best is the expert's best) for the study (ours).
+  c.coreact.spearman_weight = 0.75
+  c.coreact.atomic_weight = 0.15
+  c.coreact.format_weight = 0.10
+  c.coreact.repeat_threshold = 0.40
+  c.coreact.repeat_ngram = 4
+  c.coreact.min_items = 3
+  c.coreact.max_items = 5
+  c.coreact.weight_tol = 0.15
+  c.coreact.nan_score = 0.5
+  c.coreact.rank_reward = "listwise"            # listwise | pairwise | top1
+  # Inference (launch/eval.py --agent=coreact | best_of_n): the rubric generator (a Hugging Face
+  # folder: its own model, or the merged export of a LoRA run), no rubric at step 1, the rubric as
+  # a shadow suffix (removed from the context after the step; persist=True keeps it: ablation),
+  # verify: the applier's weighted score of the action, below verify_threshold the step is
+  # retried max_retries times with feedback and the retry accepted.
+  c.coreact.generator_path = ""
+  c.coreact.generator_temperature = 0.0
+  c.coreact.generator_max_new_tokens = 128
+  c.coreact.generator_max_total_tokens = 2048
+  c.coreact.verify = True
+  c.coreact.verify_threshold = 0.6
+  c.coreact.max_retries = 1
+  c.coreact.persist = False
+  c.coreact.best_of_n = 4                       # Best-of-N: actions sampled per step
+  c.coreact.best_of_n_select = "rubric"         # rubric | self (the policy's mean log-prob)
+
   # ---- optimizer: AdamW, global-norm clipping, warmup + cosine
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.lr = 1e-6
