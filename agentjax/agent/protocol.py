@@ -273,7 +273,33 @@ ANSWER_ONLY = Protocol(
                      "<answer> and </answer>.\n"),
 )
 
-PROTOCOLS = {p.name: p for p in (SEARCH_R1, TOOL_CALL, ANSWER_ONLY)}
+
+
+@dataclasses.dataclass(frozen=True)
+class FreeTextProtocol(Protocol):
+  """One turn whose whole generated text is the output (Co-ReAct's rubric generator writes
+  `N. [w] criterion` lines, not tagged actions): the turn ends at EOS (or max_new_tokens), and
+  any non-empty text is an "answer" Action holding the text, whitespace-stripped (the reward
+  parses it: agentjax/coreact/rubric.py; a malformed rubric scores 0 there, it is not a format
+  error here)."""
+
+  def parse(self, text: str) -> Action:
+    text = text.strip()
+    return Action(ANSWER, text) if text else Action(INVALID, "empty output")
+
+
+# Co-ReAct's rubric generator: the "question" is its whole prompt (agentjax/coreact/rubric.py).
+RUBRIC = FreeTextProtocol(
+    name="rubric",
+    instruction="{question}",
+    stop_strings=(),
+    can_search=False,
+    observation_prefix="",
+    observation_suffix="",
+    invalid_message="",
+)
+
+PROTOCOLS = {p.name: p for p in (SEARCH_R1, TOOL_CALL, ANSWER_ONLY, RUBRIC)}
 
 
 def get_protocol(name: str) -> Protocol:

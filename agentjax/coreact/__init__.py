@@ -1,1 +1,16 @@
-"""Co-ReAct: rubrics as step-level collaborators for ReAct search agents (methods spec §4)."""
+"""Co-ReAct: rubrics as step-level collaborators for ReAct search agents (methods spec §4).
+
+context.py   BranchContext: the trajectory so far at a branch point (every stage reads it)
+rubric.py    the rubric format, its parser, the reward (list-wise Spearman), prompts, phase hints
+executor.py  SynthWorld's rubric applier: criteria in a small predicate vocabulary
+appliers.py  rubric appliers (executor / openai / local): rank candidates, score an action
+rankers.py   judges in ranking mode (oracle value-to-go / openai / local) for branch collection
+branches.py  branch-point collection (launch/collect_branches.py)
+task.py      the rubric generator as a single-turn RL task (trainer "rubric")
+warmstart.py the demo generator's warm-start demonstrations
+guided.py    rubric-guided agents at inference: shadow suffix, verify-retry, Best-of-N
+"""
+
+# The rank term of the rubric reward: the official list-wise Spearman, or the study's pairwise
+# accuracy / top-1 match (config.coreact.rank_reward).
+RANK_REWARDS = ("listwise", "pairwise", "top1")

@@ -22,7 +22,7 @@ from agentjax.judge.controls import NOISE_MODES
 from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
-TRAINERS = ("rl", "sft", "dac")
+TRAINERS = ("rl", "sft", "dac", "rubric")
 # Estimators DAC's roles can use: per-trajectory outcome advantages (no probes, no judge).
 DAC_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "reinforce++", "reinforce++_baseline")
 # Estimators that compare the rollouts of one question: a group of one gives no signal.
@@ -108,6 +108,7 @@ def validate(config: Any) -> None:
   _validate_rl(config)
   if trainer == "dac":
     _validate_dac(config)
+  _validate_coreact(config)
 
 
 def _validate_model(config: Any) -> None:
@@ -351,6 +352,56 @@ def _validate_dac(config: Any) -> None:
   if not isinstance(_get(config, "dac.generator_sees_reasoning"), bool):
     _fail("dac.generator_sees_reasoning", _get(config, "dac.generator_sees_reasoning"),
           "must be True or False")
+
+
+def _validate_coreact(config: Any) -> None:
+  """config.coreact (read by trainer "rubric", collection and guided eval)."""
+  from agentjax.coreact import RANK_REWARDS
+  trainer = _get(config, "trainer")
+  if trainer == "rubric":
+    if _get(config, "rollout.protocol") != "rubric":
+      _fail("rollout.protocol", _get(config, "rollout.protocol"), "trainer 'rubric' trains the "
+            "rubric generator: its one-turn output is the rubric (protocol 'rubric')")
+    if _get(config, "rollout.max_turns") != 1:
+      _fail("rollout.max_turns", _get(config, "rollout.max_turns"),
+            "trainer 'rubric' is a single-turn task: must be 1")
+    algorithm = _get(config, "algorithm")
+    if algorithm not in DAC_ALGORITHMS:
+      _fail("algorithm", algorithm, f"the rubric generator gets one outcome reward per rubric: "
+            f"one of {list(DAC_ALGORITHMS)}")
+    for f in ("coreact.branches_train", "coreact.branches_dev"):
+      if not _get(config, f):
+        _fail(f, "", "trainer 'rubric' needs branch points (launch/collect_branches.py)")
+  elif _get(config, "rollout.protocol") == "rubric":
+    _fail("rollout.protocol", "rubric", "is the rubric generator's protocol (trainer 'rubric')")
+  if _get(config, "coreact.rank_reward") not in RANK_REWARDS:
+    _fail("coreact.rank_reward", _get(config, "coreact.rank_reward"),
+          f"must be one of {list(RANK_REWARDS)}")
+  for f in ("coreact.spearman_weight", "coreact.atomic_weight", "coreact.format_weight",
+            "coreact.repeat_threshold", "coreact.weight_tol", "coreact.nan_score",
+            "coreact.verify_threshold", "coreact.oracle_noise", "coreact.max_retries"):
+    _non_negative(config, f)
+  for f in ("coreact.repeat_ngram", "coreact.min_items", "coreact.max_items",
+            "coreact.num_candidates", "coreact.num_judges", "coreact.candidates_per_temperature",
+            "coreact.generator_max_new_tokens", "coreact.generator_max_total_tokens",
+            "coreact.best_of_n", "coreact.collect_questions"):
+    v = _get(config, f)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      _fail(f, v, "must be an int >= 1")
+  if _get(config, "coreact.min_items") > _get(config, "coreact.max_items"):
+    _fail("coreact.min_items", _get(config, "coreact.min_items"),
+          "must be <= coreact.max_items")
+  if _get(config, "coreact.num_candidates") < 2:
+    _fail("coreact.num_candidates", _get(config, "coreact.num_candidates"),
+          "a ranking needs >= 2 candidates")
+  if not 0.0 < _get(config, "coreact.oracle_gamma") <= 1.0:
+    _fail("coreact.oracle_gamma", _get(config, "coreact.oracle_gamma"), "must be in (0, 1]")
+  if _get(config, "coreact.best_of_n_select") not in ("rubric", "self"):
+    _fail("coreact.best_of_n_select", _get(config, "coreact.best_of_n_select"),
+          "must be 'rubric' or 'self'")
+  for f in ("coreact.verify", "coreact.persist"):
+    if not isinstance(_get(config, f), bool):
+      _fail(f, _get(config, f), "must be True or False")
 
 
 def _validate_judge(config: Any, algorithm: str) -> None:

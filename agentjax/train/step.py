@@ -37,7 +37,7 @@ from agentjax.train.rl import (PolicyLossConfig, advantage_kwargs, compute_advan
 
 def updates_per_step(config: Any) -> int:
   """Optimizer updates in one RL step (the schedule counts updates; config counts steps)."""
-  if config.trainer not in ("rl", "dac"):
+  if config.trainer not in ("rl", "dac", "rubric"):
     return 1
   batch = config.rl.prompts_per_step * config.rollout.group_size
   return config.rl.ppo_epochs * (batch // config.rl.minibatch_size)
@@ -83,13 +83,18 @@ class RLStep:
   judge_pass: JudgePass | None = None  # CW-GRPO: verdicts per round between rewards and advantages
   target: TrainTarget | None = None  # what is trained: the whole model, or LoRA adapters
   ref_model: Any = None              # the reference's module when not the policy's (LoRA)
+  # A task's own reward in place of EM/F1 against gold answers: rewards(batch, questions) ->
+  # ([B] rewards, metrics). Co-ReAct's rubric generator (agentjax/coreact/task.py).
+  rewards: Callable[..., tuple[np.ndarray, dict[str, float]]] | None = None
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
             optimizer: optax.GradientTransformation, ref_params: Any,
-            target: TrainTarget | None = None, ref_model: Any = None) -> "RLStep":
+            target: TrainTarget | None = None, ref_model: Any = None,
+            rewards: Callable | None = None) -> "RLStep":
     """target: what the run trains (agentjax/train/adapters.py; None: the whole model, state
-    params are the model's). ref_model: the reference's module when it is not engine.model."""
+    params are the model's). ref_model: the reference's module when it is not engine.model.
+    rewards: a task's reward in place of the outcome reward (see the field)."""
     rl = config.rl
     loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
                        kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
@@ -105,7 +110,7 @@ class RLStep:
                adv_kwargs=advantage_kwargs(config),
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
                target=target or TrainTarget(engine.cfg, None, None, None),
-               ref_model=ref_model)
+               ref_model=ref_model, rewards=rewards)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -127,11 +132,16 @@ class RLStep:
     # 2. rewards (host)
     row_golds = [golds[g] for g in batch.group_ids]
     answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
-    outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
-                              format_ok=batch.format_valid if rl.penalize_format else None,
-                              format_penalty=rl.format_penalty)
-    f1 = outcome_rewards(answers, row_golds, metric="f1")
-    em = outcome_rewards(answers, row_golds, metric="em")
+    task_metrics = {}
+    if self.rewards is not None:  # the task's own reward; no gold answers to score against
+      outcome, task_metrics = self.rewards(batch, questions)
+      f1 = em = np.zeros(len(answers), np.float32)
+    else:
+      outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
+                                format_ok=batch.format_valid if rl.penalize_format else None,
+                                format_penalty=rl.format_penalty)
+      f1 = outcome_rewards(answers, row_golds, metric="f1")
+      em = outcome_rewards(answers, row_golds, metric="em")
 
     # 2b. the judge's verdicts per round (CW-GRPO), every call of the step at once
     judge_fields, judge_metrics = {}, {}
@@ -207,7 +217,7 @@ class RLStep:
         "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
         "tokens_per_s": valid_tokens / max(step_s, 1e-9),
         "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
-        "search_s": rollout_metrics["search_s"], **judge_metrics}
+        "search_s": rollout_metrics["search_s"], **judge_metrics, **task_metrics}
     if "cw_fallback_count" in adv_stats:  # CW-GRPO: how often the all-zero fallback fired
       count = float(adv_stats["cw_fallback_count"])
       metrics["cw/fallback_count"] = count

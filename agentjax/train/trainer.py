@@ -506,10 +506,22 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   # LoRA the backbone itself run without adapters (no copy).
   ref_params, ref_model = target.reference(rl.kl_coef)
 
-  train_names = config_lib.benchmark_list(config.data.train, "data.train")
-  eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
-  stream = QuestionStream(load_questions(config, train_names, "train"), config.seed)
-  dev = load_questions(config, [eval_name], config.data.eval_split, "data.eval_split")
+  rubric_task = None
+  if config.trainer == "rubric":  # Co-ReAct's rubric generator on branch points, not questions
+    from agentjax.coreact.task import RubricRewards, branch_records
+    try:
+      train_records = branch_records(config.coreact.branches_train, "coreact.branches_train")
+      dev = branch_records(config.coreact.branches_dev, "coreact.branches_dev")
+    except ValueError as e:
+      raise config_lib.ConfigError(str(e)) from None
+    stream = QuestionStream(train_records, config.seed)
+    eval_name = "branches"
+    rubric_task = RubricRewards.from_config(config, mesh=mesh)
+  else:
+    train_names = config_lib.benchmark_list(config.data.train, "data.train")
+    eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
+    stream = QuestionStream(load_questions(config, train_names, "train"), config.seed)
+    dev = load_questions(config, [eval_name], config.data.eval_split, "data.eval_split")
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
   backend = make_search_backend(config)
@@ -528,7 +540,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
     rl_step = DacStep.build(config, mesh, engine, optimizer, ref_params, target, ref_model)
   else:
     rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params, target=target,
-                           ref_model=ref_model)
+                           ref_model=ref_model, rewards=rubric_task)
 
   ckpt = make_checkpointer(config, workdir, target)
   restored = ckpt.restore_or_none(abstract_state(state))
@@ -549,6 +561,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
     return os.path.join(workdir, "eval", f"{at_step}.json")
 
   def run_eval(at_step: int) -> dict[str, Any]:
+    if rubric_task is not None:
+      return run_rubric_eval(at_step)
     t0 = time.perf_counter()
     with use_mesh(mesh):
       result = evaluate(eval_engine, target.rollout_params(state["params"]), dev,
@@ -566,11 +580,27 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
              config.data.eval_split, result["n"], result["f1"], result["em"])
     return result
 
+  def run_rubric_eval(at_step: int) -> dict[str, Any]:
+    """The rubric generator's held-out scores (greedy rubrics of the dev branch points)."""
+    from agentjax.coreact.task import evaluate_rubrics
+    t0 = time.perf_counter()
+    with use_mesh(mesh):
+      result = evaluate_rubrics(eval_engine, target.rollout_params(state["params"]), dev,
+                                config.train.eval_batch, rubric_task)
+    _write_json(eval_path(at_step), dict(result, step=at_step, benchmark=eval_name))
+    metrics = {f"eval/{k}": result[k] for k in RUBRIC_EVAL_SCORES}
+    metrics["eval/seconds"] = time.perf_counter() - t0
+    writer.write(at_step, metrics)
+    log.info("eval at step %d on %d held-out branch points: Spearman %.4f reward %.4f", at_step,
+             result["n"], result["spearman"], result["reward"])
+    return result
+
   def save(at_step: int, force: bool) -> None:
     ckpt.save(at_step, state, {"position": position, "faults": faults.state()}, force=force)
 
   evals = {}
-  postfix = ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
+  postfix = ("reward", "rubric/spearman", "kl", "step_s") if rubric_task is not None else \
+      ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
   compiles = CompileCounter()  # programs compiled by this process since the loop started
   with _Preemption() as preempt:
     if config.train.eval_at_start and step == 0:
@@ -636,7 +666,9 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
     export = os.path.join(workdir, EXPORT_DIR)
   return {"step": step, "workdir": workdir, "hf_export": export,
           "tensorboard": os.path.join(workdir, "tensorboard"),
-          "evals": {k: {"f1": v["f1"], "em": v["em"], "n": v["n"]} for k, v in evals.items()},
+          "evals": {k: {key: v[key] for key in (
+              RUBRIC_EVAL_SCORES if rubric_task is not None else ("f1", "em")) + ("n",)}
+              for k, v in evals.items()},
           "params": state["params"], "cfg": cfg}
 
 # ============================================================================ eval
@@ -645,6 +677,9 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 # loop calls `evaluate` through this module's namespace, so tests can patch trainer.evaluate).
 from agentjax.train.evaluation import (ABSTENTION_SCORES, eval_benchmarks, evaluate,  # noqa: E402,F401
                                        format_table)
+
+# What the rubric generator's eval logs (agentjax/coreact/task.py evaluate_rubrics).
+RUBRIC_EVAL_SCORES = ("spearman", "reward", "pairwise", "top1", "format", "atomic")
 
 
 # ============================================================================ SFT

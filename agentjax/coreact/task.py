@@ -1,0 +1,168 @@
+"""The rubric generator as a single-turn RL task (trainer = "rubric"; configs/coreact.py).
+
+    records = branch_records(config.coreact.branches_train, "coreact.branches_train")
+    rewards = RubricRewards.from_config(config)           # the applier, the reward settings
+    outcome, metrics = rewards(batch, records_of_rows)    # [B] rewards, rubric/* metrics
+    result = evaluate_rubrics(engine, params, dev, batch_size, rewards)   # held-out Spearman
+
+A record is one branch point (launch/collect_branches.py): its "question" is the rubric
+generator's whole prompt (rubric.rubric_prompt of the context: question, trajectory with <think>
+stripped, phase hint), so the RL loop rolls it out with protocol "rubric" (one turn, the text is
+the rubric) exactly as it rolls out a search question. The reward of a rubric (the official
+code's compute_score, agentjax/coreact/rubric.py): the applier ranks the branch's K candidate
+actions by the rubric, and that ranking is compared with the expert ranking (Borda over the
+judges) by Spearman, plus the atomic and format terms, all zero under the repetition gate.
+
+Every rubric of a step goes to the applier in one batched call (a server sees them in flight
+together); a failed call scores that rubric's rank and atomic terms 0 (counted, never raised).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentjax.coreact.context import BranchContext
+from agentjax.coreact.rubric import RewardSettings, parse_rubric, rubric_prompt, rubric_reward
+from agentjax.jsonl import iter_json_objects
+from agentjax.rl import ranking
+
+# The branch-point fields the task reads besides the context's.
+BRANCH_FIELDS = ("candidates", "expert_ranking")
+
+
+def branch_records(path: str, field: str) -> list[dict[str, Any]]:
+  """The branch points of a JSONL file as RL records {"id", "question": the rubric prompt,
+  "golden_answers": [], "branch": the row}.
+
+  Raises ValueError naming `field` (the config entry), the file and the line of a malformed
+  row: a missing field, a context that does not parse, K < 2 candidates, or an expert ranking
+  of another length."""
+  path = os.path.expanduser(path)
+  if not os.path.isfile(path):
+    raise ValueError(f"config.{field}={path!r}: no such file (write it with "
+                     f"launch/collect_branches.py)")
+  out = []
+  for line, row in iter_json_objects(path, ValueError, what="branch points"):
+    where = f"config.{field}={path!r} line {line}"
+    for key in BRANCH_FIELDS:
+      if key not in row:
+        raise ValueError(f"{where}: missing field {key!r}")
+    try:
+      ctx = BranchContext.from_json(row)
+    except ValueError as e:
+      raise ValueError(f"{where}: {e}") from None
+    k = len(row["candidates"])
+    if k < 2 or len(row["expert_ranking"]) != k:
+      raise ValueError(f"{where}: needs >= 2 candidates and an expert_ranking of the same length, "
+                       f"got {k} and {len(row['expert_ranking'])}")
+    out.append({"id": str(row.get("id", f"line{line}")), "question": rubric_prompt(ctx),
+                "golden_answers": [], "branch": row})
+  if not out:
+    raise ValueError(f"config.{field}={path!r}: no branch points")
+  return out
+
+
+@dataclasses.dataclass
+class RubricRewards:
+  """The rubric reward of each rollout row, applier calls batched per step."""
+  applier: Any
+  settings: RewardSettings
+
+  @classmethod
+  def from_config(cls, config: Any, mesh: Any = None) -> "RubricRewards":
+    from agentjax.coreact.appliers import build_applier
+    return cls(build_applier(config, mesh=mesh), RewardSettings.from_config(config.coreact))
+
+  def score(self, texts: Sequence[str], branches: Sequence[Mapping[str, Any]]
+            ) -> tuple[list[Any], list[Any]]:
+    """(RubricScore, the applier's Applied or None) of each (rubric text, branch row); one
+    applier call for all of them."""
+    rubrics = [parse_rubric(t) for t in texts]
+    contexts = [BranchContext.from_json(b) for b in branches]
+    candidates = [tuple(b["candidates"]) for b in branches]
+    # Rubrics with < 2 items score 0 on the rank terms whatever the applier says: not sent.
+    ask = [i for i, r in enumerate(rubrics) if r.n >= 2]
+    applied: list[Any] = [None] * len(texts)
+    if ask:
+      got = self.applier.rank([rubrics[i] for i in ask], [contexts[i] for i in ask],
+                              [candidates[i] for i in ask])
+      for i, a in zip(ask, got):
+        applied[i] = a
+    return [rubric_reward(t, b["expert_ranking"], a, self.settings)
+            for t, b, a in zip(texts, branches, applied)], applied
+
+  def __call__(self, batch: Any, questions: Sequence[Mapping[str, Any]]
+               ) -> tuple[np.ndarray, dict[str, float]]:
+    """(rewards [B] float32, metrics) of a rollout of records (row b answers
+    questions[batch.group_ids[b]])."""
+    texts = [_output(batch, b) for b in range(len(batch.group_ids))]
+    branches = [questions[g]["branch"] for g in batch.group_ids]
+    scores, _ = self.score(texts, branches)
+    return np.array([s.reward for s in scores], np.float32), summarize_scores(scores, "rubric/")
+
+
+def _output(batch: Any, b: int) -> str:
+  """Row b's generated text: its answer, or the raw text of its one turn when none parsed."""
+  if batch.answered[b]:
+    return str(batch.answers[b])
+  turns = batch.turns[b]
+  return turns[0].text if turns else ""
+
+
+def summarize_scores(scores: Sequence[Any], prefix: str = "") -> dict[str, float]:
+  """Means over RubricScores: reward, spearman (rho, NaN counted as 0: no agreement), the terms,
+  repetitive / applier-failure rates, items per rubric."""
+  if not scores:
+    return {}
+  rho = np.array([s.rho for s in scores], np.float64)
+  return {f"{prefix}reward": float(np.mean([s.reward for s in scores])),
+          f"{prefix}spearman": float(np.mean(np.nan_to_num(rho, nan=0.0))),
+          f"{prefix}rank_term": float(np.mean([s.rank_term for s in scores])),
+          f"{prefix}atomic": float(np.mean([s.atomic_term for s in scores])),
+          f"{prefix}format": float(np.mean([s.format_term for s in scores])),
+          f"{prefix}repetitive": float(np.mean([s.repetitive for s in scores])),
+          f"{prefix}applier_failures": float(np.mean([
+              (not s.applier_ok) and s.n_items >= 2 and not s.repetitive for s in scores])),
+          f"{prefix}items": float(np.mean([s.n_items for s in scores]))}
+
+
+def evaluate_rubrics(engine: Any, params: Any, records: Sequence[Mapping[str, Any]],
+                     batch_size: int, rewards: RubricRewards) -> dict[str, Any]:
+  """The rubric generator's held-out scores: one rubric per branch point from `engine` (greedy
+  for eval), scored by `rewards`; plus pairwise accuracy and top-1 match of the induced rankings.
+
+  Returns {"n", "reward", "spearman", "rank_term", "atomic", "format", "repetitive",
+  "applier_failures", "items", "pairwise", "top1", "per_question": [{"id", "rubric", "reward",
+  "spearman"}]}. The last batch is padded (repeating its last record) to one compiled shape."""
+  import jax
+  texts: list[str] = []
+  for index, start in enumerate(range(0, len(records), batch_size)):
+    chunk = list(records[start:start + batch_size])
+    real = len(chunk)
+    chunk += [chunk[-1]] * (batch_size - real)
+    batch, _ = engine.run(params, [r["question"] for r in chunk], jax.random.key(index))
+    texts += [_output(batch, b) for b in range(real)]
+  branches = [r["branch"] for r in records]
+  scores, applied = rewards.score(texts, branches)
+  result = dict(n=len(records), **summarize_scores(scores))
+  pair, top = [], []
+  for s, a, b in zip(scores, applied, branches):
+    expert = np.asarray(b["expert_ranking"], np.float32)
+    if a is None or s.repetitive:  # no induced ranking: no agreement
+      pair.append(0.0)
+      top.append(0.0)
+      continue
+    pred = np.asarray(a.ranking, np.float32)
+    pair.append(float(np.nan_to_num(ranking.pairwise_accuracy(pred, expert, 0.5), nan=0.5)))
+    top.append(float(ranking.top1_match(pred, expert)))
+  result["pairwise"] = float(np.mean(pair))
+  result["top1"] = float(np.mean(top))
+  result["per_question"] = [
+      {"id": r["id"], "rubric": t, "reward": s.reward,
+       "spearman": None if np.isnan(s.rho) else float(s.rho)}
+      for r, t, s in zip(records, texts, scores)]
+  return result

@@ -1,0 +1,134 @@
+r"""Co-ReAct: a rubric generator trained with GRPO on a list-wise Spearman reward, and agents that
+take its rubric at each step (agentjax/coreact/; methods spec §4). Settings are the official
+code's (rubric_rl/train_grpo*.sh, reward_fn.py, co_react_eval.yaml) unless marked "ours".
+
+  # the demo (after `make demo`): branch points, the generator's warm start, GRPO, guided eval
+  python launch/collect_branches.py --config=configs/coreact.py:collect --split=train
+  python launch/collect_branches.py --config=configs/coreact.py:collect --split=dev
+  python launch/coreact_demos.py                 # runs/demo/coreact/rubric_demos.jsonl
+  python launch/train.py --config=configs/coreact.py:rubric_sft --workdir=runs/demo/coreact/rubric_sft
+  python launch/train.py --config=configs/coreact.py:demo --workdir=runs/demo/coreact/rubric
+  python launch/eval.py --config=configs/coreact.py:agent --hf_path=runs/demo/sft/hf_export \
+      --agent=coreact --rubric_generator=runs/demo/coreact/rubric/hf_export
+  # the paper's rubric generator
+  python launch/train.py --config=configs/coreact.py:qwen3-14b --workdir=/mnt/shared/runs/rubric14b \
+      --config.coreact.applier=openai --config.judge.base_url=http://10.0.0.3:8001/v1 \
+      --config.judge.model=gemini-2.5-pro
+
+Presets:
+  collect     branch points on SynthWorld: the demo SFT agent's trajectories, 4 candidates per
+              temperature (0.7, 1.0, 1.3), deduplicated, 4 kept by BM25 diversity, ranked by 3
+              noisy oracle judges (value-to-go from the gold chain), Borda; the rank-1 continues.
+  rubric_sft  the generator's warm start (ours: a from-scratch demo model has never written a
+              rubric): LoRA SFT of the "rubric" adapter on the demo backbone, on rubrics drawn at
+              random from the executor's criterion vocabulary (well-formed, uninformed by the
+              context: what GRPO then has to make discriminative).
+  demo        GRPO of the rubric generator (trainer "rubric"): group 8, 8 branch points a step,
+              the executor applier, the official reward (0.75 / 0.15 / 0.10, 4-gram gate 0.40),
+              KL 0.005 low_var_kl, clip 0.2, temperature 1.0; LoRA rank 32 at 3e-4 (the LoRA
+              study's demo rate), from rubric_sft's adapter.
+  agent       the guided agent's eval settings on the demo: the demo SFT agent at temperature 0.7
+              (the code's search agent), the rubric generator greedy, verify 0.6, one retry.
+  qwen3-14b   the code's 14B trainer: 32 prompts x 8, lr 2e-6 constant after 10 warm-up steps,
+              KL 0.005 low_var_kl, clip 0.2, no entropy bonus, temperature 1.0, prompt 8192 /
+              response 2048, 2 epochs (train.steps: set it to 2 x rows / 32 of your branch set;
+              125 is the eval config's checkpoint). Full fine-tuning, as verl's. The code's rollout
+              repetition penalty 1.1 has no counterpart in agentjax's sampler (not done).
+  qwen3-8b    the code's 8B trainer: 64 prompts x 8, lr 3e-6, the rest as qwen3-14b.
+"""
+
+from configs import base
+
+PRESETS = ("demo", "collect", "rubric_sft", "agent", "qwen3-14b", "qwen3-8b")
+DEMO_DIR = f"{base.DEMO_ROOT}/coreact"
+RUBRIC_DEMOS = f"{DEMO_DIR}/rubric_demos.jsonl"
+RUBRIC_INIT = f"{DEMO_DIR}/rubric_sft/adapters/rubric"
+LORA_LR = 3e-4  # the LoRA study's demo rate (docs/results/lora)
+
+
+def _rubric_rollout(c, max_new_tokens: int, max_total_tokens: int) -> None:
+  """The rubric generator as a single-turn policy: its prompt is the whole instruction."""
+  c.trainer = "rubric"
+  c.algorithm = "grpo"
+  c.rollout.protocol = "rubric"
+  c.rollout.max_turns = 1
+  c.rollout.group_size = 8
+  c.rollout.temperature = 1.0
+  c.rollout.max_new_tokens = max_new_tokens
+  c.rollout.max_total_tokens = max_total_tokens
+  c.rl.kl_coef = 0.005
+  c.rl.kl_estimator = "low_var_kl"
+  c.rl.clip_low = c.rl.clip_high = 0.2
+  c.rl.entropy_coef = 0.0
+  c.judge.backend = "none"
+
+
+def get_config(arg: str = "demo"):
+  if arg not in PRESETS:
+    raise ValueError(f"unknown preset {arg!r}; known: {list(PRESETS)}")
+  demo = arg in ("demo", "collect", "rubric_sft", "agent")
+  config = base.get_config("demo" if demo else "qwen3-8b")
+  config.preset = arg
+  c = config
+  if demo:
+    c.coreact.generator_path = f"{DEMO_DIR}/rubric/hf_export"
+    c.coreact.generator_max_new_tokens = 96
+    c.coreact.generator_max_total_tokens = 1024
+  if arg in ("collect", "agent"):
+    # The agent: the demo SFT policy (base's demo model) with its rollout settings; the code's
+    # search agent samples at 0.7.
+    c.rollout.temperature = 0.7
+    c.coreact.collect_questions = 200
+    return config
+  if arg == "rubric_sft":
+    c.trainer = "sft"
+    c.rollout.protocol = "rubric"
+    c.rollout.max_turns = 1
+    c.model.lora.adapters = "rubric"
+    c.model.lora.rank = 32
+    c.model.lora.alpha = 32.0
+    c.sft.demos = RUBRIC_DEMOS
+    c.sft.corpus_path = ""
+    c.sft.steps = 300
+    c.sft.batch_size = 16
+    c.sft.max_len = 1024
+    c.sft.lr = 1e-3
+    c.sft.micro_batches = 1
+    c.sft.length_buckets = ()
+    c.sft.checkpoint_every = 100
+    return config
+  if arg == "demo":
+    _rubric_rollout(c, max_new_tokens=96, max_total_tokens=1024)
+    c.model.lora.adapters = "rubric"
+    c.model.lora.rank = 32
+    c.model.lora.alpha = 32.0
+    c.model.lora.init = f"rubric={RUBRIC_INIT}"
+    c.optimizer.lr = LORA_LR
+    c.optimizer.warmup_steps = 2
+    c.rl.prompts_per_step = 8
+    c.rl.minibatch_size = 32
+    c.train.steps = 40
+    c.train.eval_every = 10
+    c.train.eval_at_start = True
+    c.train.eval_batch = 32
+    c.train.checkpoint_every = 10
+    c.data.eval_size = 0
+    return config
+  # The paper's rubric generator (methods spec §4.4).
+  _rubric_rollout(c, max_new_tokens=2048, max_total_tokens=8192 + 2048)
+  c.model.hf_path = {"qwen3-14b": "models/Qwen3-14B", "qwen3-8b": "models/Qwen3-8B"}[arg]
+  c.rl.prompts_per_step = {"qwen3-14b": 32, "qwen3-8b": 64}[arg]
+  c.rl.minibatch_size = c.rl.prompts_per_step * c.rollout.group_size
+  c.optimizer.lr = {"qwen3-14b": 2e-6, "qwen3-8b": 3e-6}[arg]
+  c.optimizer.warmup_steps = 10
+  c.optimizer.final_lr_ratio = 1.0   # constant after warm-up
+  c.train.steps = 125
+  c.train.checkpoint_every = 10
+  c.train.eval_every = 25
+  c.coreact.branches_train = "data/coreact/branches_train.jsonl"
+  c.coreact.branches_dev = "data/coreact/branches_dev.jsonl"
+  c.coreact.applier = "openai"
+  # The code's eval: the rubric generator at temperature 0, 2048 new tokens.
+  c.coreact.generator_max_new_tokens = 2048
+  c.coreact.generator_max_total_tokens = 8192 + 2048
+  return config
