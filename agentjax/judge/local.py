@@ -9,7 +9,8 @@
 
 One call per round, as the "openai" backend: round k of a trajectory is judged on the question
 and rounds 0..k (agentjax.judge.render.build_messages, in the model's chat template), and the
-reply goes through render.parse_verdict. Every call of a judge() batch (a whole RL step's) is
+reply goes through render.parse_verdict. The decode is agentjax.judge.chat.LocalChat's (shared
+with Co-ReAct's LLM appliers and rankers): every call of a judge() batch (a whole RL step's) is
 decoded as ONE batch by agentjax.sampling.complete.Completer (one prefill, one decode loop, each
 row stopping at its own EOS), on the run's mesh; judge.max_batch > 0 splits them into chunks of
 at most that many (calls sorted by prompt length, so a chunk's rows pad to similar lengths), to
@@ -23,14 +24,14 @@ decode itself each become Verdict.failed(reason) for their rounds.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any, Sequence
 
 from agentjax.judge.base import (JudgeRequest, Verdict, load_prompt, prompt_sha256,
                                  register_judge)
+from agentjax.judge.chat import ChatReply, LocalChat
 from agentjax.judge.render import build_messages, check_template, parse_verdict
-from agentjax.sampling.complete import Completer, Completion
+from agentjax.sampling.complete import Completer
 
 log = logging.getLogger(__name__)
 
@@ -47,19 +48,19 @@ class LocalJudge:
   def __init__(self, completer: Completer, template: str, *, model_name: str,
                max_prompt_tokens: int, max_new_tokens: int, max_batch: int = 0):
     check_template(template)
-    if max_prompt_tokens < 1 or max_new_tokens < 1:
-      raise ValueError(f"judge.max_prompt_tokens ({max_prompt_tokens}) and judge.max_new_tokens "
-                       f"({max_new_tokens}) must be >= 1")
-    if max_batch < 0:
-      raise ValueError(f"judge.max_batch must be >= 0 (0: one batch), got {max_batch}")
-    if completer.max_total_tokens < max_prompt_tokens + 1:
-      raise ValueError(f"the Completer's max_total_tokens ({completer.max_total_tokens}) leaves no "
-                       f"room to reply to a prompt of judge.max_prompt_tokens={max_prompt_tokens}")
-    self.completer, self.template, self.model_name = completer, template, model_name
-    self.max_prompt_tokens, self.max_new_tokens = int(max_prompt_tokens), int(max_new_tokens)
-    self.max_batch = int(max_batch)
+    self.backend = LocalChat(completer, max_prompt_tokens=max_prompt_tokens,
+                             max_new_tokens=max_new_tokens, max_batch=max_batch,
+                             model_name=model_name)
+    self.template, self.model_name = template, model_name
     self.last_replies: list[list[str | None]] = []
     self.last_seconds = 0.0
+
+  # The decode settings live in the backend (one place); these read and set them there.
+  completer = property(lambda self: self.backend.completer)
+  max_prompt_tokens = property(lambda self: self.backend.max_prompt_tokens)
+  max_new_tokens = property(lambda self: self.backend.max_new_tokens)
+  max_batch = property(lambda self: self.backend.max_batch,
+                       lambda self, value: setattr(self.backend, "max_batch", int(value)))
 
   def identity(self) -> dict[str, str]:
     return {"backend": "local", "model": self.model_name,
@@ -89,44 +90,18 @@ class LocalJudge:
                   ) -> tuple[list[Verdict], list[str | None]]:
     """(verdicts, replies) of judge calls (request, round k), decoded together (in max_batch
     chunks); a reply is None where the prompt did not fit or the decode failed."""
-    verdicts: list[Verdict | None] = [None] * len(calls)
-    replies: list[str | None] = [None] * len(calls)
-    jobs, prompts = [], []
-    for j, (request, k) in enumerate(calls):
-      ids = self.completer.chat_ids(build_messages(self.template, request, k))
-      if len(ids) > self.max_prompt_tokens:
-        verdicts[j] = Verdict.failed(f"judge prompt of {len(ids)} tokens exceeds "
-                                     f"judge.max_prompt_tokens={self.max_prompt_tokens}")
-      else:
-        jobs.append(j)
-        prompts.append(ids)
-    order = list(range(len(jobs)))
-    size = len(jobs)
-    if self.max_batch and len(jobs) > self.max_batch:
-      order.sort(key=lambda i: len(prompts[i]))
-      size = self.max_batch
-    for lo in range(0, len(order), max(size, 1)):
-      chunk = order[lo:lo + size]
-      for i, (verdict, reply) in zip(chunk, self._decode([prompts[i] for i in chunk])):
-        verdicts[jobs[i]], replies[jobs[i]] = verdict, reply
-    return verdicts, replies  # type: ignore[return-value]
-
-  def _decode(self, prompts: list[list[int]]) -> list[tuple[Verdict, str | None]]:
-    """(verdict, reply) of each prompt, all in one Completer call."""
-    try:
-      completions = self.completer.complete(prompts, max_new_tokens=self.max_new_tokens)
-    except Exception as e:  # noqa: BLE001 - a decode fault (device OOM, ...) fails its rounds
-      log.exception("local judge: the decode of %d calls failed", len(prompts))
-      return [(Verdict.failed(f"local decode failed: {type(e).__name__}: {e}"), None)] * len(
-          prompts)
-    return [(_verdict(c), c.text) for c in completions]
+    replies = self.backend.chat([build_messages(self.template, request, k)
+                                 for request, k in calls])
+    return [_verdict(r) for r in replies], [r.text for r in replies]
 
 
-def _verdict(completion: Completion) -> Verdict:
-  verdict = parse_verdict(completion.text)
-  if not verdict.ok and completion.finish_reason == "length":
+def _verdict(reply: ChatReply) -> Verdict:
+  if not reply.ok:
+    return Verdict.failed(reply.error or "no reply")
+  verdict = parse_verdict(reply.text)
+  if not verdict.ok and reply.finish_reason == "length":
     # Say why first: the reason itself would be cut at 300 characters.
-    return Verdict.failed(f"reply cut at max_new_tokens ({len(completion.token_ids)} tokens); "
+    return Verdict.failed(f"reply cut at max_new_tokens ({reply.completion_tokens} tokens); "
                           f"{verdict.error}")
   return verdict
 
@@ -134,15 +109,9 @@ def _verdict(completion: Completion) -> Verdict:
 @register_judge("local")
 def make_local_judge(judge_config: Any, *, mesh: Any = None) -> LocalJudge:
   """The "local" backend: judge.hf_path loaded on `mesh` (every process, one SPMD decode)."""
-  path = judge_config.hf_path
-  if not path or not os.path.isdir(os.path.expanduser(path)):
-    raise ValueError(f"judge.hf_path: the local judge needs a Hugging Face folder, got {path!r}")
   template = load_prompt(judge_config)
   check_template(template, judge_config.prompt_path or "the built-in judge prompt")
-  max_prompt, max_new = int(judge_config.max_prompt_tokens), int(judge_config.max_new_tokens)
-  completer = Completer.from_hf(os.path.expanduser(path), max_total_tokens=max_prompt + max_new,
-                                mesh=mesh)
-  return LocalJudge(completer, template,
-                    model_name=os.path.basename(os.path.normpath(path)),
-                    max_prompt_tokens=max_prompt, max_new_tokens=max_new,
-                    max_batch=int(judge_config.max_batch))
+  chat = LocalChat.from_config(judge_config, mesh=mesh)
+  return LocalJudge(chat.completer, template, model_name=chat.model_name,
+                    max_prompt_tokens=chat.max_prompt_tokens, max_new_tokens=chat.max_new_tokens,
+                    max_batch=chat.max_batch)

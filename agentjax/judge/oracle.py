@@ -59,7 +59,7 @@ def _norm(text: str) -> str:
   return normalize_answer(clean_text(text), "standard")
 
 
-def _title_key(title: str) -> str:
+def title_key(title: str) -> str:
   """A document title as compared with chain names: quotes stripped, normalized."""
   title = title.strip()
   if len(title) >= 2 and title[0] == title[-1] == '"':
@@ -67,7 +67,7 @@ def _title_key(title: str) -> str:
   return _norm(title)
 
 
-def _gold_chain(question: Mapping[str, Any]) -> tuple[list[str], str | None]:
+def gold_chain(question: Mapping[str, Any]) -> tuple[list[str], str | None]:
   """(normalized names of chain[0..H-1], None), or ([], why the record is unusable)."""
   if not isinstance(question, Mapping) or "chain" not in question or "hops" not in question:
     return [], MISSING_CHAIN
@@ -85,6 +85,28 @@ def _gold_chain(question: Mapping[str, Any]) -> tuple[list[str], str | None]:
   return [_norm(n) for n in chain[:hops]], None
 
 
+def hop_index(gold: Sequence[str]) -> dict[str, int]:
+  """{normalized gold name: its hop} (gold_chain's names); a repeated name (never in SynthWorld)
+  resolves its first hop."""
+  hop_of: dict[str, int] = {}
+  for h, name in enumerate(gold):
+    hop_of.setdefault(name, h)
+  return hop_of
+
+
+def resolve(hop_of: Mapping[str, int], resolved: list[bool],
+            documents: Sequence[Any]) -> list[int]:
+  """The resolution rule: marks (in place) the hops whose gold document is among `documents`
+  (by title_key) as resolved; returns the hops newly resolved, in the order found."""
+  new = []
+  for doc in documents:
+    h = hop_of.get(title_key(doc.title))
+    if h is not None and not resolved[h]:
+      resolved[h] = True
+      new.append(h)
+  return new
+
+
 def _mentions(query: str, name: str) -> bool:
   """Whether the normalized `name` occurs in the normalized `query` as whole words."""
   return f" {name} " in f" {query} "
@@ -99,12 +121,10 @@ def oracle_verdicts(question: Mapping[str, Any], turns: Sequence[TurnRecord]) ->
   Returns:
     len(turns) Verdicts; all Verdict.failed when the question has no usable gold chain.
   """
-  gold, error = _gold_chain(question)
+  gold, error = gold_chain(question)
   if error is not None:
     return [Verdict.failed(error) for _ in turns]
-  hop_of = {}
-  for h, name in enumerate(gold):
-    hop_of.setdefault(name, h)  # a repeated name (never in SynthWorld) resolves its first hop
+  hop_of = hop_index(gold)
   resolved = [False] * len(gold)
   out = []
   for k, turn in enumerate(turns):
@@ -112,12 +132,7 @@ def oracle_verdicts(question: Mapping[str, Any], turns: Sequence[TurnRecord]) ->
     if kind == SEARCH:
       query = _norm(turn.action.content)
       targets = [h for h, name in enumerate(gold) if not resolved[h] and _mentions(query, name)]
-      new = []
-      for doc in turn.documents:
-        h = hop_of.get(_title_key(doc.title))
-        if h is not None and not resolved[h]:
-          resolved[h] = True
-          new.append(h)
+      new = resolve(hop_of, resolved, turn.documents)
       retrieval, thinking = int(bool(new)), int(bool(targets))
       analysis = (f"round {k} search: targets unresolved hops {targets}; retrieved new gold "
                   f"hops {sorted(new)}; resolved {sum(resolved)}/{len(gold)}")

@@ -130,6 +130,25 @@ def _object_in(text: str) -> tuple[dict[str, Any] | None, str | None]:
   return None, "no JSON object"
 
 
+def reply_object(reply: Any) -> tuple[dict[str, Any] | None, str | None, str]:
+  """(the JSON object of an LLM's reply, None, where it was) or (None, why there is none, where).
+
+  The object is taken from the last ```json fence, or from the bare reply when it has none (see
+  _object_in). Never raises. Every JSON-replying caller (judges, Co-ReAct's appliers and
+  rankers) reads replies through this."""
+  if not isinstance(reply, str):
+    return None, f"reply is {type(reply).__name__}, not text", "the reply"
+  if len(reply) > MAX_REPLY_CHARS:
+    return None, f"reply longer than {MAX_REPLY_CHARS} characters ({len(reply)})", "the reply"
+  fences = _FENCE.findall(reply)
+  where = "the last ```json fence" if fences else "the reply"
+  text = fences[-1].strip() if fences else reply.strip()
+  obj, why = _object_in(text)
+  if obj is None:
+    return None, f"{why} in {where}: {text[:120]!r}", where
+  return obj, None, where
+
+
 def parse_verdict(reply: Any) -> Verdict:
   """The Verdict of a judge's reply. Never raises: anything unusable is Verdict.failed(reason).
 
@@ -138,16 +157,9 @@ def parse_verdict(reply: Any) -> Verdict:
   or 1 (JSON true/false are read as 1/0). Other values (2, 0.5, "1", null) fail: a judge that
   answers off-schema is counted, not guessed at. Extra keys are ignored.
   """
-  if not isinstance(reply, str):
-    return Verdict.failed(f"reply is {type(reply).__name__}, not text")
-  if len(reply) > MAX_REPLY_CHARS:
-    return Verdict.failed(f"reply longer than {MAX_REPLY_CHARS} characters ({len(reply)})")
-  fences = _FENCE.findall(reply)
-  where = "the last ```json fence" if fences else "the reply"
-  text = fences[-1].strip() if fences else reply.strip()
-  obj, why = _object_in(text)
+  obj, why, where = reply_object(reply)
   if obj is None:
-    return Verdict.failed(f"{why} in {where}: {text[:120]!r}")
+    return Verdict.failed(why)
   for key in ("analysis", *REWARD_KEYS):
     if key not in obj:
       return Verdict.failed(f"missing key {key!r} in {where} (keys: {sorted(obj)[:8]})")
