@@ -70,6 +70,7 @@ import shutil
 import subprocess
 import sys
 import time
+from typing import Sequence
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
@@ -564,12 +565,12 @@ def _write(path: str, obj) -> None:
 _FREE_CORES: "queue.Queue[int]" = queue.Queue()
 
 
-def _claim(spec: str) -> int | None:
-  """An open file descriptor holding an exclusive flock on claims/<spec>, or None when another
-  process holds it (several compare.py processes can share one sweep). The kernel drops the lock
-  when every descriptor is closed: the run's subprocess inherits it, so a killed orchestrator
-  does not free a run that is still training."""
-  folder = os.path.join(_root(), "claims")
+def _claim(spec: str, root: str | None = None) -> int | None:
+  """An open file descriptor holding an exclusive flock on claims/<spec> under `root` (default:
+  --root), or None when another process holds it (several compare.py processes can share one
+  sweep). The kernel drops the lock when every descriptor is closed: the run's subprocess
+  inherits it, so a killed orchestrator does not free a run that is still training."""
+  folder = os.path.join(root or _root(), "claims")
   os.makedirs(folder, exist_ok=True)
   fd = os.open(os.path.join(folder, spec.replace("/", "_")), os.O_RDWR | os.O_CREAT, 0o644)
   try:
@@ -582,29 +583,47 @@ def _claim(spec: str) -> int | None:
   return fd
 
 
-def _spawn(spec: str) -> tuple[str, int | None, float]:
+def free_cores(workers: int) -> None:
+  """With --pin_cores: worker k may take core first_core + k (modulo this process's cores)."""
+  if _PIN.value:
+    cores = sorted(os.sched_getaffinity(0))
+    for k in range(workers):
+      _FREE_CORES.put(cores[(_FIRST_CORE.value + k) % len(cores)])
+
+
+def run_claimed(spec: str, done: Sequence[str], cmd: Sequence[str], log: str,
+                root: str | None = None) -> tuple[str, int | None, float]:
+  """Runs `cmd` (argv) as a subprocess holding the claim of `spec` (_claim), pinned to a free
+  core with --pin_cores (free_cores), its output appended to `log`. Nothing is run (rc None)
+  when every path of `done` exists, before or after the claim, or another process holds it.
+  Returns (spec, exit status or None, seconds)."""
   t0 = time.time()
-  root = _root()
-  fd = None if os.path.exists(result_path(root, spec)) else _claim(spec)
-  if fd is None or os.path.exists(result_path(root, spec)):  # done, or taken
+  finished = lambda: all(os.path.exists(p) for p in done)  # noqa: E731
+  fd = None if finished() else _claim(spec, root)
+  if fd is None or finished():  # done, or taken
     if fd is not None:
       os.close(fd)
     return spec, None, 0.0
-  log = os.path.join(root, spec.replace("/", "_") + ".log")
-  cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={root}",
-         f"--steps={_STEPS.value}", f"--study={_STUDY.value}", f"--eval_size={_EVAL_SIZE.value}",
-         f"--generator_sft_steps={_GENERATOR_SFT_STEPS.value}"]
   core = _FREE_CORES.get() if _PIN.value else None
   if core is not None:
-    cmd = ["taskset", "-c", str(core)] + cmd
+    cmd = ["taskset", "-c", str(core)] + list(cmd)
   try:
     with open(log, "a") as f:  # appended: a resumed run keeps the earlier attempt's output
-      rc = subprocess.call(cmd, stdout=f, stderr=subprocess.STDOUT, pass_fds=(fd,))
+      rc = subprocess.call(list(cmd), stdout=f, stderr=subprocess.STDOUT, pass_fds=(fd,))
   finally:
     os.close(fd)
     if core is not None:
       _FREE_CORES.put(core)
   return spec, rc, time.time() - t0
+
+
+def _spawn(spec: str) -> tuple[str, int | None, float]:
+  root = _root()
+  cmd = [sys.executable, os.path.abspath(__file__), f"--run={spec}", f"--root={root}",
+         f"--steps={_STEPS.value}", f"--study={_STUDY.value}", f"--eval_size={_EVAL_SIZE.value}",
+         f"--generator_sft_steps={_GENERATOR_SFT_STEPS.value}"]
+  return run_claimed(spec, [result_path(root, spec)], cmd,
+                     os.path.join(root, spec.replace("/", "_") + ".log"), root)
 
 
 # Config fields that only say where the world is (use_demo_world), and sections the SFT trainer
@@ -689,10 +708,7 @@ def _run_all() -> None:
     os.makedirs(root, exist_ok=True)
     _say(reuse_sft(root, source, topk))
   _say(build_demo_world(os.path.join(root, "synthworld"), topk=topk))
-  if _PIN.value:
-    cores = sorted(os.sched_getaffinity(0))
-    for k in range(_WORKERS.value):
-      _FREE_CORES.put(cores[(_FIRST_CORE.value + k) % len(cores)])
+  free_cores(_WORKERS.value)
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
     # DAC's study: the generator's warm start after the SFT, and the DAC agent's eval before RL
     # beside the RL runs (stage "rl" runs only sizes whose earlier stages are done).

@@ -1,0 +1,625 @@
+r"""The Co-ReAct study on SynthWorld (issue 19 section 5; methods spec §4.9): branch points, the
+rubric generator's warm start and its GRPO under three ranking rewards, and rubric-guided agents.
+
+    python launch/coreact_study.py                    # every stage, then the report
+    python launch/coreact_study.py --stage=grpo       # one stage (its inputs must exist)
+    python launch/coreact_study.py --stage=report     # tables + plots from the finished runs
+
+Everything runs from the `make demo` world, BM25 index and SFT agent (--world=runs/demo:
+synthworld/, tfds/, bm25_index/, sft/hf_export) into --root (runs/coreact), each run a subprocess
+of the repo's own launchers (the command is in its log, {root}/logs/<spec>.log):
+
+  collect  launch/collect_branches.py (configs/coreact.py:collect): branch points from
+           --train_questions SynthWorld train questions and --dev_questions dev questions (the
+           held-out rows), seed --collect_seed -> {root}/branches_{train,dev}.jsonl
+  sft      launch/coreact_demos.py -> {root}/rubric_demos.jsonl, then launch/train.py
+           (configs/coreact.py:rubric_sft) -> {root}/rubric_sft: the LoRA warm start; its
+           hf_export is the "untrained" rubric generator
+  grpo     launch/train.py (configs/coreact.py:demo) with coreact.rank_reward = listwise |
+           pairwise | top1, seeds --seeds, --steps steps (held-out eval every 10 incl. step 0)
+           -> {root}/{reward}/seed{s}
+  guided   launch/eval.py (configs/coreact.py:agent, the demo SFT agent sampled at 0.7) on
+           --eval_size SynthWorld test questions, agent seeds --seeds, for each of VARIANTS
+           -> {root}/guided/{variant}/seed{s}.json
+  report   --out (docs/results/coreact): results.md, results.json, spearman_vs_step.png,
+           guided_f1.png (README.md is written by hand around results.md's tables)
+
+A stage's run is skipped when its outputs exist (re-running resumes: the trainers resume from
+their checkpoints); each run is claimed with a file lock under {root}/claims (launch/compare.py's
+claims), so several coreact_study.py processes can share the work. At most --workers runs at
+once, worker k pinned to core first_core + k (--pin_cores). A run waits for its inputs (the
+trained generator of its seed, ...), so `--stage=all` overlaps stages where it can.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import json
+import logging
+import math
+import os
+import re
+import sys
+from typing import Any, Mapping, Sequence
+
+LAUNCH = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(LAUNCH)
+sys.path.insert(0, REPO)  # configs/, agentjax/
+sys.path.insert(0, LAUNCH)  # compare.py
+
+from absl import app, flags  # noqa: E402
+
+import compare  # noqa: E402  (its flags: --root --out --seeds --steps --workers --pin_cores ...)
+
+STAGES = ("collect", "sft", "grpo", "guided", "report")
+REWARDS = ("listwise", "pairwise", "top1")
+# variant: (eval.py --agent, which rubric generator: None | "untrained" | "trained", overrides).
+# "trained" is the list-wise GRPO generator of the agent's own seed.
+VARIANTS = {
+    "react": ("react", None, {}),
+    "coreact_untrained": ("coreact", "untrained", {"coreact.verify": False}),
+    "coreact_untrained_verify": ("coreact", "untrained", {"coreact.verify": True}),
+    "coreact_trained": ("coreact", "trained", {"coreact.verify": False}),
+    "coreact_trained_verify": ("coreact", "trained", {"coreact.verify": True}),
+    "bon_self": ("best_of_n", None, {"coreact.best_of_n_select": "self"}),
+    "bon_rubric": ("best_of_n", "trained", {"coreact.best_of_n_select": "rubric"}),
+}
+TRAINED_REWARD = "listwise"  # the generator the guided variants use
+EVAL_KEYS = ("spearman", "pairwise", "top1", "reward")  # the held-out rubric scores reported
+GUIDED_KEYS = ("f1", "em", "redundant_query_rate", "steps_to_answer", "answered",
+               "retries_per_step")
+AGENT_TEMPERATURE = 0.7  # configs/coreact.py:agent (the code's search agent)
+
+_STAGE = flags.DEFINE_enum("stage", "all", ("all",) + STAGES, "Which stage to run (all: every "
+                           "stage whose inputs are ready, then the report).")
+_WORLD = flags.DEFINE_string("world", "runs/demo", "The `make demo` folder: synthworld/, tfds/, "
+                             "bm25_index/ and the SFT agent sft/hf_export.")
+_TRAIN_Q = flags.DEFINE_integer("train_questions", 150, "SynthWorld train questions collected.")
+_DEV_Q = flags.DEFINE_integer("dev_questions", 50, "SynthWorld dev questions collected (the "
+                              "held-out branch points).")
+_COLLECT_SEED = flags.DEFINE_integer("collect_seed", 0, "Seed of the branch-point collection.")
+_REWARDS = flags.DEFINE_list("rewards", list(REWARDS), "GRPO rank rewards (coreact.rank_reward).")
+_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), "Guided-inference variants.")
+_BEST_OF_N = flags.DEFINE_integer("best_of_n", 4, "Best-of-N: actions sampled per step.")
+
+flags.FLAGS.set_default("root", "runs/coreact")
+flags.FLAGS.set_default("out", "docs/results/coreact")
+flags.FLAGS.set_default("steps", 40)  # configs/coreact.py:demo's train.steps
+flags.FLAGS.set_default("eval_size", 100)  # SynthWorld test questions of the guided eval
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+  """One subprocess run: done when every path of `done` exists; starts once `needs` exist."""
+  spec: str
+  stage: str
+  cmd: tuple[str, ...]
+  done: tuple[str, ...]
+  needs: tuple[str, ...] = ()
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+  root: str
+  world: str
+  seeds: tuple[int, ...]
+  steps: int
+  train_questions: int
+  dev_questions: int
+  collect_seed: int
+  eval_size: int
+  rewards: tuple[str, ...] = REWARDS
+  variants: tuple[str, ...] = tuple(VARIANTS)
+  best_of_n: int = 4
+
+
+def paths(root: str) -> dict[str, str]:
+  """Where every stage writes under `root`."""
+  return {"train": os.path.join(root, "branches_train.jsonl"),
+          "dev": os.path.join(root, "branches_dev.jsonl"),
+          "demos": os.path.join(root, "rubric_demos.jsonl"),
+          "sft": os.path.join(root, "rubric_sft"),
+          "adapter": os.path.join(root, "rubric_sft", "adapters", "rubric"),
+          "untrained": os.path.join(root, "rubric_sft", "hf_export"),
+          "guided": os.path.join(root, "guided")}
+
+
+def grpo_dir(root: str, reward: str, seed: int) -> str:
+  return os.path.join(root, reward, f"seed{seed}")
+
+
+def guided_path(root: str, variant: str, seed: int) -> str:
+  return os.path.join(root, "guided", variant, f"seed{seed}.json")
+
+
+def _overrides(d: Mapping[str, Any]) -> list[str]:
+  return [f"--config.{k}={v}" for k, v in d.items()]
+
+
+def _world(s: Settings) -> dict[str, str]:
+  """The config fields that put a demo config on --world (configs/base.py's DEMO_ROOT layout)."""
+  w = s.world
+  return {"data.manual_dir": f"{w}/synthworld", "data.data_dir": f"{w}/tfds",
+          "retrieval.corpus_path": f"{w}/synthworld/corpus.jsonl",
+          "retrieval.index_dir": f"{w}/bm25_index",
+          "model.tokenizer_path": f"{w}/synthworld/tokenizer",
+          "model.hf_path": f"{w}/sft/hf_export",
+          "coreact.entities_path": f"{w}/synthworld/entities.jsonl"}
+
+
+def jobs(s: Settings) -> list[Job]:
+  """Every run of the study in priority order (the scheduler starts the first ready one)."""
+  p = paths(s.root)
+  py = sys.executable
+  launch = lambda name: f"launch/{name}"  # noqa: E731  (run from the repo root)
+  branches = {"coreact.branches_train": p["train"], "coreact.branches_dev": p["dev"]}
+  world = _world(s)
+  out: list[Job] = []
+  for split, n in (("train", s.train_questions), ("dev", s.dev_questions)):
+    out.append(Job(f"collect/{split}", "collect", (
+        py, launch("collect_branches.py"), "--config=configs/coreact.py:collect",
+        f"--split={split}", f"--out={p[split]}", f"--questions={n}",
+        f"--seed={s.collect_seed}", *_overrides(world)), (p[split],)))
+  out.append(Job("sft/demos", "sft", (
+      py, launch("coreact_demos.py"), "--config=configs/coreact.py:rubric_sft",
+      *_overrides({**world, **branches, "sft.demos": p["demos"]})), (p["demos"],), (p["train"],)))
+  out.append(Job("sft/rubric", "sft", (
+      py, launch("train.py"), "--config=configs/coreact.py:rubric_sft", f"--workdir={p['sft']}",
+      *_overrides({**world, **branches, "sft.demos": p["demos"]})),
+      (os.path.join(p["untrained"], "config.json"),
+       os.path.join(p["adapter"], "adapter_config.json")), (p["demos"], p["dev"])))
+  grpo = []
+  for reward in s.rewards:
+    for seed in s.seeds:
+      wd = grpo_dir(s.root, reward, seed)
+      grpo.append(Job(f"grpo/{reward}/{seed}", "grpo", (
+          py, launch("train.py"), "--config=configs/coreact.py:demo", f"--workdir={wd}",
+          *_overrides({**world, **branches, "seed": seed, "coreact.rank_reward": reward,
+                       "train.steps": s.steps, "model.lora.init": f"rubric={p['adapter']}"})),
+          (os.path.join(wd, "hf_export", "config.json"),
+           os.path.join(wd, "eval", f"{s.steps}.json")),
+          (p["train"], p["dev"], os.path.join(p["adapter"], "adapter_config.json"))))
+  guided = []
+  for seed in s.seeds:
+    for variant in s.variants:
+      agent, generator, extra = VARIANTS[variant]
+      cmd = [py, launch("eval.py"), "--config=configs/coreact.py:agent",
+             f"--hf_path={world['model.hf_path']}", f"--agent={agent}",
+             f"--temperature={AGENT_TEMPERATURE:g}", f"--output={guided_path(s.root, variant, seed)}"]
+      needs: tuple[str, ...] = ()
+      if generator is not None:
+        folder = p["untrained"] if generator == "untrained" else \
+            os.path.join(grpo_dir(s.root, TRAINED_REWARD, seed), "hf_export")
+        cmd.append(f"--rubric_generator={folder}")
+        needs = (os.path.join(folder, "config.json"),)
+      cmd += _overrides({**world, "seed": seed, "data.eval_split": "test",
+                         "data.eval_size": s.eval_size, "coreact.best_of_n": s.best_of_n,
+                         **extra})
+      guided.append(Job(f"guided/{variant}/{seed}", "guided", tuple(cmd),
+                        (guided_path(s.root, variant, seed),), needs))
+  # The list-wise generators first (the trained guided variants wait on them), the guided runs
+  # that need no trained generator beside them, then the other rewards.
+  first = [j for j in grpo if j.spec.startswith(f"grpo/{TRAINED_REWARD}/")]
+  return out + first + guided + [j for j in grpo if j not in first]
+
+
+def command_line(job: Job) -> str:
+  """The job's command as one would type it (python for this interpreter)."""
+  return " ".join(["python"] + list(job.cmd[1:]) if job.cmd[0] == sys.executable else job.cmd)
+
+
+def _done(job: Job) -> bool:
+  return all(os.path.exists(x) for x in job.done)
+
+
+def _log(root: str, spec: str) -> str:
+  folder = os.path.join(root, "logs")
+  os.makedirs(folder, exist_ok=True)
+  return os.path.join(folder, spec.replace("/", "_") + ".log")
+
+
+def schedule(todo: Sequence[Job], root: str, workers: int) -> dict[str, str]:
+  """Runs the jobs not done, at most `workers` at once, each as soon as its inputs exist (in list
+  order among the ready ones). A failed run is not retried here; its dependents stay waiting.
+  Returns {spec: "ok" | "failed (exit N)" | "taken" (claimed elsewhere) | "waiting on ..."}."""
+  pending = [j for j in todo if not _done(j)]
+  status: dict[str, str] = {j.spec: "done" for j in todo if _done(j)}
+  running: dict[concurrent.futures.Future, Job] = {}
+  compare.free_cores(workers)
+  with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+    while True:
+      for j in [j for j in pending if all(os.path.exists(x) for x in j.needs)]:
+        if len(running) >= workers:
+          break
+        pending.remove(j)
+        log = _log(root, j.spec)
+        with open(log, "a") as f:  # the command beside its output, for the README's record
+          f.write("$ " + command_line(j) + "\n")
+        compare._say(f"start {j.spec}")
+        running[pool.submit(compare.run_claimed, j.spec, j.done, j.cmd, log, root)] = j
+      if not running:
+        break
+      finished, _ = concurrent.futures.wait(running, return_when=concurrent.futures.FIRST_COMPLETED)
+      for future in finished:
+        j = running.pop(future)
+        _, rc, secs = future.result()
+        status[j.spec] = "taken" if rc is None else "ok" if rc == 0 else f"failed (exit {rc})"
+        compare._say(f"  {j.spec}: {status[j.spec]} in {secs / 60:.1f} min"
+                     + ("" if not rc else f"; log {_log(root, j.spec)}"))
+  for j in pending:
+    missing = [x for x in j.needs if not os.path.exists(x)]
+    status[j.spec] = "waiting on " + ", ".join(missing)
+    compare._say(f"  {j.spec}: {status[j.spec]}")
+  return status
+
+
+# ============================================================================ report
+
+def _nan_mean(xs: Sequence[float]) -> float:
+  xs = [x for x in xs if x is not None and not math.isnan(x)]
+  return sum(xs) / len(xs) if xs else float("nan")
+
+
+def _norm(text: str) -> str:
+  return " ".join(text.lower().split())
+
+
+def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
+  """Tie-aware Spearman of two rankings (agentjax.rl.ranking.spearman: the study's one
+  definition); nan when one is constant."""
+  import numpy as np
+  from agentjax.rl import ranking
+  return float(ranking.spearman(np.asarray(a, np.float32), np.asarray(b, np.float32)))
+
+
+def branch_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+  """A branch-point file's summary: rows, questions, candidates per row and distinct ones
+  (normalized: case and whitespace), judge agreement = mean over rows of the mean Spearman over
+  judge pairs (pairs with a constant ranking left out; their share reported), the share of rows
+  whose expert (Borda) ranking has a tie and the share of judge rankings with a tie, and the share
+  of candidates that answer."""
+  if not rows:
+    return {"rows": 0}
+  questions = {str(r.get("id", "")).rsplit("/", 1)[0] for r in rows}
+  k = [len(r["candidates"]) for r in rows]
+  distinct = [len({_norm(c) for c in r["candidates"]}) for r in rows]
+  agreement, undefined, pairs = [], 0, 0
+  judge_ties, judge_n = 0, 0
+  for r in rows:
+    js = r.get("judge_rankings") or []
+    row = []
+    for i in range(len(js)):
+      judge_ties += len(set(js[i])) < len(js[i])
+      judge_n += 1
+      for j in range(i + 1, len(js)):
+        pairs += 1
+        rho = _spearman(js[i], js[j])
+        if math.isnan(rho):
+          undefined += 1
+        else:
+          row.append(rho)
+    if row:
+      agreement.append(sum(row) / len(row))
+  expert_ties = [len(set(r["expert_ranking"])) < len(r["expert_ranking"]) for r in rows]
+  answers = [("<answer>" in c) for r in rows for c in r["candidates"]]
+  return {"rows": len(rows), "questions": len(questions),
+          "judges": max(len(r.get("judge_rankings") or []) for r in rows),
+          "candidates_mean": sum(k) / len(k), "distinct_mean": sum(distinct) / len(distinct),
+          "judge_spearman": _nan_mean(agreement),
+          "judge_pairs_undefined": undefined / pairs if pairs else float("nan"),
+          "expert_tie_share": sum(expert_ties) / len(rows),
+          "judge_tie_share": judge_ties / judge_n if judge_n else float("nan"),
+          "answer_share": sum(answers) / len(answers)}
+
+
+def _ms(xs: Sequence[float]) -> tuple[float, float] | None:
+  xs = [x for x in xs if x is not None and not math.isnan(x)]
+  return compare._mean_std(xs) if xs else None
+
+
+def grpo_summary(runs: Mapping[str, Mapping[int, Mapping[int, Mapping[str, Any]]]]
+                 ) -> dict[str, Any]:
+  """{reward: {seed: {step: eval json}}} -> {reward: {"seeds", "steps", key: {"before",
+  "after", "delta" (mean, std over seeds; delta paired by seed), "per_seed": {seed: [before,
+  after]}, "curve": {step: (mean, std)}}}} for EVAL_KEYS; before = step 0, after = the last step
+  every seed reached."""
+  out = {}
+  for reward, by_seed in runs.items():
+    if not by_seed:
+      continue
+    last = min(max(evals) for evals in by_seed.values())
+    steps = sorted(set.intersection(*(set(e) for e in by_seed.values())))
+    entry: dict[str, Any] = {"seeds": sorted(by_seed), "steps": steps, "last_step": last}
+    for key in EVAL_KEYS:
+      per_seed = {seed: [e[0][key] if 0 in e else None, e[last][key]]
+                  for seed, e in by_seed.items()}
+      before = [v[0] for v in per_seed.values()]
+      after = [v[1] for v in per_seed.values()]
+      delta = [b - a for a, b in zip(before, after) if a is not None]
+      entry[key] = {"before": _ms(before), "after": _ms(after), "delta": _ms(delta),
+                    "per_seed": per_seed,
+                    "curve": {t: _ms([e[t][key] for e in by_seed.values()]) for t in steps}}
+    out[reward] = entry
+  return out
+
+
+def redundant_query_rate(queries: Sequence[Sequence[str]]) -> float:
+  """Share of search queries (pooled over trajectories) that repeat an earlier query of the same
+  trajectory (case and whitespace normalized); nan with no query."""
+  total = repeats = 0
+  for qs in queries:
+    seen: set[str] = set()
+    for q in qs:
+      q = _norm(q)
+      total += 1
+      repeats += q in seen
+      seen.add(q)
+  return repeats / total if total else float("nan")
+
+
+def _queries(row: Mapping[str, Any]) -> list[str] | None:
+  """A per-question row's search queries (eval rows carry "queries"; else parsed from "turns"
+  texts when those are listed), or None when the row has neither."""
+  if "queries" in row:
+    return list(row["queries"])
+  texts = row.get("texts") or row.get("turn_texts")
+  if texts is None:
+    return None
+  return [m.group(1).strip() for t in texts for m in re.finditer(r"<search>(.*?)</search>", t,
+                                                                 re.S)]
+
+
+def guided_scores(result: Mapping[str, Any]) -> dict[str, float]:
+  """One guided eval (launch/eval.py JSON) -> GUIDED_KEYS: F1, EM, the redundant-query rate,
+  steps to answer (mean turns of the answered rollouts), the answered share and verify retries
+  per step (the guided agent's metrics; nan where the eval does not record them)."""
+  rows = [r for b in result.get("per_question", {}).values() for r in b] \
+      if isinstance(result.get("per_question"), Mapping) else list(result.get("per_question", []))
+  if not rows:
+    overall = result.get("overall", {})
+    return {"f1": overall.get("f1", float("nan")), "em": overall.get("em", float("nan")),
+            **{k: float("nan") for k in GUIDED_KEYS[2:]}}
+  queries = [_queries(r) for r in rows]
+  answered = [r for r in rows if r.get("answer") is not None]
+  metrics = result.get("agent_metrics") or result.get("guided") or {}
+  retries = metrics.get("retries_per_step", metrics.get("verify_retries_per_step"))
+  if retries is None and "retries" in rows[0] and "turns" in rows[0]:
+    turns = sum(r["turns"] for r in rows)
+    retries = sum(r["retries"] for r in rows) / turns if turns else float("nan")
+  return {"f1": sum(r["f1"] for r in rows) / len(rows),
+          "em": sum(r["em"] for r in rows) / len(rows),
+          "redundant_query_rate": redundant_query_rate(queries)
+          if all(q is not None for q in queries) else float("nan"),
+          "steps_to_answer": sum(r["turns"] for r in answered) / len(answered)
+          if answered else float("nan"),
+          "answered": len(answered) / len(rows),
+          "retries_per_step": float("nan") if retries is None else float(retries)}
+
+
+def guided_summary(results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
+  """{variant: {seed: eval json}} -> {variant: {"seeds", key: (mean, std) over seeds,
+  "per_seed": {seed: scores}}}."""
+  out = {}
+  for variant, by_seed in results.items():
+    if not by_seed:
+      continue
+    per_seed = {seed: guided_scores(r) for seed, r in sorted(by_seed.items())}
+    out[variant] = {"seeds": sorted(per_seed), "per_seed": per_seed,
+                    **{k: _ms([s[k] for s in per_seed.values()]) for k in GUIDED_KEYS}}
+  return out
+
+
+def _read_jsonl(path: str) -> list[dict]:
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def gather(s: Settings) -> dict[str, Any]:
+  """Every finished output under s.root."""
+  p = paths(s.root)
+  grpo: dict[str, dict[int, dict[int, dict]]] = {}
+  for reward in s.rewards:
+    for seed in s.seeds:
+      folder = os.path.join(grpo_dir(s.root, reward, seed), "eval")
+      if not os.path.exists(os.path.join(folder, f"{s.steps}.json")):
+        continue
+      evals = {int(n[:-5]): compare._read_json(os.path.join(folder, n))
+               for n in os.listdir(folder) if re.fullmatch(r"\d+\.json", n)}
+      grpo.setdefault(reward, {})[seed] = {t: e for t, e in evals.items() if t <= s.steps}
+  guided: dict[str, dict[int, dict]] = {}
+  for variant in s.variants:
+    for seed in s.seeds:
+      r = compare._read_json(guided_path(s.root, variant, seed))
+      if r is not None:
+        guided.setdefault(variant, {})[seed] = r
+  sft_metrics = _read_jsonl(os.path.join(p["sft"], "metrics.jsonl"))
+  return {"branches": {split: branch_stats(_read_jsonl(p[split])) for split in ("train", "dev")},
+          "demos": len(_read_jsonl(p["demos"])),
+          "sft_last": sft_metrics[-1] if sft_metrics else None,
+          "grpo": grpo_summary(grpo), "guided": guided_summary(guided)}
+
+
+def _pm(ms, digits: int = 3, sign: str = "") -> str:
+  if ms is None:
+    return "—"
+  m, sd = ms
+  if math.isnan(m):
+    return "—"
+  return f"{m:{sign}.{digits}f}" + ("" if math.isnan(sd) else f" ± {sd:.{digits}f}")
+
+
+def _f(x, digits: int = 3) -> str:
+  return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
+
+
+def tables(study: Mapping[str, Any]) -> str:
+  """The report's tables (markdown)."""
+  lines = ["### Branch points (S1)", "",
+           "| split | rows | questions | candidates / row | distinct / row | judges | "
+           "judge agreement (mean pairwise Spearman) | undefined judge pairs | rows with an "
+           "expert tie | judge rankings with a tie | answers among candidates |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for split, b in study["branches"].items():
+    if not b.get("rows"):
+      lines.append(f"| {split} | 0 | | | | | | | | | |")
+      continue
+    lines.append(f"| {split} | {b['rows']} | {b['questions']} | {_f(b['candidates_mean'], 2)} | "
+                 f"{_f(b['distinct_mean'], 2)} | {b['judges']} | {_f(b['judge_spearman'])} | "
+                 f"{_f(b['judge_pairs_undefined'])} | {_f(b['expert_tie_share'])} | "
+                 f"{_f(b['judge_tie_share'])} | {_f(b['answer_share'])} |")
+  lines += ["", "### Rubric generator on the held-out branch points (S3)", "",
+            "Mean ± sample std over seeds; before = step 0 (the warm start), after = the last "
+            "step; Δ paired by seed.", "",
+            "| reward | seeds | metric | before | after | Δ | per seed (before → after) |",
+            "|---|---|---|---|---|---|---|"]
+  for reward, g in study["grpo"].items():
+    for key in EVAL_KEYS:
+      e = g[key]
+      per = ", ".join(f"{s}: {_f(v[0])} → {_f(v[1])}" for s, v in sorted(e["per_seed"].items()))
+      lines.append(f"| {reward} | {len(g['seeds'])} | {key} | {_pm(e['before'])} | "
+                   f"{_pm(e['after'])} | {_pm(e['delta'], sign='+')} | {per} |")
+  lines += ["", "### Guided inference on SynthWorld test (S4)", "",
+            "Mean ± sample std over agent seeds.", "",
+            "| variant | seeds | F1 | EM | redundant-query rate | steps to answer | answered | "
+            "verify retries / step |", "|---|---|---|---|---|---|---|---|"]
+  for variant, g in study["guided"].items():
+    lines.append(f"| {variant} | {len(g['seeds'])} | {_pm(g['f1'])} | {_pm(g['em'])} | "
+                 f"{_pm(g['redundant_query_rate'])} | {_pm(g['steps_to_answer'], 2)} | "
+                 f"{_pm(g['answered'])} | {_pm(g['retries_per_step'])} |")
+  return "\n".join(lines) + "\n"
+
+
+def plot(study: Mapping[str, Any], out: str) -> list[str]:
+  """spearman_vs_step.png (held-out Spearman per reward: mean over seeds, band min-max) and
+  guided_f1.png (F1 per variant: mean, error bar = sample std over seeds, dots = seeds)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  written = []
+  if study["grpo"]:
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4), squeeze=False)
+    for ax, key in zip(axes[0], ("spearman", "pairwise", "top1")):
+      for reward, g in study["grpo"].items():
+        steps = g["steps"]
+        curves = list(study["_curves"][reward][key].values())
+        mean = [g[key]["curve"][t][0] for t in steps]
+        line, = ax.plot(steps, mean, marker="o", label=f"{reward} reward ({len(curves)} seeds)")
+        ax.fill_between(steps, [min(c) for c in zip(*curves)], [max(c) for c in zip(*curves)],
+                        alpha=0.15, color=line.get_color())
+      ax.set_xlabel("GRPO step")
+      ax.set_ylabel(f"held-out {key}")
+      ax.set_title(f"held-out {key}: mean over seeds, band min-max")
+      ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "spearman_vs_step.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+  if study["guided"]:
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4), squeeze=False)
+    names = list(study["guided"])
+    for ax, key in zip(axes[0], ("f1", "redundant_query_rate")):
+      means = [study["guided"][v][key][0] if study["guided"][v][key] else float("nan")
+               for v in names]
+      stds = [study["guided"][v][key][1] if study["guided"][v][key] else 0.0 for v in names]
+      ax.bar(range(len(names)), means, yerr=[0.0 if math.isnan(x) else x for x in stds],
+             capsize=4, alpha=0.7)
+      for i, v in enumerate(names):
+        ys = [s[key] for s in study["guided"][v]["per_seed"].values()]
+        ax.plot([i] * len(ys), ys, "k.", alpha=0.6)
+      ax.set_xticks(range(len(names)))
+      ax.set_xticklabels(names, rotation=30, ha="right", fontsize=8)
+      ax.set_ylabel(f"test {key}")
+      ax.set_title(f"{key}: mean, error bar = std over seeds, dots = seeds")
+      ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    path = os.path.join(out, "guided_f1.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    written.append(path)
+  return written
+
+
+def seed_curves(s: Settings) -> dict[str, dict[str, dict[int, list[float]]]]:
+  """{reward: {key: {seed: values at the common eval steps}}}, for the plot's bands."""
+  out: dict = {}
+  for reward in s.rewards:
+    evals = {}
+    for seed in s.seeds:
+      folder = os.path.join(grpo_dir(s.root, reward, seed), "eval")
+      if os.path.exists(os.path.join(folder, f"{s.steps}.json")):
+        evals[seed] = {int(n[:-5]): compare._read_json(os.path.join(folder, n))
+                       for n in os.listdir(folder) if re.fullmatch(r"\d+\.json", n)}
+    if not evals:
+      continue
+    steps = sorted(set.intersection(*(set(e) for e in evals.values())))
+    out[reward] = {k: {seed: [e[t][k] for t in steps] for seed, e in evals.items()}
+                   for k in EVAL_KEYS}
+  return out
+
+
+def settings() -> Settings:
+  return Settings(root=compare._root(), world=_WORLD.value,
+                  seeds=tuple(int(x) for x in compare._SEEDS.value), steps=compare._STEPS.value,
+                  train_questions=_TRAIN_Q.value, dev_questions=_DEV_Q.value,
+                  collect_seed=_COLLECT_SEED.value, eval_size=compare._EVAL_SIZE.value,
+                  rewards=tuple(_REWARDS.value), variants=tuple(_VARIANTS.value),
+                  best_of_n=_BEST_OF_N.value)
+
+
+def report(s: Settings, out: str) -> dict[str, Any]:
+  """results.json, the tables (results.md) and the plots under `out` (README.md is written by
+  hand around results.md's tables)."""
+  study = gather(s)
+  os.makedirs(out, exist_ok=True)
+  study["_curves"] = seed_curves(s)
+  written = plot(study, out)
+  study.pop("_curves")
+  text = tables(study)
+  with open(os.path.join(out, "results.md"), "w") as f:
+    f.write(text)
+  saved = {"study": "coreact", "settings": dataclasses.asdict(s), "hardware": compare._hardware(),
+           "seed_band": "mean ± sample std over seeds (plots: min-max band)",
+           "commands": {j.spec: command_line(j) for j in jobs(s)}, **study}
+  compare._write(os.path.join(out, "results.json"), compare._no_nan(_keys_to_str(saved)))
+  compare._say(text)
+  compare._say("written: " + ", ".join([os.path.join(out, "results.json"),
+                                        os.path.join(out, "results.md")] + written))
+  return study
+
+
+def _keys_to_str(obj):
+  if isinstance(obj, dict):
+    return {str(k): _keys_to_str(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [_keys_to_str(v) for v in obj]
+  return obj
+
+
+def main(_):
+  logging.getLogger().setLevel(logging.WARNING)
+  s = settings()
+  for r in s.rewards:
+    if r not in REWARDS:
+      raise app.UsageError(f"--rewards: unknown reward {r!r}; known: {list(REWARDS)}")
+  for v in s.variants:
+    if v not in VARIANTS:
+      raise app.UsageError(f"--variants: unknown variant {v!r}; known: {list(VARIANTS)}")
+  if not os.path.exists(os.path.join("configs", "coreact.py")):
+    raise app.UsageError("run from the repository root (the runs' commands name configs/ and "
+                         "launch/ by relative path)")
+  os.makedirs(s.root, exist_ok=True)
+  stage = _STAGE.value
+  if stage != "report":
+    todo = [j for j in jobs(s) if stage == "all" or j.stage == stage]
+    schedule(todo, s.root, compare._WORKERS.value)
+  if stage in ("all", "report"):
+    report(s, compare._out())
+
+
+if __name__ == "__main__":
+  app.run(main)

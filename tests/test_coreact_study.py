@@ -1,0 +1,216 @@
+"""launch/coreact_study.py: the study's runs (commands, inputs, resumable scheduling) and its
+report's aggregation on synthetic results (no model)."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import json
+import math
+import os
+import sys
+
+import numpy as np
+import pytest
+from absl import flags
+from absl.testing import flagsaver
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def study():
+  sys.path.insert(0, ROOT)
+  sys.path.insert(0, os.path.join(ROOT, "launch"))
+  spec = importlib.util.spec_from_file_location("coreact_study",
+                                                os.path.join(ROOT, "launch", "coreact_study.py"))
+  module = importlib.util.module_from_spec(spec)
+  sys.modules["coreact_study"] = module  # dataclasses look their module up
+  spec.loader.exec_module(module)
+  if not flags.FLAGS.is_parsed():
+    flags.FLAGS.mark_as_parsed()
+  return module
+
+
+def _settings(study, root="/r"):
+  return study.Settings(root=root, world="/w", seeds=(0, 1), steps=7, train_questions=150,
+                        dev_questions=50, collect_seed=0, eval_size=100)
+
+
+def _np_spearman(a, b):
+  """Pearson on average ranks (independent of agentjax.rl.ranking)."""
+  def ranks(x):
+    x = np.asarray(x, float)
+    return np.array([np.sum(x < v) + (np.sum(x == v) + 1) / 2 for v in x])
+  ra, rb = ranks(a), ranks(b)
+  if ra.std() == 0 or rb.std() == 0:
+    return math.nan
+  return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def test_branch_stats_against_a_numpy_reference(study):
+  rows = [
+      {"id": "q1/0", "candidates": ["<search> a </search>", "<search> A  </search>",
+                                    "<answer> x </answer>", "<search> b </search>"],
+       "judge_rankings": [[1, 2, 3, 4], [2, 1, 3, 4], [1, 1, 1, 1]],  # the last: constant
+       "expert_ranking": [1, 2, 3, 4]},
+      {"id": "q1/1", "candidates": ["<search> c </search>", "<answer> y </answer>"],
+       "judge_rankings": [[1.5, 1.5], [1, 2], [2, 1]], "expert_ranking": [1.5, 1.5]},
+      {"id": "q2/0", "candidates": ["<search> d </search>", "<search> e </search>",
+                                    "<search> f </search>"],
+       "judge_rankings": [[3, 2, 1], [1, 2, 3], [2, 1, 3]], "expert_ranking": [2, 1.5, 2.5]},
+  ]
+  got = study.branch_stats(rows)
+  per_row, undefined, pairs = [], 0, 0
+  for r in rows:
+    rhos = [_np_spearman(a, b) for a, b in itertools.combinations(r["judge_rankings"], 2)]
+    pairs += len(rhos)
+    undefined += sum(math.isnan(x) for x in rhos)
+    ok = [x for x in rhos if not math.isnan(x)]
+    if ok:
+      per_row.append(np.mean(ok))
+  assert got["rows"] == 3 and got["questions"] == 2 and got["judges"] == 3
+  assert got["candidates_mean"] == pytest.approx(3.0)
+  assert got["distinct_mean"] == pytest.approx((3 + 2 + 3) / 3)  # "a" and "A  " are one
+  assert got["judge_spearman"] == pytest.approx(np.mean(per_row), abs=1e-6)
+  assert got["judge_pairs_undefined"] == pytest.approx(undefined / pairs)
+  assert got["expert_tie_share"] == pytest.approx(1 / 3)
+  assert got["judge_tie_share"] == pytest.approx(2 / 9)
+  assert got["answer_share"] == pytest.approx(2 / 9)
+
+
+def test_grpo_summary_pairs_before_and_after_by_seed(study):
+  def ev(rho, pair, top, rew):
+    return {"spearman": rho, "pairwise": pair, "top1": top, "reward": rew}
+  runs = {"listwise": {0: {0: ev(0.1, 0.5, 0.2, 0.5), 10: ev(0.3, 0.6, 0.3, 0.6),
+                           20: ev(0.5, 0.7, 0.4, 0.7)},
+                       1: {0: ev(0.0, 0.4, 0.1, 0.4), 10: ev(0.1, 0.5, 0.2, 0.5),
+                           20: ev(0.4, 0.6, 0.5, 0.6)}}}
+  got = study.grpo_summary(runs)["listwise"]
+  assert got["steps"] == [0, 10, 20] and got["last_step"] == 20 and got["seeds"] == [0, 1]
+  s = got["spearman"]
+  assert s["before"][0] == pytest.approx(0.05) and s["after"][0] == pytest.approx(0.45)
+  assert s["delta"][0] == pytest.approx(0.4)
+  assert s["delta"][1] == pytest.approx(np.std([0.4, 0.4], ddof=1), abs=1e-12)
+  assert s["after"][1] == pytest.approx(np.std([0.5, 0.4], ddof=1))
+  assert s["curve"][10][0] == pytest.approx(0.2)
+  assert s["per_seed"][1] == [0.0, 0.4]
+
+
+def test_redundant_query_rate_pools_queries_within_each_trajectory(study):
+  # 6 queries: "a" repeated once in the first (case/space-normalized), "b" in another trajectory
+  # is not a repeat of the first's.
+  assert study.redundant_query_rate([["a", "B", " A "], ["b"], ["c", "c"]]) == pytest.approx(2 / 6)
+  assert math.isnan(study.redundant_query_rate([[], []]))
+
+
+def test_guided_scores_from_eval_rows(study):
+  per_question = [
+      {"f1": 1.0, "em": 1.0, "answer": "x", "turns": 3, "queries": ["a", "a"], "retries": 1},
+      {"f1": 0.5, "em": 0.0, "answer": "y", "turns": 2, "queries": ["b"], "retries": 0},
+      {"f1": 0.0, "em": 0.0, "answer": None, "turns": 4, "queries": ["c", "d", "c"],
+       "retries": 2}]
+  got = study.guided_scores({"benchmarks": {}, "per_question": {"synthworld": per_question}})
+  assert got["f1"] == pytest.approx(0.5) and got["em"] == pytest.approx(1 / 3)
+  assert got["redundant_query_rate"] == pytest.approx(2 / 6)
+  assert got["steps_to_answer"] == pytest.approx(2.5)  # answered rows only
+  assert got["answered"] == pytest.approx(2 / 3)
+  assert got["retries_per_step"] == pytest.approx(3 / 9)
+  # Rows without queries: the rate is unknown (nan), not 0.
+  bare = [{k: v for k, v in r.items() if k not in ("queries", "retries")} for r in per_question]
+  got = study.guided_scores({"per_question": bare})
+  assert math.isnan(got["redundant_query_rate"]) and math.isnan(got["retries_per_step"])
+  summary = study.guided_summary({"react": {0: {"per_question": per_question},
+                                            1: {"per_question": per_question[:2]}}})["react"]
+  assert summary["seeds"] == [0, 1]
+  assert summary["f1"][0] == pytest.approx((0.5 + 0.75) / 2)
+
+
+def test_jobs_point_every_run_at_the_study_root(study):
+  s = _settings(study)
+  jobs = {j.spec: j for j in study.jobs(s)}
+  assert len(jobs) == 2 + 2 + 3 * 2 + len(study.VARIANTS) * 2
+  assert "--questions=150" in jobs["collect/train"].cmd
+  assert "--out=/r/branches_dev.jsonl" in jobs["collect/dev"].cmd
+  g = jobs["grpo/pairwise/1"]
+  for arg in ("--config.coreact.rank_reward=pairwise", "--config.seed=1",
+              "--config.train.steps=7", "--config.coreact.branches_dev=/r/branches_dev.jsonl",
+              "--config.model.lora.init=rubric=/r/rubric_sft/adapters/rubric",
+              "--workdir=/r/pairwise/seed1", "--config.model.hf_path=/w/sft/hf_export"):
+    assert arg in g.cmd, arg
+  assert "/r/pairwise/seed1/eval/7.json" in g.done
+  t = jobs["guided/coreact_trained_verify/1"]
+  assert "--rubric_generator=/r/listwise/seed1/hf_export" in t.cmd
+  assert "--config.coreact.verify=True" in t.cmd and "--config.data.eval_size=100" in t.cmd
+  assert t.needs == ("/r/listwise/seed1/hf_export/config.json",)
+  u = jobs["guided/coreact_untrained/0"]
+  assert "--rubric_generator=/r/rubric_sft/hf_export" in u.cmd
+  assert not jobs["guided/react/0"].needs
+  assert "--config.coreact.best_of_n_select=self" in jobs["guided/bon_self/0"].cmd
+  # Every run's overrides parse as config fields of its preset.
+  from ml_collections import config_flags  # noqa: F401
+  import configs.coreact as coreact_configs
+  for j in jobs.values():
+    preset = next(a for a in j.cmd if a.startswith("--config=")).split(":")[1]
+    config = coreact_configs.get_config(preset)
+    for a in j.cmd:
+      if a.startswith("--config."):
+        key = a[len("--config."):].split("=", 1)[0]
+        node = config
+        for part in key.split("."):
+          assert part in node, f"{j.spec}: {key}"
+          node = node[part]
+
+
+@flagsaver.flagsaver(pin_cores=False)
+def test_schedule_runs_in_dependency_order_and_skips_what_is_done(study, tmp_path):
+  root = str(tmp_path)
+  a, b, c = (os.path.join(root, n) for n in ("a", "b", "c"))
+  write = lambda path, extra="": (sys.executable, "-c",  # noqa: E731
+                                  f"open({path!r}, 'w').write('x'){extra}")
+  jobs = [study.Job("s/b", "s", write(b), (b,), (a,)),   # listed first, needs a
+          study.Job("s/a", "s", write(a), (a,)),
+          study.Job("s/fail", "s", write(c, "; raise SystemExit(3)"), (os.path.join(root, "z"),)),
+          study.Job("s/never", "s", write(c), (c + "2",), (os.path.join(root, "z"),))]
+  status = study.schedule(jobs, root, workers=2)
+  assert status["s/a"] == "ok" and status["s/b"] == "ok"
+  assert status["s/fail"] == "failed (exit 3)"
+  assert status["s/never"].startswith("waiting on")
+  with open(os.path.join(root, "logs", "s_b.log")) as f:
+    assert f.readline().startswith("$ python -c")
+  # A second pass runs nothing that is done.
+  status = study.schedule(jobs[:2], root, workers=2)
+  assert status == {"s/a": "done", "s/b": "done"}
+
+
+@flagsaver.flagsaver(pin_cores=False)
+def test_report_writes_tables_json_and_plots(study, tmp_path):
+  s = _settings(study, str(tmp_path / "runs"))
+  p = study.paths(s.root)
+  os.makedirs(s.root)
+  row = {"id": "q/0", "candidates": ["<search> a </search>", "<answer> b </answer>"],
+         "judge_rankings": [[1, 2], [1, 2]], "expert_ranking": [1, 2]}
+  for split in ("train", "dev"):
+    with open(p[split], "w") as f:
+      f.write(json.dumps(row) + "\n")
+  for seed in s.seeds:
+    folder = os.path.join(study.grpo_dir(s.root, "listwise", seed), "eval")
+    os.makedirs(folder)
+    for step in (0, 7):
+      with open(os.path.join(folder, f"{step}.json"), "w") as f:
+        json.dump({"spearman": 0.1 * step + seed, "pairwise": 0.5, "top1": 0.5, "reward": 0.5},
+                  f)
+    os.makedirs(os.path.dirname(study.guided_path(s.root, "react", seed)), exist_ok=True)
+    with open(study.guided_path(s.root, "react", seed), "w") as f:
+      json.dump({"per_question": [{"f1": 0.5, "em": 0.0, "answer": "x", "turns": 2,
+                                   "queries": ["a"]}]}, f)
+  out = str(tmp_path / "out")
+  got = study.report(s, out)
+  assert got["grpo"]["listwise"]["spearman"]["delta"][0] == pytest.approx(0.7)
+  assert got["branches"]["train"]["rows"] == 1
+  for name in ("results.md", "results.json", "spearman_vs_step.png", "guided_f1.png"):
+    assert os.path.exists(os.path.join(out, name)), name
+  with open(os.path.join(out, "results.json")) as f:
+    saved = json.load(f)
+  assert saved["guided"]["react"]["f1"][0] == 0.5
+  assert saved["commands"]["grpo/listwise/0"].startswith("python launch/train.py")
