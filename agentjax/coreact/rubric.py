@@ -36,6 +36,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from agentjax.coreact import RANK_REWARDS
 from agentjax.coreact.context import BranchContext
 from agentjax.agent.protocol import ANSWER, INVALID, SEARCH
 from agentjax.rl import ranking
@@ -124,9 +125,6 @@ def format_score(rubric: Rubric, min_items: int = 3, max_items: int = 5,
 # ---------------------------------------------------------------------------------------------
 # Reward.
 # ---------------------------------------------------------------------------------------------
-
-RANK_REWARDS = ("listwise", "pairwise", "top1")
-
 
 @dataclasses.dataclass(frozen=True)
 class RewardSettings:
