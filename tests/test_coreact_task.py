@@ -63,3 +63,149 @@ def test_the_rubric_protocol_is_the_rubric_trainers_only():
   c.rollout.protocol = "rubric"
   with pytest.raises(ConfigError, match=r"config\.rollout\.protocol='rubric'"):
     validate(c)
+
+
+# ============================================================================ branch records
+
+
+def _turn(kind, content, docs=()):
+  return {"text": f"<think>x</think> <{kind}> {content} </{kind}>",
+          "action": {"kind": kind, "content": content},
+          "documents": [{"id": str(i), "contents": d} for i, d in enumerate(docs)],
+          "observation": "", "search_error": None, "hook_text": ""}
+
+
+def _branch(i=0, k=3, turns=()):
+  return {"id": f"q{i}/0", "question": {"question": f"Where was Bavoli Drensk {i} born?",
+                                        "golden_answers": ["Ketrana City"]},
+          "turns": list(turns), "max_calls": 4, "protocol": "search_r1",
+          "candidates": [f"<search> where was bavoli drensk born {j} </search>" for j in range(k)],
+          "expert_ranking": [float(j + 1) for j in range(k)]}
+
+
+def _write_rows(path, rows):
+  with open(path, "w") as f:
+    for r in rows:
+      f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+  return str(path)
+
+
+def test_branch_records_are_rubric_prompts_and_bad_rows_name_file_line_and_field(tmp_path):
+  from agentjax.coreact.context import BranchContext
+  from agentjax.coreact.rubric import rubric_prompt
+  from agentjax.coreact.task import branch_records
+  rows = [_branch(0), _branch(1, turns=[_turn("search", "bavoli drensk", ["Bavoli Drensk\nx"])])]
+  path = _write_rows(tmp_path / "b.jsonl", rows)
+  records = branch_records(path, "coreact.branches_train")
+  assert [r["id"] for r in records] == ["q0/0", "q1/0"]
+  assert records[1]["question"] == rubric_prompt(BranchContext.from_json(rows[1]))
+  assert records[1]["branch"] == rows[1]
+  bad = [(dict(_branch(), candidates=["a"], expert_ranking=[1.0]), ">= 2 candidates"),
+         ({k: v for k, v in _branch().items() if k != "expert_ranking"}, "'expert_ranking'"),
+         (dict(_branch(), expert_ranking=[1.0, 2.0]), "same length"),
+         (dict(_branch(), turns=[{"text": "x"}]), r"turns\[0\]"),
+         ("{not json", "b.jsonl:2")]
+  for row, match in bad:
+    path = _write_rows(tmp_path / "b.jsonl", [_branch(), row])
+    with pytest.raises(ValueError, match=match) as e:
+      branch_records(path, "coreact.branches_dev")
+    assert "b.jsonl" in str(e.value)
+  with pytest.raises(ValueError, match=r"config\.coreact\.branches_dev=.*no such file"):
+    branch_records(str(tmp_path / "missing.jsonl"), "coreact.branches_dev")
+
+
+# ============================================================================ rubric rewards
+
+
+class _Batch:
+  """What RubricRewards reads of a TrajectoryBatch."""
+
+  def __init__(self, texts, group_ids):
+    from agentjax.agent.rollout import TurnRecord
+    from agentjax.agent.protocol import RUBRIC
+    actions = [RUBRIC.parse(t) for t in texts]
+    self.answered = np.array([a.kind == ANSWER for a in actions])
+    self.answers = np.array([a.content if a.kind == ANSWER else "" for a in actions], object)
+    self.turns = np.empty(len(texts), object)
+    for b, (t, a) in enumerate(zip(texts, actions)):
+      self.turns[b] = (TurnRecord(text=t, action=a),)
+    self.group_ids = np.asarray(group_ids, np.int32)
+
+
+class _CountingApplier:
+  """Ranks by the rubric's first weight's sign (ascending or descending candidate index); fails
+  (None) for rubrics whose first criterion says "fail"."""
+
+  def __init__(self):
+    self.calls = []
+
+  def rank(self, rubrics, contexts, candidates):
+    from agentjax.coreact.rubric import Applied
+    self.calls.append(len(rubrics))
+    out = []
+    for r, c in zip(rubrics, candidates):
+      if "fail" in r.items[0].text:
+        out.append(None)
+        continue
+      k = len(c)
+      ranks = np.arange(1, k + 1, dtype=float)
+      out.append(Applied(ranking=tuple(ranks if r.items[0].weight > 0 else ranks[::-1]),
+                         atomic_count=1))
+    return out
+
+
+def test_rubric_rewards_batch_every_rubric_into_one_applier_call():
+  from scipy import stats
+  from agentjax.coreact.rubric import RewardSettings
+  from agentjax.coreact.task import RubricRewards
+  good = "1. [0.5] The action searches\n2. [0.3] a\n3. [0.2] b"
+  reverse = "1. [-0.5] The action searches\n2. [0.5] a\n3. [0.5] b"
+  one_item = "1. [1.0] The action searches"
+  failing = "1. [0.5] fail\n2. [0.5] a"
+  junk = "the the the the the the the the the the"
+  texts = [good, reverse, one_item, failing, junk, ""]
+  questions = [{"branch": _branch(0, k=4)}, {"branch": _branch(1, k=4)}]
+  applier = _CountingApplier()
+  rewards, metrics = RubricRewards(applier, RewardSettings())(
+      _Batch(texts, [0, 0, 1, 1, 0, 1]), questions)
+  assert applier.calls == [3]  # one call; rubrics with < 2 items are never sent
+  expert = np.arange(1, 5, dtype=float)
+
+  def reference(rho, n, atomic, fmt):
+    return 0.75 * (rho + 1) / 2 + 0.15 * atomic / n + 0.10 * fmt
+
+  rho_rev = stats.spearmanr(expert[::-1], expert)[0]
+  np.testing.assert_allclose(rewards, [
+      reference(1.0, 3, 1, 1.0),
+      reference(rho_rev, 3, 1, 1.0),        # 3 items; the positive weights sum to 1
+      0.10 * 0.5,                           # one item: format's sum term only (1.0), no count
+      0.10 * 0.5,                           # applier failed: format only (2 items, sum 1)
+      0.0, 0.0], rtol=1e-6)
+  assert metrics["rubric/applier_failures"] == pytest.approx(1 / 6)
+  assert metrics["rubric/repetitive"] == pytest.approx(1 / 6)
+  assert metrics["rubric/spearman"] == pytest.approx((1.0 + rho_rev) / 6)
+
+
+# ============================================================================ warm start
+
+
+def test_warm_start_rubrics_parse_well_formed_and_atomic():
+  from agentjax.coreact.executor import CRITERION_PHRASES, criterion_predicates
+  from agentjax.coreact.rubric import format_score, parse_rubric
+  from agentjax.coreact.warmstart import random_rubric, rubric_demos
+  rng = np.random.default_rng(0)
+  negatives = 0
+  for _ in range(200):
+    rubric = parse_rubric(random_rubric(rng, CRITERION_PHRASES))
+    positive = [i for i in rubric.items if i.weight > 0]
+    assert 3 <= len(positive) <= 5 and len(rubric.items) - len(positive) <= 1
+    assert sum(i.weight for i in positive) == pytest.approx(1.0)
+    assert all(p is not None for p in criterion_predicates(rubric))
+    assert len({i.text for i in rubric.items}) == len(rubric.items)
+    negatives += len(rubric.items) > len(positive)
+    if len(rubric.items) <= 5:
+      assert format_score(rubric) == 1.0
+  assert 30 < negatives < 100  # negative_rate 0.3
+  rows = rubric_demos([_branch(0), _branch(1)], seed=0, per_branch=2)
+  assert len(rows) == 4 and {r["protocol"] for r in rows} == {"rubric"}
+  assert rows[0]["question"] == rows[1]["question"] != rows[2]["question"]
