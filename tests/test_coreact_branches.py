@@ -330,3 +330,20 @@ def test_collection_end_to_end(scripted_world, tmp_path, monkeypatch):
   path = write_rows(str(tmp_path / "out" / "rows.jsonl"), rows)
   assert [json.loads(line) for line in open(path)] == rows
   assert not (tmp_path / "out" / "rows.jsonl.tmp").exists()
+
+
+def test_local_applier_and_ranker_wiring(chat_model_dir):
+  """The "local" backends load judge.hf_path; a prompt over judge.max_prompt_tokens fails its
+  call (None), without a decode."""
+  config = get_config("demo")
+  config.judge.hf_path, config.judge.max_prompt_tokens, config.judge.max_new_tokens = \
+      chat_model_dir, 32, 8
+  config.coreact.applier = config.coreact.judge_backend = "local"
+  applier, ranker = build_applier(config), build_ranker(config)
+  assert applier.identity()["model"] == "tiny-chat"
+  assert len(ranker.identities()) == 3 and len({id(b) for b in ranker.backends}) == 1
+  rubric = parse_rubric("1. [1] The action searches\n2. [0] The action answers")
+  ctx = _case_ctx("x")
+  assert applier.rank([rubric], [ctx], [CANDS]) == [None]
+  assert applier.score([rubric], [ctx], [CANDS[0]]) == [None]
+  assert ranker.rank([ctx], [CANDS]) == [None]

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
