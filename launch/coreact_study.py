@@ -380,7 +380,14 @@ def guided_scores(result: Mapping[str, Any]) -> dict[str, float]:
     overall = result.get("overall", {})
     return {"f1": overall.get("f1", float("nan")), "em": overall.get("em", float("nan")),
             **{k: float("nan") for k in GUIDED_KEYS[2:]}}
-  queries = [_queries(r) for r in rows]
+  if all("searches" in r for r in rows):  # launch/eval.py's counts (rollout.search_stats)
+    searches = sum(r["searches"] for r in rows)
+    redundant = sum(r["redundant_searches"] for r in rows) / searches if searches \
+        else float("nan")
+  else:
+    queries = [_queries(r) for r in rows]
+    redundant = redundant_query_rate(queries) if all(q is not None for q in queries) \
+        else float("nan")
   answered = [r for r in rows if r.get("answer") is not None]
   metrics = result.get("agent_metrics") or result.get("guided") or {}
   retries = metrics.get("retries_per_step", metrics.get("verify_retries_per_step"))
@@ -389,8 +396,7 @@ def guided_scores(result: Mapping[str, Any]) -> dict[str, float]:
     retries = sum(r["retries"] for r in rows) / turns if turns else float("nan")
   return {"f1": sum(r["f1"] for r in rows) / len(rows),
           "em": sum(r["em"] for r in rows) / len(rows),
-          "redundant_query_rate": redundant_query_rate(queries)
-          if all(q is not None for q in queries) else float("nan"),
+          "redundant_query_rate": redundant,
           "steps_to_answer": sum(r["turns"] for r in answered) / len(answered)
           if answered else float("nan"),
           "answered": len(answered) / len(rows),

@@ -116,6 +116,13 @@ def test_guided_scores_from_eval_rows(study):
   assert got["steps_to_answer"] == pytest.approx(2.5)  # answered rows only
   assert got["answered"] == pytest.approx(2 / 3)
   assert got["retries_per_step"] == pytest.approx(3 / 9)
+  # launch/eval.py's per-row counts (searches, redundant_searches) are pooled the same way.
+  counted = [dict(r, searches=len(r["queries"]), redundant_searches=n)
+             for r, n in zip(per_question, (1, 0, 1))]
+  for r in counted:
+    del r["queries"]
+  assert study.guided_scores({"per_question": counted})["redundant_query_rate"] == \
+      pytest.approx(2 / 6)
   # Rows without queries: the rate is unknown (nan), not 0.
   bare = [{k: v for k, v in r.items() if k not in ("queries", "retries")} for r in per_question]
   got = study.guided_scores({"per_question": bare})
