@@ -8,6 +8,14 @@ r"""EM, F1 and accuracy per benchmark, from a run's checkpoint or a Hugging Face
       --config.data.eval=cw_grpo_400 --samples=4 --temperature=1.0
   # DAC: the searcher then the generator (both adapters of the run); an abstention is wrong
   python launch/eval.py --config=configs/dac.py:demo --workdir=runs/demo/dac
+  # Co-ReAct: the policy guided by a rubric generator's rubrics (shadow suffix, verify, retry)
+  python launch/eval.py --config=configs/coreact.py:agent --hf_path=runs/demo/sft/hf_export \
+      --agent=coreact --rubric_generator=runs/demo/coreact/rubric/hf_export
+  # Best-of-N: 4 sampled actions per step, the one the rubric scores highest (or --select=self:
+  # the policy's own mean log-prob)
+  python launch/eval.py --config=configs/coreact.py:agent --hf_path=runs/demo/sft/hf_export \
+      --agent=best_of_n --select=rubric --rubric_generator=runs/demo/coreact/rubric/hf_export \
+      --temperature=1.0
 
 Benchmarks: config.data.eval (comma-separated names, or a named list such as cw_grpo_400 that
 fixes each member's split and size: agentjax/data/searchqa.py BENCHMARK_LISTS), split
@@ -20,6 +28,15 @@ the mix (CW-GRPO's code), "average" the macro average over benchmarks
 gathers evidence, the generator answers or abstains; an abstention scores 0, and each benchmark
 also reports coverage (the share answered), accuracy when answered, and the abstention rate with
 its precision and recall against insufficient evidence.
+
+--agent picks the agent on the policy: "react" (the rollout engine as training runs it), "coreact"
+or "best_of_n" (agentjax/coreact/guided.py with config.coreact's settings: verify,
+verify_threshold, max_retries, persist, best_of_n, best_of_n_select; the rubric generator is
+--rubric_generator or config.coreact.generator_path, the applier config.coreact.applier). Every
+agent's result also reports the redundant-query rate (the share of searches whose normalized
+query repeats an earlier query of the same trajectory) and the steps to answer (the mean turns
+of the trajectories that answered); a guided agent's JSON records its settings, the generator
+and applier identities and its counts (rubrics, verify retries, mean verify score).
 
 Prints a table, writes JSON (per-sample answers and the judge identity included) to --output
 (default {workdir}/eval_{split}_{step}[_samples{S}_t{T}].json, or
@@ -49,6 +66,13 @@ _OUTPUT = flags.DEFINE_string("output", None, "JSON output path.")
 _SAMPLES = flags.DEFINE_integer("samples", 1, "Rollouts per question (> 1 needs --temperature).")
 _TEMPERATURE = flags.DEFINE_float("temperature", None,
                                   "Sampling temperature (> 0); unset: greedy decoding.")
+_AGENT = flags.DEFINE_enum("agent", "react", ["react", "coreact", "best_of_n"],
+                           "The agent: plain ReAct, rubric-guided Co-ReAct, or Best-of-N.")
+_GENERATOR = flags.DEFINE_string("rubric_generator", None,
+                                 "The rubric generator's Hugging Face folder (default "
+                                 "config.coreact.generator_path).")
+_SELECT = flags.DEFINE_enum("select", None, ["rubric", "self"],
+                            "Best-of-N selection (default config.coreact.best_of_n_select).")
 flags.mark_flag_as_required("config")
 
 
@@ -67,17 +91,52 @@ def main(_):
   if _SAMPLES.value > 1 and _TEMPERATURE.value is None:
     raise app.UsageError(f"--samples={_SAMPLES.value} needs --temperature: greedy samples are "
                          f"identical")
+  config, agent = _CONFIG.value, _AGENT.value
+  if agent != "react" and config.trainer == "dac":
+    raise app.UsageError(f"--agent={agent}: a DAC run is evaluated as its two roles (react)")
+  if agent == "react" and (_GENERATOR.value or _SELECT.value):
+    raise app.UsageError("--rubric_generator / --select need --agent=coreact or best_of_n")
+  if _SELECT.value:
+    config.coreact.best_of_n_select = _SELECT.value
+  if agent == "best_of_n" and _TEMPERATURE.value is None:
+    raise app.UsageError("--agent=best_of_n needs --temperature: greedy proposals are identical")
+  needs_generator = agent == "coreact" or (agent == "best_of_n" and
+                                           config.coreact.best_of_n_select == "rubric")
+  if needs_generator and not (_GENERATOR.value or config.coreact.generator_path):
+    raise app.UsageError(f"--agent={agent} needs a rubric generator: --rubric_generator=<HF "
+                         f"folder> or --config.coreact.generator_path")
   common.init_distributed()
   import jax
   from agentjax.train.evaluation import ABSTENTION_SCORES, eval_benchmarks, format_table
-  result = eval_benchmarks(_CONFIG.value, workdir=_WORKDIR.value, hf_path=_HF_PATH.value,
+  guided = []  # the engine eval_benchmarks builds, to read its settings and counts after
+
+  def make_engine(config, engine, mesh):
+    from agentjax.coreact.guided import make_guided_engine
+    guided.append(make_guided_engine(
+        config, engine.cfg, engine.tokenizer, engine.backend, engine.config, agent,
+        generator_path=_GENERATOR.value, mesh=mesh, lora=engine.model.lora))
+    return guided[-1]
+
+  result = eval_benchmarks(config, workdir=_WORKDIR.value, hf_path=_HF_PATH.value,
                            step=_STEP.value, samples=_SAMPLES.value,
-                           temperature=_TEMPERATURE.value)
+                           temperature=_TEMPERATURE.value,
+                           make_engine=None if agent == "react" else make_engine)
+  result["agent"] = {"name": agent}
+  if guided:
+    engine = guided[0]
+    result["agent"].update(engine.settings.describe(), stats=engine.summary())
+    if engine.rubric_source is not None and hasattr(engine.rubric_source, "identity"):
+      result["agent"]["rubric_generator"] = dict(engine.rubric_source.identity(),
+                                                 stats=dict(engine.rubric_source.stats))
+    if engine.applier is not None:
+      result["agent"]["applier"] = engine.applier.identity()
   if jax.process_index() != 0:
     return
   split = result["split"]
   sampled = "" if _TEMPERATURE.value is None else \
       f"_samples{_SAMPLES.value}_t{_TEMPERATURE.value:g}"
+  if agent != "react":  # beside the plain eval, not over it
+    sampled = f"_{agent}{sampled}"
   if _OUTPUT.value:
     output = _OUTPUT.value
   elif _WORKDIR.value:  # one file per evaluated step (and sampling)
@@ -93,8 +152,12 @@ def main(_):
   print(f"per-question results: {output}")
   print(json.dumps({"eval": result["source"], "split": split, "samples": result["samples"],
                     "temperature": result["temperature"], "judge": result["judge"],
+                    "agent": {k: v for k, v in result["agent"].items() if k != "stats"},
                     **{name: {"accuracy": round(b["accuracy"], 4), "em": round(b["em"], 4),
                               "f1": round(b["f1"], 4), "n": b["n"],
+                              **{k: None if b[k] is None else round(b[k], 4)
+                                 for k in ("redundant_query_rate", "steps_to_answer")
+                                 if k in b},
                               # DAC: coverage, accuracy when answered, abstention rate/P/R
                               **{k: round(b[k], 4) for k in ABSTENTION_SCORES if k in b}}
                        for name, b in result["benchmarks"].items()},

@@ -12,8 +12,9 @@ tokens go back. Trajectory tokens are exactly the ids that were sampled or fed: 
 re-tokenized from decoded text (re-tokenizing at tool boundaries shifts tokens and spikes the KL).
 
 Extension points for later methods: `before_turn` (a hook that injects text, e.g. rubrics, before
-each turn's generation) and `policy_for_turn` (which of several parameter sets generates a turn,
-e.g. a searcher and a generator adapter).
+each turn's generation), `policy_for_turn` (which of several parameter sets generates a turn,
+e.g. a searcher and a generator adapter) and `_generate_turn` (the step itself, which a subclass
+overrides: agentjax/coreact/guided.py's rubric-guided agents).
 """
 
 from __future__ import annotations
@@ -29,12 +30,14 @@ import numpy as np
 
 from agentjax.agent.protocol import (ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol,
                                      trajectory_error)
+from agentjax.answers import normalize_answer
 from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
 from agentjax.retrieval import Document, SearchBackend, SearchResponse
-from agentjax.sampling import (STOP_BUDGET, SamplingParams, StopTable, bucket, decode_bytes,
-                               decode_layout, extend, generate, init_state, token_byte_table)
+from agentjax.sampling import (STOP_BUDGET, DecodeState, SamplingParams, StopTable, bucket,
+                               decode_bytes, decode_layout, extend, generate, init_state,
+                               token_byte_table)
 from agentjax.sampling.eos import eos_token_ids
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
@@ -53,7 +56,11 @@ class TurnRecord:
     search).
   observation: the observation text fed after the turn, as fed (possibly cut by the budget).
   search_error: the retriever's error for this turn's search, None otherwise.
-  hook_text: text injected before the turn by `before_turn` ("" if none).
+  hook_text: text injected before the turn that stays in the context (`before_turn`'s text, a
+    guided agent's persisted rubric; "" if none).
+  shadow_text: text shown before the turn's generation and then removed from the context (a
+    guided agent's shadow rubric suffix and retry feedback; agentjax/coreact/guided.py); for
+    logs: it is in no token of the trajectory.
   """
   text: str
   action: Action
@@ -61,6 +68,7 @@ class TurnRecord:
   observation: str = ""
   search_error: str | None = None
   hook_text: str = ""
+  shadow_text: str = ""
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -111,6 +119,57 @@ class RolloutConfig:
                  "max_total_tokens", "topk"):
       if getattr(self, name) < 1:
         raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclasses.dataclass
+class TurnRows:
+  """What RolloutEngine._generate_turn sees of the rollout before a turn (host side).
+
+  turn: the 0-based turn about to be generated.
+  rows: the active rows' indices.
+  group_ids: [B] the question index of every row.
+  length: [B] each row's context length before the turn (a copy).
+  budget: the slots a row may fill (the token budget).
+  records: per row, the TurnRecord fields of its turns so far (dicts, read-only).
+  transcripts: per row, the text of its context so far (read-only).
+  """
+  turn: int
+  rows: np.ndarray
+  group_ids: np.ndarray
+  length: np.ndarray
+  budget: int
+  records: Sequence[Sequence[dict[str, Any]]]
+  transcripts: Sequence[str]
+
+  def history(self, b: int) -> tuple[TurnRecord, ...]:
+    """Row b's turns so far as TurnRecords."""
+    return tuple(TurnRecord(**r) for r in self.records[b])
+
+
+@dataclasses.dataclass
+class GeneratedTurn:
+  """What RolloutEngine._generate_turn returns.
+
+  state: the decode state after the turn's generation (each active row's context now ends with
+    its action's ids).
+  new_tokens: [B, N] int32 host array; row b's action is new_tokens[b, :num_new[b]] (its exact
+    sampled ids).
+  num_new: [B] int32; reason: [B] int32 stop reasons (sampler.STOP_*).
+  context_added: [B] tokens the turn added to each row's context (injected text kept in the
+    context and the action); None: num_new (nothing injected).
+  hook_texts: row -> text injected before the action that stays in the context.
+  shadow_texts: row -> text shown before the action and then removed from the context.
+  sampled_tokens: tokens sampled in the turn in all (discarded proposals included); None:
+    num_new.sum().
+  """
+  state: DecodeState
+  new_tokens: np.ndarray
+  num_new: np.ndarray
+  reason: np.ndarray
+  context_added: np.ndarray | None = None
+  hook_texts: dict[int, str] = dataclasses.field(default_factory=dict)
+  shadow_texts: dict[int, str] = dataclasses.field(default_factory=dict)
+  sampled_tokens: int | None = None
 
 
 @chex.dataclass(frozen=True)
@@ -206,6 +265,30 @@ class RolloutEngine:
     return extend(self.model, params, state, jnp.asarray(block), jnp.asarray(lengths),
                   jnp.asarray(turn, jnp.int32))
 
+  def _generate_turn(self, policy: Any, decoder: tuple[Qwen, Any], state: DecodeState,
+                     active: np.ndarray, turn_arr: np.ndarray, stop: tuple,
+                     rows: "TurnRows") -> "GeneratedTurn":
+    """One turn's generation for the active rows: one `generate` call (the ReAct step).
+
+    Subclasses override it to shape the step (agentjax/coreact/guided.py: a rubric fed as a
+    temporary suffix, verify and retry, Best-of-N) while run() keeps the parsing, the search and
+    the observations.
+
+    Args:
+      policy: the turn's parameters in the checkpoint layout (for `extend`).
+      decoder: (model, params) in the decode layout (for `generate`).
+      state: the decode state, each active row at the end of its context (rows.length).
+      active: [B] bool rows that take this turn.
+      turn_arr: [B] int32 the turn id recorded for the tokens.
+      stop: (StopTable, eos ids, budget) as `generate` takes it.
+      rows: the host-side view of the rollout so far (TurnRows).
+    """
+    del policy, rows
+    state, gen = generate(*decoder, state, jnp.asarray(active), jnp.asarray(turn_arr), stop,
+                          self.config.sampling, self.config.max_new_tokens)
+    new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
+    return GeneratedTurn(state=state, new_tokens=new_tokens, num_new=num_new, reason=reason)
+
   # ------------------------------------------------------------------ the rollout
 
   def run(self, params: Any, questions: Sequence[str], rng: jax.Array,
@@ -298,20 +381,24 @@ class RolloutEngine:
       t0 = time.perf_counter()
       active = np.zeros(rows, bool)
       active[active_rows] = True
-      state, gen = generate(*decoder(turn), state, jnp.asarray(active), jnp.asarray(turn_arr),
-                            stop, cfg.sampling, cfg.max_new_tokens)
-      new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
+      out = self._generate_turn(policy, decoder(turn), state, active, turn_arr, stop, TurnRows(
+          turn=turn, rows=active_rows, group_ids=group_ids, length=length.copy(), budget=budget,
+          records=records, transcripts=transcripts))
+      state, new_tokens, num_new, reason = out.state, out.new_tokens, out.num_new, out.reason
       timings["generate_s"] += time.perf_counter() - t0
-      sampled_tokens += int(num_new.sum())
-      length += num_new
+      sampled_tokens += int(num_new.sum()) if out.sampled_tokens is None else out.sampled_tokens
+      length += num_new if out.context_added is None else out.context_added
       num_turns[active_rows] += 1
 
       observations: list[list[int]] = [[] for _ in range(rows)]
       searches: list[tuple[int, str]] = []
       for b in active_rows:
         text = self.decode(new_tokens[b, :num_new[b]])
-        transcripts[b] += text
-        records[b].append(dict(text=text, hook_text=hook_texts[b]))
+        kept = out.hook_texts.get(b, "")
+        hook_texts[b] += kept
+        transcripts[b] += kept + text
+        records[b].append(dict(text=text, hook_text=hook_texts[b],
+                               shadow_text=out.shadow_texts.get(b, "")))
         hook_texts[b] = ""
         if reason[b] == STOP_BUDGET:  # cut off mid-turn: no room left for any action
           records[b][-1]["action"] = Action(INVALID, "cut off by the token budget")
@@ -385,6 +472,21 @@ class RolloutEngine:
     return batch, metrics
 
 
+def search_stats(turns: Sequence[TurnRecord]) -> tuple[int, int]:
+  """(searches, redundant searches) of one trajectory: a search is redundant when its query,
+  normalized (agentjax.answers.normalize_answer "standard": case, punctuation, articles,
+  whitespace), equals an earlier query of the same trajectory."""
+  seen, searches, redundant = set(), 0, 0
+  for turn in turns:
+    if turn.action.kind != SEARCH:
+      continue
+    query = normalize_answer(turn.action.content, "standard")
+    searches += 1
+    redundant += query in seen
+    seen.add(query)
+  return searches, redundant
+
+
 def _object_array(items: Sequence[Any]) -> np.ndarray:
   """[len(items)] object array holding each item as it is (np.array would unpack tuples)."""
   out = np.empty(len(items), dtype=object)
@@ -399,5 +501,5 @@ def transcripts_of(batch: TrajectoryBatch, byte_table: Sequence[bytes]) -> list[
   return [decode_bytes(byte_table, tokens[b][valid[b]]) for b in range(tokens.shape[0])]
 
 
-__all__ = ["RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook", "TurnRecord",
-           "transcripts_of"]
+__all__ = ["GeneratedTurn", "RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook",
+           "TurnRecord", "TurnRows", "search_stats", "transcripts_of"]

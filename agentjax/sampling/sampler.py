@@ -155,6 +155,34 @@ def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: 
       next_logits=jnp.where((lengths > 0)[:, None], logits, state.next_logits))
 
 
+@functools.partial(jax.jit, donate_argnums=0)
+def rewind(state: DecodeState, lengths: jax.Array,
+           next_logits: jax.Array | None = None) -> DecodeState:
+  """Moves rows back to an earlier length: their tokens from slot lengths[b] on are forgotten.
+
+  Slots >= the new length are cleared (tokens 0, valid / sampled False, logprobs 0, turn_id -1);
+  their KV entries stay in the cache but are unreachable (attention masks read `valid`), and the
+  next `extend` / `generate` overwrites them slot by slot. A row whose lengths[b] is not below
+  its current length is left as it is (rewinding never moves forward).
+
+  Args:
+    lengths: [B] int32 target lengths.
+    next_logits: optional [B, V] logits after each row's token at slot lengths[b] - 1 (a copy
+      saved when the row was at that length; `generate` / `extend` donate the state, so save it
+      with jnp.copy). Rows that move back take them. Without it those rows keep the logits of
+      their old last token: feed tokens before generating from them (an `extend` sets them).
+  """
+  lengths = jnp.minimum(lengths.astype(jnp.int32), state.length)
+  moved = lengths < state.length
+  keep = jnp.arange(state.tokens.shape[1], dtype=jnp.int32)[None] < lengths[:, None]  # [B, S]
+  logits = state.next_logits if next_logits is None else \
+      jnp.where(moved[:, None], next_logits, state.next_logits)
+  return state.replace(
+      tokens=jnp.where(keep, state.tokens, 0), valid=state.valid & keep,
+      sampled=state.sampled & keep, logprobs=jnp.where(keep, state.logprobs, 0.0),
+      turn_id=jnp.where(keep, state.turn_id, -1), length=lengths, next_logits=logits)
+
+
 @flax.struct.dataclass
 class Generation:
   new_tokens: jax.Array   # [B, N] int32 tokens sampled in this call (row b: first num_new[b])

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from agentjax.agent.rollout import search_stats
 from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.sampling import SamplingParams
 
@@ -54,8 +55,9 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
     seed: the root of those rngs (unused by a greedy engine).
   Returns:
     {"n": questions, "samples", "accuracy", "em", "f1", "format_ok", "turns" (means over the
-    n * samples rollouts), "per_question": [{"id", "benchmark", "sample", "answer", "golds",
-    "f1", "em", "turns", "format_ok"}] question-major (sample fastest)}.
+    n * samples rollouts; with TurnRecords also "redundant_query_rate", "steps_to_answer":
+    row_means), "per_question": [{"id", "benchmark", "sample", "answer", "golds", "f1", "em",
+    "turns", "format_ok"[, "searches", "redundant_searches"]}] question-major (sample fastest)}.
   """
   if samples < 1:
     raise ValueError(f"samples must be >= 1, got {samples}")
@@ -83,6 +85,9 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
             "answer": answer, "golds": golds, "f1": f1_score(answer, golds),
             "em": exact_match(answer, golds), "turns": int(batch.num_turns[i]),
             "format_ok": bool(batch.format_valid[i])})
+        if getattr(batch, "turns", None) is not None:  # redundant queries (search_stats)
+          searches, redundant = search_stats(batch.turns[i])
+          batch_rows[i][-1].update(searches=searches, redundant_searches=redundant)
         if hasattr(batch, "abstentions"):  # an agent that may abstain (DAC)
           batch_rows[i][-1]["abstained"] = bool(batch.abstentions[i])
           batch_rows[i][-1]["sufficient"] = bool(batch.sufficient[i])
@@ -90,7 +95,7 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
   return {"n": len(records), "samples": samples, **row_means(rows), "per_question": rows}
 
 
-def row_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def row_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
   """{"accuracy": share of rows with em > 0, "em", "f1", "format_ok", "turns": means} (0.0 for
   no rows)."""
   if not rows:
@@ -99,6 +104,14 @@ def row_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float]:
   out = {"accuracy": float(np.mean(col("em") > 0)), "em": float(col("em").mean()),
          "f1": float(col("f1").mean()), "format_ok": float(col("format_ok").mean()),
          "turns": float(col("turns").mean())}
+  if all("searches" in r for r in rows):
+    # The share of searches whose normalized query repeats an earlier one of its trajectory
+    # (pooled over rows), and the turns of the trajectories that answered (None: none did).
+    searches = col("searches").sum()
+    out["redundant_query_rate"] = float(col("redundant_searches").sum() / searches) \
+        if searches else 0.0
+    answered = np.asarray([r["answer"] is not None for r in rows])
+    out["steps_to_answer"] = float(col("turns")[answered].mean()) if answered.any() else None
   if all("abstained" in r for r in rows):  # ABSTENTION_SCORES
     answered = np.asarray([r["answer"] is not None for r in rows])
     out["coverage"] = float(answered.mean())
@@ -156,13 +169,15 @@ def eval_questions(config: Any) -> dict[str, tuple[str, list[dict[str, Any]]]]:
 
 def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | None = None,
                     step: int | None = None, samples: int = 1,
-                    temperature: float | None = None) -> dict[str, Any]:
+                    temperature: float | None = None,
+                    make_engine: Any = None) -> dict[str, Any]:
   """EM/F1/accuracy of rollouts on every benchmark of config.data.eval (`eval_questions`).
 
   The policy comes from a Hugging Face folder (`hf_path`) or from a run's checkpoint (`workdir`,
   the latest step unless `step`). temperature None decodes greedily (samples must be 1); a
   temperature > 0 samples `samples` rollouts per question, seeded by config.seed (module
-  docstring).
+  docstring). make_engine(config, engine, mesh) -> the engine to evaluate instead of the
+  config's eval engine (e.g. a rubric-guided one built on its settings).
 
   Returns {"source", "split" (config.data.eval_split), "samples", "temperature", "seed",
   "judge" (agentjax.judge.judge_identity of config.judge), "benchmarks": {name: {"split", "n",
@@ -210,6 +225,8 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
     sampling = SamplingParams(temperature=float(temperature), top_k=r.top_k, top_p=r.top_p)
   _, engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh, lora,
                           eval_sampling=sampling, eval_only=True)
+  if make_engine is not None:  # another agent on the same policy (launch/eval.py --agent)
+    engine = make_engine(config, engine, mesh)
   questions = eval_questions(config)
   out = {"source": source, "split": config.data.eval_split, "samples": samples,
          "temperature": temperature, "seed": int(config.seed),
