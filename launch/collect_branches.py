@@ -7,15 +7,22 @@ r"""Co-ReAct branch points: candidate next actions of the policy's trajectories,
   python launch/collect_branches.py --config=configs/coreact.py:collect \
       --config.coreact.judge_backend=openai --config.judge.base_url=http://10.0.0.3:8001/v1 \
       --config.coreact.judge_models=qwen3-32b,llama-3.3-70b,gpt-oss-120b
+  # candidates also from another Hugging Face folder and a model behind config.judge's endpoint
+  python launch/collect_branches.py --config=configs/coreact.py:collect \
+      --config.coreact.extra_generators=~/models/qwen3-8b,openai:qwen3-32b \
+      --config.judge.base_url=http://10.0.0.3:8001/v1
 
 The policy is the Hugging Face folder --policy_path (default config.model.hf_path), sampled with
 config.rollout's limits at config.coreact.candidate_temperatures; questions are the first
 --questions (default config.coreact.collect_questions) of --split (default
 config.coreact.collect_split) of config.data.train's benchmarks; the judges are
-config.coreact.judge_backend (agentjax/coreact/rankers.py); retrieval is config.retrieval. See
-agentjax/coreact/branches.py for the loop and the row format. Rows go to --out (default
-config.coreact.branches_train for the train split, branches_dev otherwise), written atomically
-at the end. Prints one JSON line last: {"out", "rows", "questions", "steps", ...}.
+config.coreact.judge_backend (agentjax/coreact/rankers.py); retrieval is config.retrieval.
+config.coreact.extra_generators adds candidates from other models (Hugging Face folders, or
+"openai:<model>" behind config.judge's /v1/completions endpoint), each row naming every
+candidate's source. See agentjax/coreact/branches.py for the loop and the row format. Rows go
+to --out (default config.coreact.branches_train for the train split, branches_dev otherwise),
+written atomically at the end. Prints one JSON line last: {"out", "rows", "questions", "steps",
+"generators", ...}.
 """
 
 from __future__ import annotations
@@ -62,7 +69,7 @@ def main(_):
                        config.coreact.branches_dev)
 
   from agentjax.coreact.branches import (BranchCollector, CollectSettings, CollectStats,
-                                         write_rows)
+                                         build_generators, write_rows)
   from agentjax.coreact.rankers import build_ranker
   from agentjax.sampling.complete import Completer
   from agentjax.train.trainer import load_questions, make_search_backend
@@ -72,8 +79,10 @@ def main(_):
   records = load_questions(config, names, split, field="coreact.collect_split")
   records = records[:questions] if questions else records
   ranker = build_ranker(config)
+  generators = build_generators(config)  # checks every entry before loading a model
   completer = Completer.from_hf(policy, max_total_tokens=settings.max_total_tokens)
-  collector = BranchCollector(completer, make_search_backend(config), ranker, settings)
+  collector = BranchCollector(completer, make_search_backend(config), ranker, settings,
+                              generators)
   rows, total = [], CollectStats()
   for start in range(0, len(records), _BATCH.value):
     got, stats = collector.collect(records[start:start + _BATCH.value])
@@ -84,7 +93,8 @@ def main(_):
                  len(records), len(rows))
   path = write_rows(out, rows)
   print(json.dumps({"out": path, "split": split, "policy": policy,
-                    "judges": [j["model"] for j in ranker.identities()], **total.to_json()}))
+                    "judges": [j["model"] for j in ranker.identities()],
+                    "generators": [g.name for g in generators], **total.to_json()}))
 
 
 if __name__ == "__main__":

@@ -14,11 +14,13 @@ from agentjax.agent.protocol import ANSWER, SEARCH, SEARCH_R1, Action
 from agentjax.agent.rollout import TurnRecord, observation_ids, prompt_ids
 from agentjax.coreact.appliers import (ANSWER_PLACEHOLDER, LLMApplier, build_applier,
                                        first_action)
-from agentjax.coreact.branches import BranchCollector, CollectSettings, write_rows
+from agentjax.coreact.branches import (BranchCollector, CollectSettings, Generated,
+                                       HFGenerator, OpenAIGenerator, _Trajectory,
+                                       build_generators, restore_stop, write_rows)
 from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rankers import LLMRanker, OracleRanker, build_ranker
 from agentjax.coreact.rubric import Applied, parse_rubric
-from agentjax.judge.chat import OpenAIChat
+from agentjax.judge.chat import OpenAIChat, OpenAIText, TextRequest
 from agentjax.retrieval import Document
 from configs.base import get_config
 from tests import agent_fixtures as af
@@ -347,3 +349,192 @@ def test_local_applier_and_ranker_wiring(chat_model_dir):
   assert applier.rank([rubric], [ctx], [CANDS]) == [None]
   assert applier.score([rubric], [ctx], [CANDS[0]]) == [None]
   assert ranker.rank([ctx], [CANDS]) == [None]
+
+
+# ---------------------------------------------------------------------------------------------
+# Extra candidate generators (coreact.extra_generators).
+# ---------------------------------------------------------------------------------------------
+
+
+def _down_url(sock: socket.socket) -> str:
+  """A bound socket that does not listen: connections to it are refused."""
+  sock.bind(("127.0.0.1", 0))
+  return f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+
+
+def _recording(completer, monkeypatch):
+  """Records every (prompts, completions) of completer.complete."""
+  calls, real = [], completer.complete
+  monkeypatch.setattr(completer, "complete",
+                      lambda p, **kw: calls.append(([list(x) for x in p], real(p, **kw)))
+                      or calls[-1][1])
+  return calls
+
+
+class ScriptedGenerator:
+  """An extra generator that answers every context with fixed texts (and records the contexts)."""
+  name = "scripted"
+
+  def __init__(self, texts):
+    self.texts, self.contexts = texts, []
+
+  def sample(self, contexts, *, n, **_):
+    self.contexts.append(list(contexts))
+    return [Generated(tuple(self.texts[:n])) for _ in contexts]
+
+
+def test_extra_generators_hf_and_openai_contribute_candidates(scripted_world, chat_model_dir,
+                                                             monkeypatch):
+  """A second checkpoint folder (its own tokenizer) and the same model served by agentjax's
+  server on loopback continue the policy's context text; rows name each candidate's source; a
+  generator whose server is down contributes nothing, is counted, and collection goes on."""
+  from agentjax.sampling.complete import Completer
+  from agentjax.serve import ServerThread, create_app
+  tok, backend, agent = scripted_world
+  policy = Completer(agent.cfg, agent.params(af.SEARCH, af.ANSWER), tok, max_total_tokens=512)
+  hf = HFGenerator.from_hf(chat_model_dir, max_total_tokens=512)
+  served = Completer.from_hf(chat_model_dir, max_total_tokens=512)
+  hf_calls, served_calls = _recording(hf.completer, monkeypatch), _recording(served, monkeypatch)
+  settings = CollectSettings(max_turns=1, max_new_tokens=8, max_obs_tokens=64,
+                             max_total_tokens=512, topk=1, temperatures=(1.0,),
+                             per_temperature=1, num_candidates=16, seed=0)
+  with ServerThread(create_app(served, model_name="tiny", max_batch=4)) as server, \
+      socket.socket() as sock:
+    up = OpenAIText(_judge_config(server.url + "/v1", max_concurrency=1, timeout_s=120.0),
+                    model="tiny")  # the first request compiles the decode
+    down = OpenAIText(_judge_config(_down_url(sock), max_retries=1), model="tiny")
+    generators = [hf, OpenAIGenerator(up, "openai:tiny"), OpenAIGenerator(down, "openai:down")]
+    collector = BranchCollector(policy, backend, OracleRanker(3, G, 0.0), settings, generators)
+    rows, stats = collector.collect(QUESTIONS[:1])
+
+  assert stats.steps == 1 and stats.rows == 1
+  assert stats.extra_sampled == 2 and stats.sampled == 3  # one each from the policy, hf and up
+  assert stats.generator_failures == 1                    # "openai:down" at the branch point
+  # Each generator continued the policy's context decoded to text, encoded by its tokenizer.
+  other = hf.completer.tokenizer
+  text = tok.decode(prompt_ids(tok, SEARCH_R1, QUESTIONS[0]["question"]),
+                    skip_special_tokens=False, clean_up_tokenization_spaces=False)
+  assert "<|im_start|>user" in text   # the chat markup as the policy continues it
+  want = other.encode(text, add_special_tokens=False)
+  assert [p for p, _ in hf_calls] == [[want]] and [p for p, _ in served_calls] == [[want]]
+  # Candidates: the generators' samples, named by source (a served one ends as its text did).
+  eos = other.convert_tokens_to_ids("<|im_end|>")
+  from_hf = {other.decode([i for i in c.token_ids if i != eos], skip_special_tokens=False,
+                          clean_up_tokenization_spaces=False) for c in hf_calls[0][1]}
+  from_up = {restore_stop(c.text, c.finish_reason, None, SEARCH_R1.stop_strings)
+             for _, completions in served_calls for c in completions}
+  (row,) = rows
+  assert sorted(row["sources"]) == sorted(["policy", chat_model_dir, "openai:tiny"])
+  by_source = dict(zip(row["sources"], row["candidates"]))
+  assert "<think>Let me look.</think>" in by_source["policy"]
+  assert by_source[chat_model_dir] in from_hf and by_source["openai:tiny"] in from_up
+
+
+def test_extra_generator_candidate_continues_in_the_policy_tokenization(scripted_world,
+                                                                       monkeypatch):
+  """When an extra generator's candidate is the Borda rank-1, the trajectory goes on with its
+  text encoded by the policy's tokenizer (ids the policy never sampled)."""
+  from agentjax.sampling.complete import Completer
+  tok, backend, agent = scripted_world
+  policy = Completer(agent.cfg, agent.params(af.SEARCH, af.ANSWER), tok, max_total_tokens=512)
+  calls = _recording(policy, monkeypatch)
+  # For "q" this search retrieves Quellmoor's passage (its gold hop: g^2), beating the policy's
+  # useless search (g^3) and wrong answer (0); for "z" the policy's answer (g) wins.
+  foreign = "<think>The founder.</think><search>Quellmoor founder</search>"
+  scripted = ScriptedGenerator([foreign])
+  settings = CollectSettings(max_turns=2, max_new_tokens=16, max_obs_tokens=64,
+                             max_total_tokens=512, topk=1, temperatures=(1.0,),
+                             per_temperature=8, num_candidates=4, seed=0)
+  collector = BranchCollector(policy, backend, OracleRanker(3, G, 0.0), settings, [scripted])
+  rows, stats = collector.collect(QUESTIONS)
+
+  by_id = {r["id"]: r for r in rows}
+  assert sorted(by_id) == ["q/0", "q/1", "z/0"]
+  q0 = by_id["q/0"]
+  best = int(np.argmin(q0["borda"]))
+  assert q0["candidates"][best] == foreign and q0["sources"][best] == "scripted"
+  assert q0["sources"].count("scripted") == 1 and stats.extra_sampled == 3
+  z0 = by_id["z/0"]
+  assert z0["sources"][int(np.argmin(z0["borda"]))] == "policy"
+  q1 = BranchContext.from_json(by_id["q/1"])
+  assert [t.text for t in q1.turns] == [foreign]
+  assert q1.turns[0].documents[0].title == '"Quellmoor"'
+  # Step 1's context: the prompt, the foreign text's ids in the policy's tokenization, then the
+  # observation; the extra generator was given that context decoded.
+  q_prompt = prompt_ids(tok, SEARCH_R1, QUESTIONS[1]["question"])
+  encoded = tok.encode(foreign, add_special_tokens=False)
+  obs = observation_ids(tok, *SEARCH_R1.observation(q1.turns[0].documents), 64)
+  assert calls[1][0] == [q_prompt + encoded + obs] * 8
+  assert all(tuple(encoded) != c.token_ids for c in calls[0][1])  # not a policy sample
+  assert scripted.contexts[1] == [tok.decode(q_prompt + encoded + obs, skip_special_tokens=False,
+                                             clean_up_tokenization_spaces=False)]
+  # A foreign text longer than the room left is cut at the budget (a turn cut off).
+  short = _Trajectory(QUESTIONS[0], [1] * 510, [])
+  cand = collector._foreign(short, foreign, "scripted")
+  assert cand.ids == encoded[:2] and cand.budget_cut
+
+
+def test_restore_stop_and_text_endpoint_faults():
+  stops = SEARCH_R1.stop_strings
+  assert restore_stop("<think>a</think><search>q", "stop", None, stops) == \
+      "<think>a</think><search>q</search>"
+  assert restore_stop("<search>x</search> <answer>y", "stop", None, stops) == \
+      "<search>x</search> <answer>y</answer>"
+  assert restore_stop("<answer>y", "stop", "</search>", stops) == "<answer>y</search>"
+  assert restore_stop("<search>q", "length", None, stops) == "<search>q"
+  assert restore_stop("no tags", "stop", None, stops) == "no tags"  # ended at EOS
+  with socket.socket() as sock:
+    text = OpenAIText(_judge_config(_down_url(sock), max_retries=2), model="m")
+    got = text.complete([TextRequest("p", max_tokens=4, temperature=1.0)] * 2)
+  assert [r.ok for r in got] == [False, False] and all(r.retries == 2 for r in got)
+  assert all("connection failed" in r.error and "(3 attempts)" in r.error for r in got)
+
+
+def test_build_generators_config_errors(tmp_path):
+  config = get_config("demo")
+  assert build_generators(config) == []
+  for spec, match in [("openai:", "names no model"), (str(tmp_path / "missing"), "neither"),
+                      ("openai:a, openai:a", "given twice"), ("policy", "neither")]:
+    config.coreact.extra_generators = spec
+    with pytest.raises(ValueError, match="coreact.extra_generators"):
+      build_generators(config)
+  (tmp_path / "policy").mkdir()
+  config.coreact.extra_generators = f"openai:a,{tmp_path / 'policy'}"
+  config.judge.base_url = ""
+  with pytest.raises(ValueError, match="judge.base_url"):  # the endpoint is config.judge's
+    build_generators(config)
+  config.judge.base_url = "http://127.0.0.1:9/v1"
+  config.coreact.extra_generators = "openai:a , openai:b"
+  assert [g.name for g in build_generators(config)] == ["openai:a", "openai:b"]
+
+
+def test_hf_generator_faults_fail_their_contexts_only():
+  """A context its tokenizer makes too long fails alone (no decode of it); a decode that raises
+  fails that call's contexts; an EOS is dropped from a sample's text."""
+
+  class Fake:
+    max_total_tokens, eos_ids, byte_table = 6, (9,), [bytes([97 + i]) for i in range(10)]
+
+    def __init__(self):
+      self.prompts, self.fail = [], False
+
+    def encode(self, text):
+      return [0] * len(text)
+
+    def complete(self, prompts, **kw):
+      self.prompts.append(prompts)
+      if self.fail:
+        raise RuntimeError("device out of memory")
+      from agentjax.sampling.complete import Completion
+      return [Completion("", (1, 2, 9), "stop", len(p)) for p in prompts]
+
+  fake = Fake()
+  gen = HFGenerator(fake, "fake")
+  kw = dict(n=2, temperature=1.0, top_p=1.0, max_new_tokens=3, stop=(), seed=0)
+  got = gen.sample(["abc", "abcdef", "xy"], **kw)
+  assert fake.prompts == [[[0] * 3, [0] * 3, [0] * 2, [0] * 2]]
+  assert got[0] == got[2] == Generated(("bc", "bc"))
+  assert got[1].texts == () and "6 tokens does not fit" in got[1].error
+  fake.fail = True
+  got = gen.sample(["abc", "abcdef"], **kw)
+  assert "RuntimeError: device out of memory" in got[0].error and "does not fit" in got[1].error

@@ -10,10 +10,18 @@ For a batch of questions, step by step up to rollout.max_turns:
   1. sample candidate next actions from the policy (a Completer over the policy's parameters) at
      each of coreact.candidate_temperatures, coreact.candidates_per_temperature each (top_p =
      rollout.top_p; the Completer has no top-k). The context is the exact ids the rollout would
-     have fed (agentjax/agent/rollout.py): prompt_ids, then each chosen action's sampled ids and
-     its observation's ids (observation_ids of protocol.observation(docs), error_observation or
-     the invalid message, cut to the token budget). A candidate's text is decoded from its exact
+     have fed (agentjax/agent/rollout.py): prompt_ids, then each chosen action's ids and its
+     observation's ids (observation_ids of protocol.observation(docs), error_observation or the
+     invalid message, cut to the token budget). A candidate's text is decoded from its exact
      ids (stop string and EOS included), as the rollout decodes a turn.
+     Extra generators (coreact.extra_generators; build_generators) sample as many again each,
+     at the same temperatures: they continue the policy's context ids decoded to text (chat
+     markup included, as the policy would continue it), a Hugging Face folder (HFGenerator)
+     encoding it with its own tokenizer, "openai:<model>" (OpenAIGenerator) sending it to
+     config.judge's endpoint's /v1/completions. Their texts end at the stop string as the
+     policy's do (restore_stop), without an EOS. A generator's request that fails (server down,
+     a prompt too long for it) contributes no candidates; a branch point where one did is
+     counted in CollectStats.generator_failures and logged; collection goes on.
   2. deduplicate and keep up to coreact.num_candidates by greedy BM25 diversity
      (agentjax.rl.ranking.diverse_select).
   3. search every kept candidate's query (one batched call for the whole batch).
@@ -21,14 +29,19 @@ For a batch of questions, step by step up to rollout.max_turns:
      expert ranking = average ranks of the Borda scores.
   5. write the row, unless the branch has < 2 distinct candidates or the judges failed on it;
      continue with the Borda rank-1 candidate (ties: the first in selection order; an unranked
-     branch continues with its first candidate), its documents becoming the observation.
+     branch continues with its first candidate), its documents becoming the observation. The
+     trajectory's ids grow by the candidate's ids: the policy's sampled ids, or for an extra
+     generator's candidate its text encoded with the policy's tokenizer (the policy never
+     sampled those ids), cut at the token budget like a policy turn.
 
 A trajectory ends at an answer, at the token budget (rollout.max_total_tokens), or after
 max_turns steps. Row:
 
   {"id": "{question id}/{step}", "question", "turns", "max_calls", "protocol" (BranchContext),
-   "candidates": [K texts], "judge_rankings": [J][K], "judges": [J identities], "borda": [K],
-   "expert_ranking": [K], "values": [K] (oracle judges only: the noiseless value-to-go)}
+   "candidates": [K texts], "sources": [K generator names: "policy", an extra generator's
+   entry of coreact.extra_generators], "judge_rankings": [J][K], "judges": [J identities],
+   "borda": [K], "expert_ranking": [K], "values": [K] (oracle judges only: the noiseless
+   value-to-go)}
 """
 
 from __future__ import annotations
@@ -38,7 +51,7 @@ import json
 import logging
 import os
 import zlib
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -46,6 +59,7 @@ from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, get_protoco
 from agentjax.agent.rollout import TurnRecord, observation_ids, prompt_ids
 from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rankers import OracleRanker, branch_id
+from agentjax.judge.chat import short
 from agentjax.retrieval import SearchResponse
 from agentjax.rl import ranking
 from agentjax.sampling import decode_bytes
@@ -108,16 +122,22 @@ class CollectStats:
   searches: int = 0           # candidate queries searched
   search_failures: int = 0
   answered: int = 0           # trajectories that ended with an answer
+  extra_sampled: int = 0      # of `sampled`, from extra generators
+  generator_failures: int = 0  # (extra generator, branch point) pairs with a failed request
 
   def to_json(self) -> dict[str, int]:
     return dataclasses.asdict(self)
 
 
+POLICY = "policy"  # the source name of the policy's own candidates
+
+
 @dataclasses.dataclass
 class _Candidate:
   text: str
-  ids: list[int]
+  ids: list[int]    # what the trajectory is fed when this candidate continues it (policy ids)
   budget_cut: bool  # stopped by the context budget (rollout: "cut off by the token budget")
+  source: str = POLICY
 
 
 @dataclasses.dataclass
@@ -128,15 +148,176 @@ class _Trajectory:
   done: bool = False
 
 
-class BranchCollector:
-  """The collection loop (module docstring) over a policy Completer, a search backend and a
-  ranker."""
+# ---------------------------------------------------------------------------------------------
+# Extra candidate generators (coreact.extra_generators)
+# ---------------------------------------------------------------------------------------------
 
-  def __init__(self, completer: Any, backend: Any, ranker: Any, settings: CollectSettings):
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+  """One context's samples from an extra generator: the texts that came back, and why some (or
+  all) did not (None when every request succeeded)."""
+  texts: tuple[str, ...] = ()
+  error: str | None = None
+
+
+class CandidateGenerator(Protocol):
+  """An extra source of candidate actions: continues context texts (the policy's context ids
+  decoded), n samples each; one Generated per context, in order; never raises on a fault of its
+  model or server."""
+  name: str
+
+  def sample(self, contexts: Sequence[str], *, n: int, temperature: float, top_p: float,
+             max_new_tokens: int, stop: Sequence[str], seed: int) -> list[Generated]: ...
+
+
+def restore_stop(text: str, finish_reason: str | None, stop_reason: str | None,
+                 stops: Sequence[str]) -> str:
+  """A text completion as the policy's own candidate reads: with the stop string that ended it.
+
+  OpenAI-style servers return the text cut before the stop string. The stop is the server's
+  `stop_reason` when it names one of `stops`; otherwise (OpenAI, agentjax's server) the stop
+  string "</x>" whose opening tag "<x>" the text opened last and left open, since generation
+  stopped at the first stop string (a completion that ended at EOS inside an open tag reads as
+  if it had closed it). finish_reason other than "stop" (max_tokens): the text as it is.
+  """
+  if finish_reason != "stop" or not stops:
+    return text
+  if stop_reason in stops:
+    return text + stop_reason
+  best = (-1, "")
+  for stop in stops:
+    if stop.startswith("</"):
+      at = text.rfind("<" + stop[2:])
+      if at > best[0] and stop not in text[at:]:
+        best = (at, stop)
+  return text + best[1]
+
+
+class HFGenerator:
+  """A Hugging Face folder's model as an extra generator: a Completer that encodes the context
+  text with its own tokenizer (a context that its tokenizer makes too long for its
+  max_total_tokens fails alone). A candidate is its sampled ids decoded (the stop string
+  included, as the policy's), without a final EOS."""
+
+  def __init__(self, completer: Any, name: str):
+    self.completer, self.name = completer, name
+    self._eos = frozenset(int(i) for i in completer.eos_ids)
+
+  @classmethod
+  def from_hf(cls, path: str, *, max_total_tokens: int, name: str | None = None
+              ) -> "HFGenerator":
+    from agentjax.sampling.complete import Completer
+
+    completer = Completer.from_hf(os.path.expanduser(path), max_total_tokens=max_total_tokens)
+    return cls(completer, path if name is None else name)
+
+  def sample(self, contexts: Sequence[str], *, n: int, temperature: float, top_p: float,
+             max_new_tokens: int, stop: Sequence[str], seed: int) -> list[Generated]:
+    out = [Generated() for _ in contexts]
+    rows, prompts = [], []
+    for b, text in enumerate(contexts):
+      ids = self.completer.encode(text)
+      if len(ids) >= self.completer.max_total_tokens:
+        out[b] = Generated(error=f"prompt of {len(ids)} tokens does not fit its "
+                                 f"max_total_tokens={self.completer.max_total_tokens}")
+      else:
+        rows.append(b)
+        prompts += [ids] * n
+    if not rows:
+      return out
+    try:
+      completions = self.completer.complete(prompts, max_new_tokens=max_new_tokens,
+                                            temperature=temperature, top_p=top_p, stop=stop,
+                                            seed=seed)
+    except Exception as e:  # noqa: BLE001 - a decode fault fails this call's contexts only
+      why = f"decode failed: {type(e).__name__}: {short(str(e))}"
+      return [Generated(error=why) if b in rows else g for b, g in enumerate(out)]
+    for j, b in enumerate(rows):
+      texts = []
+      for c in completions[j * n:(j + 1) * n]:
+        ids = c.token_ids[:-1] if c.token_ids and c.token_ids[-1] in self._eos else c.token_ids
+        texts.append(decode_bytes(self.completer.byte_table, ids))
+      out[b] = Generated(tuple(texts))
+    return out
+
+
+class OpenAIGenerator:
+  """An OpenAI-compatible /v1/completions endpoint as an extra generator (agentjax.judge.chat
+  OpenAIText: config.judge's connection, retries and concurrency): one request per sample, the
+  context text as the prompt (the server tokenizes it), sample j's seed = seed + j."""
+
+  def __init__(self, endpoint: Any, name: str):
+    self.endpoint, self.name = endpoint, name
+
+  def sample(self, contexts: Sequence[str], *, n: int, temperature: float, top_p: float,
+             max_new_tokens: int, stop: Sequence[str], seed: int) -> list[Generated]:
+    from agentjax.judge.chat import TextRequest
+
+    requests = [TextRequest(text, max_tokens=max_new_tokens, temperature=temperature,
+                            top_p=top_p, stop=tuple(stop), seed=(seed + j) % 2 ** 31)
+                for text in contexts for j in range(n)]
+    replies = self.endpoint.complete(requests)
+    out = []
+    for b in range(len(contexts)):
+      got = replies[b * n:(b + 1) * n]
+      out.append(Generated(
+          tuple(restore_stop(r.text, r.finish_reason, r.stop_reason, stop) for r in got if r.ok),
+          next((r.error for r in got if not r.ok), None)))
+    return out
+
+
+OPENAI_PREFIX = "openai:"
+
+
+def build_generators(config: Any) -> list[Any]:
+  """The extra generators of config.coreact.extra_generators (comma-separated: Hugging Face
+  folders, loaded with rollout.max_total_tokens, or "openai:<model>" for config.judge's
+  endpoint), each named by its entry. Every entry is checked before any model is loaded."""
+  names = [x.strip() for x in str(config.coreact.extra_generators or "").split(",") if x.strip()]
+  for name in names:
+    if name.startswith(OPENAI_PREFIX):
+      if not name[len(OPENAI_PREFIX):].strip():
+        raise ValueError(f"config.coreact.extra_generators: {name!r} names no model "
+                         f"(\"openai:<model>\")")
+    elif not os.path.isdir(os.path.expanduser(name)):
+      raise ValueError(f"config.coreact.extra_generators: {name!r} is neither "
+                       f"\"openai:<model>\" nor a Hugging Face folder")
+  _check_names(names)
+  gens: list[Any] = []
+  for name in names:
+    if name.startswith(OPENAI_PREFIX):
+      from agentjax.judge.chat import OpenAIText
+
+      gens.append(OpenAIGenerator(OpenAIText(config.judge,
+                                             model=name[len(OPENAI_PREFIX):].strip()), name))
+    else:
+      gens.append(HFGenerator.from_hf(name, max_total_tokens=int(config.rollout.max_total_tokens)))
+  return gens
+
+
+def _check_names(names: Sequence[str]) -> None:
+  seen = set()
+  for name in names:
+    if name == POLICY or name in seen:
+      raise ValueError(f"config.coreact.extra_generators: {name!r} is "
+                       f"{'the policy' if name == POLICY else 'given twice'}; each extra "
+                       f"generator is named once (its entry) and \"{POLICY}\" names the policy")
+    seen.add(name)
+
+
+class BranchCollector:
+  """The collection loop (module docstring) over a policy Completer, a search backend, a
+  ranker and extra candidate generators (CandidateGenerator: build_generators)."""
+
+  def __init__(self, completer: Any, backend: Any, ranker: Any, settings: CollectSettings,
+               generators: Sequence[Any] = ()):
     if completer.max_total_tokens != settings.max_total_tokens:
       raise ValueError(f"the policy Completer's max_total_tokens ({completer.max_total_tokens}) "
                        f"must be config.rollout.max_total_tokens ({settings.max_total_tokens})")
+    _check_names([g.name for g in generators])
     self.completer, self.backend, self.ranker, self.settings = completer, backend, ranker, settings
+    self.generators = list(generators)
     self.tokenizer = completer.tokenizer
     self.protocol = get_protocol(settings.protocol)
 
@@ -145,9 +326,11 @@ class BranchCollector:
   def _decode(self, ids: Sequence[int]) -> str:
     return decode_bytes(self.completer.byte_table, ids)
 
-  def _sample(self, trajectories: Sequence[_Trajectory], step: int) -> list[list[_Candidate]]:
+  def _sample(self, trajectories: Sequence[_Trajectory], step: int,
+              stats: CollectStats) -> list[list[_Candidate]]:
     """Each trajectory's candidates: per temperature, per_temperature samples (one Completer
-    call per temperature, every trajectory's rows in it)."""
+    call per temperature, every trajectory's rows in it), the policy's first, then each extra
+    generator's."""
     s = self.settings
     out: list[list[_Candidate]] = [[] for _ in trajectories]
     prompts = [t.ids for t in trajectories for _ in range(s.per_temperature)]
@@ -161,7 +344,34 @@ class BranchCollector:
         cut = c.finish_reason == "length" and c.prompt_tokens + len(c.token_ids) >= \
             s.max_total_tokens
         out[b].append(_Candidate(self._decode(c.token_ids), list(c.token_ids), cut))
+    if self.generators:
+      contexts = [self._decode(t.ids) for t in trajectories]
+    for g, gen in enumerate(self.generators):
+      errors: list[str | None] = [None] * len(trajectories)
+      for i, temperature in enumerate(s.temperatures):
+        seed = zlib.crc32(f"{s.seed}/{step}/{i}/{g}".encode()) % (2 ** 31)
+        got = gen.sample(contexts, n=s.per_temperature, temperature=temperature, top_p=s.top_p,
+                         max_new_tokens=s.max_new_tokens, stop=self.protocol.stop_strings,
+                         seed=seed)
+        for b, (t, generated) in enumerate(zip(trajectories, got)):
+          errors[b] = errors[b] or generated.error
+          for text in generated.texts:
+            out[b].append(self._foreign(t, text, gen.name))
+            stats.extra_sampled += 1
+      failed = [e for e in errors if e is not None]
+      if failed:
+        stats.generator_failures += len(failed)
+        log.warning("extra generator %s failed on %d of %d branch points at step %d (no "
+                    "candidates from those requests), e.g.: %s", gen.name, len(failed),
+                    len(trajectories), step, failed[0])
     return out
+
+  def _foreign(self, t: _Trajectory, text: str, source: str) -> _Candidate:
+    """An extra generator's candidate: its text in the policy's tokenization (what the
+    trajectory is fed if it continues), cut where the context budget ends."""
+    ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+    room = self.settings.max_total_tokens - len(t.ids)
+    return _Candidate(text, ids[:room], len(ids) > room, source)
 
   def _search(self, queries: Sequence[str]) -> SearchResponse:
     """One batched call; a backend that raises or answers the wrong number of results fails
@@ -210,7 +420,7 @@ class BranchCollector:
       live = [b for b, t in enumerate(trajectories) if not t.done]
       if not live:
         break
-      sampled = self._sample([trajectories[b] for b in live], step)
+      sampled = self._sample([trajectories[b] for b in live], step, stats)
       stats.sampled += sum(len(c) for c in sampled)
       stats.steps += len(live)
       contexts, kept, actions = [], [], []
@@ -254,6 +464,7 @@ class BranchCollector:
         ctx = contexts[i]
         row = {"id": branch_id(ctx), **ctx.to_json(),
                "candidates": [c.text for c in kept[i]],
+               "sources": [c.source for c in kept[i]],
                "judge_rankings": [[float(r) for r in judge] for judge in judge_rankings],
                "judges": identities, "borda": [float(x) for x in scores],
                "expert_ranking": [float(x) for x in expert]}
@@ -272,9 +483,9 @@ class BranchCollector:
     """Feeds the chosen candidate and its observation to trajectory t (as the rollout does)."""
     s = self.settings
     t.ids = t.ids + cand.ids
-    if cand.budget_cut:
-      t.turns.append(TurnRecord(text=cand.text, action=Action(INVALID,
-                                                               "cut off by the token budget")))
+    if cand.budget_cut:  # the turn is what the context holds (an extra candidate's cut text)
+      t.turns.append(TurnRecord(text=self._decode(cand.ids),
+                                action=Action(INVALID, "cut off by the token budget")))
       t.done = True
       return
     obs = self._observation(action, docs, error)

@@ -17,15 +17,18 @@ from synchronous loops (training, collection): a thread pool needs no event loop
 would fail under a caller's running loop, e.g. a notebook, and an async client's connections are
 tied to the loop that opened them), the sync httpx client is thread-safe with one shared
 connection pool, and the workers spend their time waiting on sockets with the GIL released.
-The pool size is exactly the number of requests in flight.
+The pool size is exactly the number of requests in flight. OpenAIText is the same client,
+pool and retries over the text-completions endpoint (/v1/completions: a text prompt continued,
+one sample per request; Co-ReAct's extra candidate generators, agentjax/coreact/branches.py).
 
-Faults: the client's own retries are off (max_retries=0) so that the retry count and backoff are
-ours (judge.max_retries attempts after the first, sleeping retry_backoff_s * 2**i before retry
-i+1) and counted (ChatReply.retries). Retried: timeouts, refused or dropped connections, and
-HTTP 408, 409, 429 and 5xx (the statuses the openai client itself retries). Not retried: other
-HTTP statuses (400 for a prompt longer than the model's context, 401, 404: asking again gets the
-same answer), and replies that arrive but are unusable (not a chat completion, no choices, empty
-content), since at temperature 0 the model would say the same again.
+Faults (OpenAIEndpoint.request, the one retry loop of both): the client's own retries are off
+(max_retries=0) so that the retry count and backoff are ours (judge.max_retries attempts after
+the first, sleeping retry_backoff_s * 2**i before retry i+1) and counted (ChatReply.retries).
+Retried: timeouts, refused or dropped connections, and HTTP 408, 409, 429 and 5xx (the statuses
+the openai client itself retries). Not retried: other HTTP statuses (400 for a prompt longer than
+the model's context, 401, 404: asking again gets the same answer), and replies that arrive but
+are unusable (not a chat completion, no choices, empty content), since at temperature 0 the
+model would say the same again.
 
 "local" (LocalChat): a Flax Qwen from a Hugging Face folder (judge.hf_path), greedy. Every
 conversation of a chat() batch is decoded as ONE batch by agentjax.sampling.complete.Completer
@@ -42,7 +45,7 @@ import dataclasses
 import logging
 import os
 import time
-from typing import Any, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 log = logging.getLogger(__name__)
 
@@ -57,19 +60,21 @@ def _retried(status: int) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ChatReply:
-  """One conversation's reply.
+  """One conversation's (or text completion's) reply.
 
   text: the reply text, or None when there is none (then `error` says why).
   error: why there is no usable reply (None when text is set).
   retries: attempts made after the first (openai).
   finish_reason: "stop" / "length" when the backend says (local: the Completer's), else None.
   completion_tokens: generated tokens, when the backend counts them (local), else 0.
+  stop_reason: the stop string that ended a text completion, when the server names it (OpenAIText).
   """
   text: str | None
   error: str | None = None
   retries: int = 0
   finish_reason: str | None = None
   completion_tokens: int = 0
+  stop_reason: str | None = None
 
   @property
   def ok(self) -> bool:
@@ -122,8 +127,9 @@ def check_openai_config(cfg: Any, model: str | None = None) -> None:
       raise ValueError(f"judge.{name} must be {want}, got {getattr(cfg, name)!r}")
 
 
-class OpenAIChat:
-  """An OpenAI-compatible chat-completions endpoint (see the module docstring).
+class OpenAIEndpoint:
+  """The official client over config.judge's endpoint, with our retries and thread pool: what
+  the chat (OpenAIChat) and text (OpenAIText) backends share (see the module docstring).
 
   Settings from config.judge: base_url, model (or the `model` argument: one endpoint serving
   several models), api_key_env, temperature, max_tokens (0: not sent), max_concurrency,
@@ -157,17 +163,17 @@ class OpenAIChat:
   def close(self) -> None:
     self.client.close()
 
-  def chat(self, conversations: Sequence[Messages]) -> list[ChatReply]:
-    """One reply per conversation, all in flight together (up to max_concurrency)."""
-    if not conversations:
+  def map(self, fn: Callable[[Any], ChatReply], items: Sequence[Any]) -> list[ChatReply]:
+    """fn over items, all in flight together (up to max_concurrency), results in order."""
+    if not items:
       return []
     with concurrent.futures.ThreadPoolExecutor(
-        max_workers=min(self.max_concurrency, len(conversations)),
-        thread_name_prefix="chat") as pool:
-      return list(pool.map(self.call, conversations))
+        max_workers=min(self.max_concurrency, len(items)), thread_name_prefix="openai") as pool:
+      return list(pool.map(fn, items))
 
-  def call(self, messages: Messages) -> ChatReply:
-    """The reply to one conversation, with our retries. Never raises."""
+  def request(self, create: Callable[[], Any]) -> tuple[Any, str | None, int]:
+    """create() (one request of the client) with our retries: (its response, None, retries) or
+    (None, why there is none, retries). Never raises."""
     import openai
 
     error = "no attempt"
@@ -177,32 +183,99 @@ class OpenAIChat:
         time.sleep(self.retry_backoff_s * 2 ** (attempts - 1))
       attempts += 1
       try:
-        # max_tokens 0 is not sent (the official CW-GRPO code sends none): the server's own
-        # limit applies, and a reasoning model (gpt-oss) is not cut off in its reasoning.
-        limit = {"max_tokens": self.max_tokens} if self.max_tokens else {}
-        response = self.client.chat.completions.create(
-            model=self.model, messages=list(messages), temperature=self.temperature, **limit)
+        return create(), None, attempts - 1
       except openai.APIStatusError as e:
         error = f"HTTP {e.status_code}: {short(e.message)}"
         if not _retried(e.status_code):
           break
-        continue
       except openai.APITimeoutError:
         error = f"timed out after {self.timeout_s:g} s"
-        continue
       except openai.APIConnectionError as e:
         error = f"connection failed: {short(str(e.__cause__ or e))}"
-        continue
       except Exception as e:  # pylint: disable=broad-except
         # A 200 whose body is not JSON, or that the client cannot read: the server answered
-        # something that is not a chat completion.
-        return ChatReply.failed(f"unreadable response: {type(e).__name__}: {short(str(e))}",
-                                attempts - 1)
+        # something that is not a completion; asking again gets the same.
+        return None, f"unreadable response: {type(e).__name__}: {short(str(e))}", attempts - 1
+    return None, f"{error} ({attempts} attempt{'s' * (attempts > 1)})", attempts - 1
+
+
+class OpenAIChat(OpenAIEndpoint):
+  """An OpenAI-compatible chat-completions endpoint (see the module docstring), at
+  judge.temperature and judge.max_tokens."""
+
+  def chat(self, conversations: Sequence[Messages]) -> list[ChatReply]:
+    """One reply per conversation, all in flight together (up to max_concurrency)."""
+    return self.map(self.call, conversations)
+
+  def call(self, messages: Messages) -> ChatReply:
+    """The reply to one conversation, with our retries. Never raises."""
+    # max_tokens 0 is not sent (the official CW-GRPO code sends none): the server's own limit
+    # applies, and a reasoning model (gpt-oss) is not cut off in its reasoning.
+    limit = {"max_tokens": self.max_tokens} if self.max_tokens else {}
+    response, why, retries = self.request(lambda: self.client.chat.completions.create(
+        model=self.model, messages=list(messages), temperature=self.temperature, **limit))
+    if why is None:
       content, why = reply_text(response)
-      if why is not None:
-        return ChatReply.failed(why, attempts - 1)
-      return ChatReply(content, retries=attempts - 1)
-    return ChatReply.failed(f"{error} ({attempts} attempt{'s' * (attempts > 1)})", attempts - 1)
+    return ChatReply.failed(why, retries) if why is not None else ChatReply(content,
+                                                                            retries=retries)
+
+
+@dataclasses.dataclass(frozen=True)
+class TextRequest:
+  """One text completion: a prompt continued with these sampling settings (OpenAIText)."""
+  prompt: str
+  max_tokens: int
+  temperature: float
+  top_p: float = 1.0
+  stop: tuple[str, ...] = ()
+  seed: int | None = None
+
+
+class OpenAIText(OpenAIEndpoint):
+  """An OpenAI-compatible text-completions endpoint (POST /v1/completions: vLLM, SGLang,
+  agentjax's launch/serve.py): a text prompt continued, the server tokenizing it with its own
+  tokenizer (Co-ReAct's extra candidate generators continue the policy's context text). Each
+  request carries its own sampling settings (judge.temperature and judge.max_tokens are not
+  used) and asks for one sample (n=1: servers bound n, and one seed per sample keeps samples
+  distinct and reproducible); the retries and the thread pool are OpenAIEndpoint's."""
+
+  def complete(self, requests: Sequence[TextRequest]) -> list[ChatReply]:
+    """One reply per request, all in flight together (up to max_concurrency). A reply's text is
+    the server's (cut before the stop string that ended it, which `stop_reason` names when the
+    server says); finish_reason "stop" or "length". Never raises."""
+    return self.map(self.call, requests)
+
+  def call(self, req: TextRequest) -> ChatReply:
+    seed = {} if req.seed is None else {"seed": int(req.seed)}
+    stop = {"stop": list(req.stop)} if req.stop else {}
+    response, why, retries = self.request(lambda: self.client.completions.create(
+        model=self.model, prompt=req.prompt, max_tokens=int(req.max_tokens), n=1,
+        temperature=float(req.temperature), top_p=float(req.top_p), **stop, **seed))
+    if why is not None:
+      return ChatReply.failed(why, retries)
+    choice, why = completion_choice(response)
+    if why is not None:
+      return ChatReply.failed(why, retries)
+    # vLLM names the stop that matched in `stop_reason` (a token id when it was one), SGLang in
+    # `matched_stop`; OpenAI and agentjax's server do not say.
+    matched = [getattr(choice, k, None) for k in ("stop_reason", "matched_stop")]
+    finish = getattr(choice, "finish_reason", None)
+    return ChatReply(choice.text, retries=retries,
+                     finish_reason=finish if isinstance(finish, str) else None,
+                     stop_reason=next((m for m in matched if isinstance(m, str)), None))
+
+
+def completion_choice(response: Any) -> tuple[Any, str | None]:
+  """(the first choice of a text completion, None) or (None, why there is none). Its text may be
+  empty (a sample that ended at once is a sample)."""
+  if isinstance(response, str):  # the client returns a non-JSON body as text
+    return None, f"response is not a text completion: {short(response, 80)!r}"
+  choices = getattr(response, "choices", None)
+  if not isinstance(choices, list) or not choices:
+    return None, "response has no choices"
+  if not isinstance(getattr(choices[0], "text", None), str):
+    return None, "response's choice has no text"
+  return choices[0], None
 
 
 def reply_text(response: Any) -> tuple[str, str | None]:
