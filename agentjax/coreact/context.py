@@ -72,7 +72,7 @@ def turn_to_json(turn: TurnRecord) -> dict[str, Any]:
           "documents": [{"id": d.id, "contents": d.contents, "score": float(d.score)}
                         for d in turn.documents],
           "observation": turn.observation, "search_error": turn.search_error,
-          "hook_text": turn.hook_text}
+          "hook_text": turn.hook_text, "shadow_text": turn.shadow_text}
 
 
 def turn_from_json(row: Mapping[str, Any], where: str = "turn") -> TurnRecord:
@@ -85,7 +85,8 @@ def turn_from_json(row: Mapping[str, Any], where: str = "turn") -> TurnRecord:
                                                           str(action.get("content", ""))),
                       documents=docs, observation=str(row.get("observation", "")),
                       search_error=row.get("search_error"),
-                      hook_text=str(row.get("hook_text", "")))
+                      hook_text=str(row.get("hook_text", "")),
+                      shadow_text=str(row.get("shadow_text", "")))
   except (KeyError, TypeError, AttributeError) as e:
     raise ValueError(f"branch context: {where}: malformed turn ({type(e).__name__}: {e})") \
         from None
