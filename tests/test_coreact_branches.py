@@ -538,3 +538,29 @@ def test_hf_generator_faults_fail_their_contexts_only():
   fake.fail = True
   got = gen.sample(["abc", "abcdef"], **kw)
   assert "RuntimeError: device out of memory" in got[0].error and "does not fit" in got[1].error
+
+
+def test_collection_survives_a_faulty_backend(scripted_world):
+  """A backend that raises, or answers fewer results than queries, fails the step's queries
+  (retrieval.base.guarded_search): the searches are counted as failed and collection goes on."""
+  from agentjax.retrieval import SearchResponse
+  from agentjax.sampling.complete import Completer
+  tok, backend, agent = scripted_world
+
+  class Faulty:
+    def __init__(self, mode):
+      self.mode = mode
+
+    def search(self, queries, topk):
+      if self.mode == "raise":
+        raise RuntimeError("index file vanished")
+      return SearchResponse([[]], [None])  # one result, whatever the number of queries
+
+  policy = Completer(agent.cfg, agent.params(af.SEARCH, af.ANSWER), tok, max_total_tokens=512)
+  settings = CollectSettings(max_turns=1, max_new_tokens=16, max_obs_tokens=64,
+                             max_total_tokens=512, topk=1, temperatures=(1.0,),
+                             per_temperature=8, num_candidates=4, seed=0)
+  for mode in ("raise", "short"):
+    rows, stats = BranchCollector(policy, Faulty(mode), OracleRanker(3, G, 0.0),
+                                  settings).collect(QUESTIONS)
+    assert stats.searches == 2 and stats.search_failures == 2 and len(rows) == 2

@@ -35,6 +35,7 @@ from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
 from agentjax.retrieval import Document, SearchBackend, SearchResponse
+from agentjax.retrieval.base import guarded_search
 from agentjax.sampling import (STOP_BUDGET, DecodeState, SamplingParams, StopTable, bucket,
                                decode_bytes, decode_layout, extend, generate, init_state,
                                token_byte_table)
@@ -244,14 +245,8 @@ class RolloutEngine:
   def search(self, queries: Sequence[str], topk: int | None = None) -> SearchResponse:
     """One batched call (top `topk`, default rollout.topk); a backend that raises or answers the
     wrong number of results fails every query of the call (each gets an error observation)
-    instead of ending the rollout."""
-    try:
-      response = self.backend.search(list(queries), topk or self.config.topk)
-      if len(response.documents) != len(queries) or len(response.errors) != len(queries):
-        raise ValueError(f"{len(response.documents)} results for {len(queries)} queries")
-      return response
-    except Exception as e:  # noqa: BLE001 - retriever faults must not crash training
-      return SearchResponse.from_exception(len(queries), e)
+    instead of ending the rollout (retrieval.base.guarded_search)."""
+    return guarded_search(self.backend, queries, topk or self.config.topk)
 
   # ------------------------------------------------------------------ device calls
 

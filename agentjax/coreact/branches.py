@@ -61,6 +61,7 @@ from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rankers import OracleRanker, branch_id
 from agentjax.judge.chat import short
 from agentjax.retrieval import SearchResponse
+from agentjax.retrieval.base import guarded_search
 from agentjax.rl import ranking
 from agentjax.sampling import decode_bytes
 
@@ -378,13 +379,7 @@ class BranchCollector:
     every query (as the rollout's search does)."""
     if not queries:
       return SearchResponse([], [])
-    try:
-      response = self.backend.search(list(queries), self.settings.topk)
-      if len(response.documents) != len(queries) or len(response.errors) != len(queries):
-        raise ValueError(f"{len(response.documents)} results for {len(queries)} queries")
-      return response
-    except Exception as e:  # noqa: BLE001 - a retriever fault fails the queries, not the run
-      return SearchResponse.from_exception(len(queries), e)
+    return guarded_search(self.backend, queries, self.settings.topk)
 
   def _observation(self, action: Action, docs: Sequence[Any], error: str | None) -> list[int]:
     s = self.settings

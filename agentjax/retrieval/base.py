@@ -81,6 +81,20 @@ class SearchResponse:
     return sum(e is not None for e in self.errors)
 
 
+def guarded_search(backend: Any, queries: Sequence[str], topk: int) -> SearchResponse:
+  """backend.search(queries, topk), never raising: a backend that raises (a bug, a fault its
+  own handling missed) or answers a number of results other than len(queries) fails every query
+  of the call (SearchResponse.from_exception), so that a rollout or a branch collection goes on
+  with error observations. The one guard of RolloutEngine.search and BranchCollector."""
+  try:
+    response = backend.search(list(queries), topk)
+    if len(response.documents) != len(queries) or len(response.errors) != len(queries):
+      raise ValueError(f"{len(response.documents)} results for {len(queries)} queries")
+    return response
+  except Exception as e:  # noqa: BLE001 - retriever faults must not crash training
+    return SearchResponse.from_exception(len(queries), e)
+
+
 @dataclasses.dataclass
 class SearchStats:
   """Cumulative counters of one backend, for the trainer's logs ("retriever failures").
