@@ -198,13 +198,12 @@ def test_warm_start_rubrics_parse_well_formed_and_atomic():
   for _ in range(200):
     rubric = parse_rubric(random_rubric(rng, CRITERION_PHRASES))
     positive = [i for i in rubric.items if i.weight > 0]
-    assert 3 <= len(positive) <= 5 and len(rubric.items) - len(positive) <= 1
+    assert 3 <= len(rubric.items) <= 5 and len(rubric.items) - len(positive) <= 1
     assert sum(i.weight for i in positive) == pytest.approx(1.0)
     assert all(p is not None for p in criterion_predicates(rubric))
     assert len({i.text for i in rubric.items}) == len(rubric.items)
     negatives += len(rubric.items) > len(positive)
-    if len(rubric.items) <= 5:
-      assert format_score(rubric) == 1.0
+    assert format_score(rubric) == 1.0
   assert 30 < negatives < 100  # negative_rate 0.3
   rows = rubric_demos([_branch(0), _branch(1)], seed=0, per_branch=2)
   assert len(rows) == 4 and {r["protocol"] for r in rows} == {"rubric"}

@@ -5,10 +5,10 @@
 A from-scratch demo model has never written a rubric, so GRPO could never sample one that
 parses. Each demonstration answers a branch point's rubric prompt (rubric.rubric_prompt, the
 prompt the RL task and the guided agent build) with a rubric drawn at random from the executor's
-criterion vocabulary (executor.CRITERION_PHRASES): 3 to 5 distinct criteria, positive weights in
-steps of 0.05 summing to 1, and with probability `negative_rate` one more criterion with a
-negative weight. The rubrics are well formed and uninformed by the context: the warm-started
-generator writes parseable rubrics whose rankings agree with the experts' only by chance, which
+criterion vocabulary (executor.CRITERION_PHRASES): 3 to 5 distinct criteria in all, positive
+weights in steps of 0.05 summing to 1, and with probability `negative_rate` one of them with a
+negative weight instead (every demonstration has the full format score). The rubrics are well
+formed and uninformed by the context: the warm-started generator writes parseable rubrics whose rankings agree with the experts' only by chance, which
 is what GRPO then has to make discriminative.
 """
 
@@ -28,8 +28,10 @@ from agentjax.coreact.rubric import rubric_prompt
 def random_rubric(rng: np.random.Generator, phrases: tuple[str, ...], min_items: int = 3,
                   max_items: int = 5, negative_rate: float = 0.3) -> str:
   """A rubric text: `N. [w] Criterion` lines (module docstring)."""
-  n = int(rng.integers(min_items, max_items + 1))
-  negative = rng.random() < negative_rate and n + 1 <= len(phrases)
+  negative = rng.random() < negative_rate and min_items + 1 <= min(max_items, len(phrases))
+  # The positive items, leaving room for the negative one within max_items.
+  n = int(rng.integers(min_items - int(negative) if negative else min_items,
+                       max_items - int(negative) + 1))
   picked = rng.choice(len(phrases), size=min(n + int(negative), len(phrases)), replace=False)
   # n positive weights in 0.05 steps summing to 1 (each >= 0.05).
   cuts = np.sort(rng.choice(np.arange(1, 20), size=n - 1, replace=False))
