@@ -2,14 +2,14 @@
 
     rows = rubric_demos(branch_rows, seed=0, per_branch=2)   # SFT rows, protocol "rubric"
 
-A from-scratch demo model has never written a rubric, so GRPO could never sample one that
-parses. Each demonstration answers a branch point's rubric prompt (rubric.rubric_prompt, the
-prompt the RL task and the guided agent build) with a rubric drawn at random from the executor's
-criterion vocabulary (executor.CRITERION_PHRASES): 3 to 5 distinct criteria in all, positive
-weights in steps of 0.05 summing to 1, and with probability `negative_rate` one of them with a
-negative weight instead (every demonstration has the full format score). The rubrics are well
-formed and uninformed by the context: the warm-started generator writes parseable rubrics whose rankings agree with the experts' only by chance, which
-is what GRPO then has to make discriminative.
+A from-scratch demo model has never written a rubric, so GRPO could never sample one that parses.
+Each demonstration answers a branch point's rubric prompt (rubric.rubric_prompt, the prompt the RL
+task and the guided agent build) with a rubric drawn at random from the executor's criterion
+vocabulary (executor.CRITERION_PHRASES): 3 to 5 distinct criteria in all, positive weights in steps
+of 0.05 summing to 1, and with probability `negative_rate` one of them with a negative weight
+instead (every demonstration has the full format score). The rubrics are well formed and uninformed
+by the context: the warm-started generator writes parseable rubrics whose rankings agree with the
+experts' only by chance, which is what GRPO then has to make discriminative.
 """
 
 from __future__ import annotations
