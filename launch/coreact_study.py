@@ -68,7 +68,7 @@ VARIANTS = {
 TRAINED_REWARD = "listwise"  # the generator the guided variants use
 EVAL_KEYS = ("spearman", "pairwise", "top1", "reward")  # the held-out rubric scores reported
 GUIDED_KEYS = ("f1", "em", "redundant_query_rate", "steps_to_answer", "answered",
-               "retries_per_step")
+               "retries_per_step", "retry_share", "verify_score")
 AGENT_TEMPERATURE = 0.7  # configs/coreact.py:agent (the code's search agent)
 
 _STAGE = flags.DEFINE_enum("stage", "all", ("all",) + STAGES, "Which stage to run (all: every "
@@ -277,8 +277,9 @@ def branch_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
   """A branch-point file's summary: rows, questions, candidates per row and distinct ones
   (normalized: case and whitespace), judge agreement = mean over rows of the mean Spearman over
   judge pairs (pairs with a constant ranking left out; their share reported), the share of rows
-  whose expert (Borda) ranking has a tie and the share of judge rankings with a tie, and the share
-  of candidates that answer."""
+  whose expert (Borda) ranking has a tie and the share of judge rankings with a tie, the share
+  of candidates that answer and, with the oracle's "values", the share of rows whose values tie
+  and the mean Spearman of the expert ranking against the values' order."""
   if not rows:
     return {"rows": 0}
   questions = {str(r.get("id", "")).rsplit("/", 1)[0] for r in rows}
@@ -303,6 +304,16 @@ def branch_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
       agreement.append(sum(row) / len(row))
   expert_ties = [len(set(r["expert_ranking"])) < len(r["expert_ranking"]) for r in rows]
   answers = [("<answer>" in c) for r in rows for c in r["candidates"]]
+  # The oracle's noiseless values (when recorded): how often they tie (the judges' noise then
+  # decides the order) and how well the consensus recovers their order (rank 1 = highest value).
+  valued = [r for r in rows if r.get("values")]
+  value_stats = {}
+  if valued:
+    value_stats = {
+        "value_tie_share": sum(len(set(r["values"])) < len(r["values"]) for r in valued)
+        / len(valued),
+        "expert_vs_values": _nan_mean([_spearman(r["expert_ranking"], [-v for v in r["values"]])
+                                       for r in valued])}
   return {"rows": len(rows), "questions": len(questions),
           "judges": max(len(r.get("judge_rankings") or []) for r in rows),
           "candidates_mean": sum(k) / len(k), "distinct_mean": sum(distinct) / len(distinct),
@@ -310,7 +321,7 @@ def branch_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
           "judge_pairs_undefined": undefined / pairs if pairs else float("nan"),
           "expert_tie_share": sum(expert_ties) / len(rows),
           "judge_tie_share": judge_ties / judge_n if judge_n else float("nan"),
-          "answer_share": sum(answers) / len(answers)}
+          "answer_share": sum(answers) / len(answers), **value_stats}
 
 
 def _ms(xs: Sequence[float]) -> tuple[float, float] | None:
@@ -372,8 +383,9 @@ def _queries(row: Mapping[str, Any]) -> list[str] | None:
 
 def guided_scores(result: Mapping[str, Any]) -> dict[str, float]:
   """One guided eval (launch/eval.py JSON) -> GUIDED_KEYS: F1, EM, the redundant-query rate,
-  steps to answer (mean turns of the answered rollouts), the answered share and verify retries
-  per step (the guided agent's metrics; nan where the eval does not record them)."""
+  steps to answer (mean turns of the answered rollouts), the answered share, verify retries per
+  step (over every turn), the share of verified steps retried and the mean verify score (the
+  guided agent's counts; nan where the eval does not record them)."""
   rows = [r for b in result.get("per_question", {}).values() for r in b] \
       if isinstance(result.get("per_question"), Mapping) else list(result.get("per_question", []))
   if not rows:
@@ -389,18 +401,22 @@ def guided_scores(result: Mapping[str, Any]) -> dict[str, float]:
     redundant = redundant_query_rate(queries) if all(q is not None for q in queries) \
         else float("nan")
   answered = [r for r in rows if r.get("answer") is not None]
-  metrics = result.get("agent_metrics") or result.get("guided") or {}
-  retries = metrics.get("retries_per_step", metrics.get("verify_retries_per_step"))
-  if retries is None and "retries" in rows[0] and "turns" in rows[0]:
-    turns = sum(r["turns"] for r in rows)
-    retries = sum(r["retries"] for r in rows) / turns if turns else float("nan")
+  # The guided agent's counts (launch/eval.py: result["agent"]["stats"], summed over its rollouts;
+  # the eval batch holds exactly the questions when eval_size is a multiple of it).
+  stats = (result.get("agent") or {}).get("stats") or {}
+  turns = sum(r["turns"] for r in rows)
+  retries = stats.get("verify_retries")
+  checks = stats.get("verify_checks")
   return {"f1": sum(r["f1"] for r in rows) / len(rows),
           "em": sum(r["em"] for r in rows) / len(rows),
           "redundant_query_rate": redundant,
           "steps_to_answer": sum(r["turns"] for r in answered) / len(answered)
           if answered else float("nan"),
           "answered": len(answered) / len(rows),
-          "retries_per_step": float("nan") if retries is None else float(retries)}
+          "retries_per_step": retries / turns if checks and turns else float("nan"),
+          "retry_share": retries / checks if retries is not None and checks else float("nan"),
+          "verify_score": float("nan") if stats.get("verify_score_mean") is None
+          else float(stats["verify_score_mean"])}
 
 
 def guided_summary(results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
@@ -466,16 +482,18 @@ def tables(study: Mapping[str, Any]) -> str:
   lines = ["### Branch points (S1)", "",
            "| split | rows | questions | candidates / row | distinct / row | judges | "
            "judge agreement (mean pairwise Spearman) | undefined judge pairs | rows with an "
-           "expert tie | judge rankings with a tie | answers among candidates |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "expert tie | judge rankings with a tie | answers among candidates | rows whose "
+           "oracle values tie | expert vs noiseless values (Spearman) |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
   for split, b in study["branches"].items():
     if not b.get("rows"):
-      lines.append(f"| {split} | 0 | | | | | | | | | |")
+      lines.append(f"| {split} | 0 |" + " |" * 11)
       continue
     lines.append(f"| {split} | {b['rows']} | {b['questions']} | {_f(b['candidates_mean'], 2)} | "
                  f"{_f(b['distinct_mean'], 2)} | {b['judges']} | {_f(b['judge_spearman'])} | "
                  f"{_f(b['judge_pairs_undefined'])} | {_f(b['expert_tie_share'])} | "
-                 f"{_f(b['judge_tie_share'])} | {_f(b['answer_share'])} |")
+                 f"{_f(b['judge_tie_share'])} | {_f(b['answer_share'])} | "
+                 f"{_f(b.get('value_tie_share'))} | {_f(b.get('expert_vs_values'))} |")
   lines += ["", "### Rubric generator on the held-out branch points (S3)", "",
             "Mean ± sample std over seeds; before = step 0 (the warm start), after = the last "
             "step; Δ paired by seed.", "",
@@ -490,11 +508,13 @@ def tables(study: Mapping[str, Any]) -> str:
   lines += ["", "### Guided inference on SynthWorld test (S4)", "",
             "Mean ± sample std over agent seeds.", "",
             "| variant | seeds | F1 | EM | redundant-query rate | steps to answer | answered | "
-            "verify retries / step |", "|---|---|---|---|---|---|---|---|"]
+            "verify retries / step | verified steps retried | mean verify score |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
   for variant, g in study["guided"].items():
     lines.append(f"| {variant} | {len(g['seeds'])} | {_pm(g['f1'])} | {_pm(g['em'])} | "
                  f"{_pm(g['redundant_query_rate'])} | {_pm(g['steps_to_answer'], 2)} | "
-                 f"{_pm(g['answered'])} | {_pm(g['retries_per_step'])} |")
+                 f"{_pm(g['answered'])} | {_pm(g['retries_per_step'])} | "
+                 f"{_pm(g['retry_share'])} | {_pm(g['verify_score'])} |")
   return "\n".join(lines) + "\n"
 
 

@@ -53,12 +53,13 @@ def test_branch_stats_against_a_numpy_reference(study):
       {"id": "q1/0", "candidates": ["<search> a </search>", "<search> A  </search>",
                                     "<answer> x </answer>", "<search> b </search>"],
        "judge_rankings": [[1, 2, 3, 4], [2, 1, 3, 4], [1, 1, 1, 1]],  # the last: constant
-       "expert_ranking": [1, 2, 3, 4]},
+       "expert_ranking": [1, 2, 3, 4], "values": [0.8, 0.6, 0.4, 0.0]},
       {"id": "q1/1", "candidates": ["<search> c </search>", "<answer> y </answer>"],
        "judge_rankings": [[1.5, 1.5], [1, 2], [2, 1]], "expert_ranking": [1.5, 1.5]},
       {"id": "q2/0", "candidates": ["<search> d </search>", "<search> e </search>",
                                     "<search> f </search>"],
-       "judge_rankings": [[3, 2, 1], [1, 2, 3], [2, 1, 3]], "expert_ranking": [2, 1.5, 2.5]},
+       "judge_rankings": [[3, 2, 1], [1, 2, 3], [2, 1, 3]], "expert_ranking": [2, 1.5, 2.5],
+       "values": [0.5, 0.5, 0.2]},
   ]
   got = study.branch_stats(rows)
   per_row, undefined, pairs = [], 0, 0
@@ -77,6 +78,10 @@ def test_branch_stats_against_a_numpy_reference(study):
   assert got["expert_tie_share"] == pytest.approx(1 / 3)
   assert got["judge_tie_share"] == pytest.approx(2 / 9)
   assert got["answer_share"] == pytest.approx(2 / 9)
+  assert got["value_tie_share"] == pytest.approx(1 / 2)  # rows with values only
+  ref = np.mean([_np_spearman([1, 2, 3, 4], [-0.8, -0.6, -0.4, 0.0]),
+                 _np_spearman([2, 1.5, 2.5], [-0.5, -0.5, -0.2])])
+  assert got["expert_vs_values"] == pytest.approx(ref, abs=1e-6)
 
 
 def test_grpo_summary_pairs_before_and_after_by_seed(study):
@@ -106,16 +111,19 @@ def test_redundant_query_rate_pools_queries_within_each_trajectory(study):
 
 def test_guided_scores_from_eval_rows(study):
   per_question = [
-      {"f1": 1.0, "em": 1.0, "answer": "x", "turns": 3, "queries": ["a", "a"], "retries": 1},
-      {"f1": 0.5, "em": 0.0, "answer": "y", "turns": 2, "queries": ["b"], "retries": 0},
-      {"f1": 0.0, "em": 0.0, "answer": None, "turns": 4, "queries": ["c", "d", "c"],
-       "retries": 2}]
-  got = study.guided_scores({"benchmarks": {}, "per_question": {"synthworld": per_question}})
+      {"f1": 1.0, "em": 1.0, "answer": "x", "turns": 3, "queries": ["a", "a"]},
+      {"f1": 0.5, "em": 0.0, "answer": "y", "turns": 2, "queries": ["b"]},
+      {"f1": 0.0, "em": 0.0, "answer": None, "turns": 4, "queries": ["c", "d", "c"]}]
+  agent = {"name": "coreact", "stats": {"verify_checks": 6.0, "verify_retries": 3.0,
+                                        "verify_score_mean": 0.4}}
+  got = study.guided_scores({"benchmarks": {}, "per_question": {"synthworld": per_question},
+                             "agent": agent})
   assert got["f1"] == pytest.approx(0.5) and got["em"] == pytest.approx(1 / 3)
   assert got["redundant_query_rate"] == pytest.approx(2 / 6)
   assert got["steps_to_answer"] == pytest.approx(2.5)  # answered rows only
   assert got["answered"] == pytest.approx(2 / 3)
-  assert got["retries_per_step"] == pytest.approx(3 / 9)
+  assert got["retries_per_step"] == pytest.approx(3 / 9)  # over every turn
+  assert got["retry_share"] == pytest.approx(3 / 6) and got["verify_score"] == pytest.approx(0.4)
   # launch/eval.py's per-row counts (searches, redundant_searches) are pooled the same way.
   counted = [dict(r, searches=len(r["queries"]), redundant_searches=n)
              for r, n in zip(per_question, (1, 0, 1))]
@@ -124,7 +132,7 @@ def test_guided_scores_from_eval_rows(study):
   assert study.guided_scores({"per_question": counted})["redundant_query_rate"] == \
       pytest.approx(2 / 6)
   # Rows without queries: the rate is unknown (nan), not 0.
-  bare = [{k: v for k, v in r.items() if k not in ("queries", "retries")} for r in per_question]
+  bare = [{k: v for k, v in r.items() if k != "queries"} for r in per_question]
   got = study.guided_scores({"per_question": bare})
   assert math.isnan(got["redundant_query_rate"]) and math.isnan(got["retries_per_step"])
   summary = study.guided_summary({"react": {0: {"per_question": per_question},
