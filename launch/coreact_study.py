@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import itertools
 import json
 import logging
 import math
@@ -432,6 +433,58 @@ def guided_summary(results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> di
   return out
 
 
+def fixed_rubrics(phrases: Sequence[str], size: int = 3) -> list[str]:
+  """Context-free reference rubrics: every `size`-subset of the executor's vocabulary, in its
+  order, with equal positive weights summing to 1 (two decimals, the last one takes the rest)."""
+  out = []
+  for combo in itertools.combinations(phrases, size):
+    w = [round(1 / size, 2)] * (size - 1)
+    w.append(round(1 - sum(w), 2))
+    out.append("\n".join(f"{i + 1}. [{x:.2f}] {p[0].upper()}{p[1:]}"
+                         for i, (x, p) in enumerate(zip(w, combo))))
+  return out
+
+
+def references(s: Settings, rows: Mapping[str, Sequence[Mapping[str, Any]]]
+               ) -> dict[str, Any]:
+  """What the held-out scores can be read against, with the list-wise reward's settings and the
+  executor applier: every context-free 3-criterion rubric (fixed_rubrics) scored on every row, the
+  best one on train (its train and dev scores) and their mean on dev; and the ceiling of a
+  predictor that knows the oracle's noiseless values (rank by value; a row whose values all tie
+  gets no agreement, 0, as the eval counts a nan Spearman)."""
+  import numpy as np
+  import configs.coreact as coreact_configs
+  from agentjax.coreact.appliers import ExecutorApplier
+  from agentjax.coreact.executor import CRITERION_PHRASES
+  from agentjax.coreact.rubric import RewardSettings
+  from agentjax.coreact.task import RubricRewards, rubric_agreement
+  from agentjax.rl import ranking
+  config = coreact_configs.get_config("demo")
+  rewards = RubricRewards(ExecutorApplier.from_path(_world(s)["coreact.entities_path"]),
+                          RewardSettings.from_config(config.coreact))
+  keys = ("spearman", "pairwise", "top1", "reward")
+  scored = {}
+  for text in fixed_rubrics(CRITERION_PHRASES):
+    scored[text] = {split: {k: v for k, v in rubric_agreement(
+        [text] * len(r), list(r), rewards)[0].items() if k in keys}
+        for split, r in rows.items() if r}
+  out: dict[str, Any] = {"fixed_rubrics": len(scored)}
+  if "train" in rows and rows["train"]:
+    best = max(scored, key=lambda t: scored[t]["train"]["spearman"])
+    out["best_fixed"] = {"rubric": best, **scored[best]}
+  if "dev" in rows and rows["dev"]:
+    out["mean_fixed_dev"] = {k: float(np.mean([v["dev"][k] for v in scored.values()]))
+                             for k in keys}
+    ceiling = []
+    for r in rows["dev"]:
+      rho = float(ranking.spearman(np.asarray(r["expert_ranking"], np.float32),
+                                   -np.asarray(r["values"], np.float32))) \
+          if r.get("values") else float("nan")
+      ceiling.append(0.0 if math.isnan(rho) else rho)
+    out["value_ceiling_dev"] = float(np.mean(ceiling))
+  return out
+
+
 def _read_jsonl(path: str) -> list[dict]:
   if not os.path.exists(path):
     return []
@@ -458,7 +511,17 @@ def gather(s: Settings) -> dict[str, Any]:
       if r is not None:
         guided.setdefault(variant, {})[seed] = r
   sft_metrics = _read_jsonl(os.path.join(p["sft"], "metrics.jsonl"))
-  return {"branches": {split: branch_stats(_read_jsonl(p[split])) for split in ("train", "dev")},
+  rows = {split: _read_jsonl(p[split]) for split in ("train", "dev")}
+  # The references take a minute (84 rubrics x every row): kept beside the branch points they
+  # were computed from, recomputed when those change.
+  cache = os.path.join(s.root, "references.json")
+  stamp = [os.path.getmtime(p[x]) if os.path.exists(p[x]) else None for x in ("train", "dev")]
+  refs = compare._read_json(cache)
+  if refs is None or refs.get("stamp") != stamp:
+    refs = dict(references(s, rows), stamp=stamp) if rows["dev"] else {"stamp": stamp}
+    compare._write(cache, refs)
+  return {"branches": {split: branch_stats(r) for split, r in rows.items()},
+          "references": {k: v for k, v in refs.items() if k != "stamp"},
           "demos": len(_read_jsonl(p["demos"])),
           "sft_last": sft_metrics[-1] if sft_metrics else None,
           "grpo": grpo_summary(grpo), "guided": guided_summary(guided)}
@@ -505,6 +568,18 @@ def tables(study: Mapping[str, Any]) -> str:
       per = ", ".join(f"{s}: {_f(v[0])} → {_f(v[1])}" for s, v in sorted(e["per_seed"].items()))
       lines.append(f"| {reward} | {len(g['seeds'])} | {key} | {_pm(e['before'])} | "
                    f"{_pm(e['after'])} | {_pm(e['delta'], sign='+')} | {per} |")
+  refs = study.get("references") or {}
+  if refs.get("best_fixed"):
+    b, m = refs["best_fixed"], refs["mean_fixed_dev"]
+    lines += ["", "References on the same held-out rows (executor applier, no model):", "",
+              "| reference | Spearman | pairwise | top1 | reward |", "|---|---|---|---|---|",
+              f"| best context-free rubric on train ({refs['fixed_rubrics']} tried), on dev | "
+              + " | ".join(_f(b["dev"][k]) for k in EVAL_KEYS) + " |",
+              f"| mean of the {refs['fixed_rubrics']} context-free rubrics, on dev | "
+              + " | ".join(_f(m[k]) for k in EVAL_KEYS) + " |",
+              f"| ranking by the oracle's noiseless values (ceiling), on dev | "
+              f"{_f(refs['value_ceiling_dev'])} | | | |", "",
+              "The best context-free rubric: " + " / ".join(b["rubric"].splitlines()) + "."]
   lines += ["", "### Guided inference on SynthWorld test (S4)", "",
             "Mean ± sample std over agent seeds.", "",
             "| variant | seeds | F1 | EM | redundant-query rate | steps to answer | answered | "

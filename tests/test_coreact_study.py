@@ -3,6 +3,7 @@ report's aggregation on synthetic results (no model)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import itertools
 import json
@@ -200,11 +201,16 @@ def test_schedule_runs_in_dependency_order_and_skips_what_is_done(study, tmp_pat
 
 @flagsaver.flagsaver(pin_cores=False)
 def test_report_writes_tables_json_and_plots(study, tmp_path):
-  s = _settings(study, str(tmp_path / "runs"))
+  s = dataclasses.replace(_settings(study, str(tmp_path / "runs")), world=str(tmp_path / "w"))
   p = study.paths(s.root)
   os.makedirs(s.root)
-  row = {"id": "q/0", "candidates": ["<search> a </search>", "<answer> b </answer>"],
-         "judge_rankings": [[1, 2], [1, 2]], "expert_ranking": [1, 2]}
+  os.makedirs(os.path.join(s.world, "synthworld"))
+  with open(os.path.join(s.world, "synthworld", "entities.jsonl"), "w") as f:
+    f.write(json.dumps({"name": "Bob"}) + "\n")
+  # The answer is valued above the search, and the experts agree: the value ceiling is 1.
+  row = {"id": "q/0", "question": {"question": "who?", "golden_answers": ["Bob"]}, "turns": [],
+         "max_calls": 4, "candidates": ["<search> a </search>", "<answer> Bob </answer>"],
+         "judge_rankings": [[2, 1], [2, 1]], "expert_ranking": [2, 1], "values": [0.5, 0.8]}
   for split in ("train", "dev"):
     with open(p[split], "w") as f:
       f.write(json.dumps(row) + "\n")
@@ -223,9 +229,24 @@ def test_report_writes_tables_json_and_plots(study, tmp_path):
   got = study.report(s, out)
   assert got["grpo"]["listwise"]["spearman"]["delta"][0] == pytest.approx(0.7)
   assert got["branches"]["train"]["rows"] == 1
+  refs = got["references"]
+  assert refs["fixed_rubrics"] == math.comb(9, 3) and refs["value_ceiling_dev"] == 1.0
+  # Every fixed rubric that rewards answering over searching agrees with the experts (rho 1).
+  assert refs["best_fixed"]["dev"]["spearman"] == pytest.approx(1.0)
+  assert os.path.exists(os.path.join(s.root, "references.json"))
   for name in ("results.md", "results.json", "spearman_vs_step.png", "guided_f1.png"):
     assert os.path.exists(os.path.join(out, name)), name
   with open(os.path.join(out, "results.json")) as f:
     saved = json.load(f)
   assert saved["guided"]["react"]["f1"][0] == 0.5
   assert saved["commands"]["grpo/listwise/0"].startswith("python launch/train.py")
+
+
+def test_fixed_rubrics_are_well_formed(study):
+  from agentjax.coreact.executor import CRITERION_PHRASES
+  from agentjax.coreact.rubric import parse_rubric
+  texts = study.fixed_rubrics(CRITERION_PHRASES)
+  assert len(texts) == math.comb(len(CRITERION_PHRASES), 3) == len(set(texts))
+  for t in texts:
+    r = parse_rubric(t)
+    assert r.n == 3 and abs(r.positive_sum - 1) < 1e-9

@@ -147,8 +147,20 @@ def evaluate_rubrics(engine: Any, params: Any, records: Sequence[Mapping[str, An
     batch, _ = engine.run(params, [r["question"] for r in chunk], jax.random.key(index))
     texts += [_output(batch, b) for b in range(real)]
   branches = [r["branch"] for r in records]
+  result, scores = rubric_agreement(texts, branches, rewards)
+  result["per_question"] = [
+      {"id": r["id"], "rubric": t, "reward": s.reward,
+       "spearman": None if np.isnan(s.rho) else float(s.rho)}
+      for r, t, s in zip(records, texts, scores)]
+  return result
+
+
+def rubric_agreement(texts: Sequence[str], branches: Sequence[Mapping[str, Any]],
+                     rewards: RubricRewards) -> tuple[dict[str, Any], list[Any]]:
+  """({"n", summarize_scores' means, "pairwise", "top1"}, the RubricScores) of one rubric text
+  per branch row: evaluate_rubrics' scores of given texts (also for fixed reference rubrics)."""
   scores, applied = rewards.score(texts, branches)
-  result = dict(n=len(records), **summarize_scores(scores))
+  result = dict(n=len(branches), **summarize_scores(scores))
   pair, top = [], []
   for s, a, b in zip(scores, applied, branches):
     expert = np.asarray(b["expert_ranking"], np.float32)
@@ -161,8 +173,4 @@ def evaluate_rubrics(engine: Any, params: Any, records: Sequence[Mapping[str, An
     top.append(float(ranking.top1_match(pred, expert)))
   result["pairwise"] = float(np.mean(pair))
   result["top1"] = float(np.mean(top))
-  result["per_question"] = [
-      {"id": r["id"], "rubric": t, "reward": s.reward,
-       "spearman": None if np.isnan(s.rho) else float(s.rho)}
-      for r, t, s in zip(records, texts, scores)]
-  return result
+  return result, scores
