@@ -25,16 +25,24 @@ Presets:
               context: what GRPO then has to make discriminative).
   demo        GRPO of the rubric generator (trainer "rubric"): group 8, 8 branch points a step,
               the executor applier, the official reward (0.75 / 0.15 / 0.10, 4-gram gate 0.40),
-              KL 0.005 low_var_kl, clip 0.2, temperature 1.0; LoRA rank 32 at 3e-4 (the LoRA
-              study's demo rate), from rubric_sft's adapter.
-  agent       the guided agent's eval settings on the demo: the demo SFT agent at temperature 0.7
-              (the code's search agent), the rubric generator greedy, verify 0.6, one retry.
+              KL 0.005 low_var_kl, clip 0.2, temperature 1.0, constant rate after warm-up; LoRA
+              rank 32 at 3e-4 (the LoRA study's demo rate; ours), from rubric_sft's adapter; one
+              PPO update per step (minibatch = the step's 64 rubrics; ours).
+  agent       the guided agent's eval settings on the demo: the demo SFT agent (sample it at the
+              code's 0.7 with launch/eval.py --temperature=0.7), the rubric generator greedy,
+              verify 0.6, one retry.
   qwen3-14b   the code's 14B trainer: 32 prompts x 8, lr 2e-6 constant after 10 warm-up steps,
               KL 0.005 low_var_kl, clip 0.2, no entropy bonus, temperature 1.0, prompt 8192 /
               response 2048, 2 epochs (train.steps: set it to 2 x rows / 32 of your branch set;
               125 is the eval config's checkpoint). Full fine-tuning, as verl's. The code's rollout
               repetition penalty 1.1 has no counterpart in agentjax's sampler (not done).
-  qwen3-8b    the code's 8B trainer: 64 prompts x 8, lr 3e-6, the rest as qwen3-14b.
+  qwen3-8b    the code's 8B trainer: 64 prompts x 8, lr 3e-6, KL 0.005, clip 0.2 (verl's
+              default); the code's 8B script does not state the rest: ours, copied from
+              qwen3-14b (10 warm-up steps, low_var_kl, temperature 1.0, 8192 / 2048; train.steps
+              = 2 x rows / 64 for 2 epochs).
+  Not implemented for either: the rollout's repetition penalty 1.1 (agentjax's sampler has
+  none) and, at eval, the generator's max_think_tokens 1500. One PPO update per step
+  (minibatch = the step's batch) is ours.
 """
 
 from configs import base
@@ -75,9 +83,9 @@ def get_config(arg: str = "demo"):
     c.coreact.generator_max_new_tokens = 96
     c.coreact.generator_max_total_tokens = 1024
   if arg in ("collect", "agent"):
-    # The agent: the demo SFT policy (base's demo model) with its rollout settings; the code's
-    # search agent samples at 0.7.
-    c.rollout.temperature = 0.7
+    # The agent: the demo SFT policy (base's demo model) with its rollout settings. Collection
+    # samples at coreact.candidate_temperatures; eval is greedy unless launch/eval.py is given
+    # --temperature (the code's search agent: 0.7).
     c.coreact.collect_questions = 200
     return config
   if arg == "rubric_sft":
@@ -105,6 +113,7 @@ def get_config(arg: str = "demo"):
     c.model.lora.init = f"rubric={RUBRIC_INIT}"
     c.optimizer.lr = LORA_LR
     c.optimizer.warmup_steps = 2
+    c.optimizer.final_lr_ratio = 1.0   # constant after warm-up, as the code's trainers
     c.rl.prompts_per_step = 8
     c.rl.minibatch_size = 32
     c.train.steps = 40

@@ -110,6 +110,15 @@ def test_branch_records_are_rubric_prompts_and_bad_rows_name_file_line_and_field
     with pytest.raises(ValueError, match=match) as e:
       branch_records(path, "coreact.branches_dev")
     assert "b.jsonl" in str(e.value)
+  # Fitted to a token budget (here one token per character): the trajectory is cut first.
+  long_turn = _turn("search", "bavoli drensk", ["Bavoli Drensk\n" + "word " * 400])
+  path = _write_rows(tmp_path / "b.jsonl", [_branch(0, turns=[long_turn])])
+  full = branch_records(path, "coreact.branches_train")[0]["question"]
+  fitted = branch_records(path, "coreact.branches_train", len, 600)[0]["question"]
+  assert len(fitted) <= 600 < len(full)
+  assert fitted.startswith(full[:full.index("Trajectory")]) and fitted.endswith("Rubric:\n")
+  with pytest.raises(ValueError, match=r"b\.jsonl.* line 1: the rubric prompt does not fit 50"):
+    branch_records(path, "coreact.branches_train", len, 50)
   with pytest.raises(ValueError, match=r"config\.coreact\.branches_dev=.*no such file"):
     branch_records(str(tmp_path / "missing.jsonl"), "coreact.branches_dev")
 
@@ -142,6 +151,7 @@ class _CountingApplier:
   def rank(self, rubrics, contexts, candidates):
     from agentjax.coreact.rubric import Applied
     self.calls.append(len(rubrics))
+    self.items = [i.text for r in rubrics for i in r.items]
     out = []
     for r, c in zip(rubrics, candidates):
       if "fail" in r.items[0].text:
@@ -158,7 +168,7 @@ def test_rubric_rewards_batch_every_rubric_into_one_applier_call():
   from scipy import stats
   from agentjax.coreact.rubric import RewardSettings
   from agentjax.coreact.task import RubricRewards
-  good = "1. [0.5] The action searches\n2. [0.3] a\n3. [0.2] b"
+  good = "1. [0.5] The action searches\n2. [0.3] a\n3. [0.2] b<|im_end|>"  # the EOS as decoded
   reverse = "1. [-0.5] The action searches\n2. [0.5] a\n3. [0.5] b"
   one_item = "1. [1.0] The action searches"
   failing = "1. [0.5] fail\n2. [0.5] a"
@@ -166,9 +176,10 @@ def test_rubric_rewards_batch_every_rubric_into_one_applier_call():
   texts = [good, reverse, one_item, failing, junk, ""]
   questions = [{"branch": _branch(0, k=4)}, {"branch": _branch(1, k=4)}]
   applier = _CountingApplier()
-  rewards, metrics = RubricRewards(applier, RewardSettings())(
+  rewards, metrics = RubricRewards(applier, RewardSettings(), eos_texts=("<|im_end|>",))(
       _Batch(texts, [0, 0, 1, 1, 0, 1]), questions)
   assert applier.calls == [3]  # one call; rubrics with < 2 items are never sent
+  assert "b" in applier.items and not any("im_end" in t for t in applier.items)
   expert = np.arange(1, 5, dtype=float)
 
   def reference(rho, n, atomic, fmt):

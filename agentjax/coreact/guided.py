@@ -49,8 +49,8 @@ import numpy as np
 
 from agentjax.agent.rollout import (GeneratedTurn, RolloutConfig, RolloutEngine, TurnRows)
 from agentjax.coreact.context import BranchContext
-from agentjax.coreact.rubric import (Rubric, RubricItem, parse_rubric, retry_suffix,
-                                     rubric_prompt, rubric_suffix, strip_think)
+from agentjax.coreact.rubric import (Rubric, RubricItem, fit_rubric_prompt, parse_rubric,
+                                     retry_suffix, rubric_suffix, strip_think)
 from agentjax.parallel.host import to_host
 from agentjax.sampling import STOP_BUDGET
 from agentjax.sampling.sampler import rewind
@@ -160,19 +160,16 @@ class RubricGenerator:
     return cls(completer, max_new_tokens=int(c.generator_max_new_tokens),
                temperature=float(c.generator_temperature), seed=int(config.seed), source=path)
 
+  def _ids(self, text: str) -> list[int]:
+    return (self.completer.chat_ids([{"role": "user", "content": text}]) if self.chat
+            else self.completer.encode(text))
+
   def prompt_ids(self, ctx: BranchContext) -> list[int] | None:
-    """The generator's prompt ids for a context; None when even a minimal prompt does not fit."""
-    room = self.completer.max_total_tokens - self.max_new_tokens
-    max_chars = 4000
-    while True:
-      text = rubric_prompt(ctx, max_chars=max_chars)
-      ids = (self.completer.chat_ids([{"role": "user", "content": text}]) if self.chat
-             else self.completer.encode(text))
-      if len(ids) <= room:
-        return ids
-      if max_chars <= 200:
-        return None
-      max_chars = max(200, int(max_chars * room / len(ids) * 0.9))
+    """The generator's prompt ids for a context (rubric.fit_rubric_prompt); None when even a
+    minimal prompt does not fit."""
+    text = fit_rubric_prompt(ctx, lambda t: len(self._ids(t)),
+                             self.completer.max_total_tokens - self.max_new_tokens)
+    return None if text is None else self._ids(text)
 
   def __call__(self, contexts: Sequence[BranchContext]) -> list[Rubric | None]:
     prompts = [self.prompt_ids(ctx) for ctx in contexts]

@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
@@ -374,6 +374,23 @@ def rubric_prompt(ctx: BranchContext, max_chars: int = 4000, doc_chars: int = 30
   if len(body) > budget:  # the latest step alone is too long: keep its end
     body = "..." + body[len(body) - max(budget - 3, 0):]
   return head + body + tail
+
+
+def fit_rubric_prompt(ctx: BranchContext, count_tokens: Callable[[str], int], room: int,
+                      max_chars: int = 4000) -> str | None:
+  """rubric_prompt(ctx) cut to `room` tokens as `count_tokens` counts them (the generator's
+  prompt ids, chat template included): fewer characters of trajectory until it fits (the
+  question, the hint and the end of the latest step stay); None when even 200 characters do not
+  fit. The rubric trainer (task.branch_records) and the guided agent's generator both call it,
+  so a context gets the same prompt in training and at inference."""
+  while True:
+    text = rubric_prompt(ctx, max_chars=max_chars)
+    n = count_tokens(text)
+    if n <= room:
+      return text
+    if max_chars <= 200:
+      return None
+    max_chars = max(200, int(max_chars * room / n * 0.9))
 
 
 def _format_weight(weight: float) -> str:

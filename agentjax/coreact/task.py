@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from agentjax.coreact.context import BranchContext
-from agentjax.coreact.rubric import RewardSettings, parse_rubric, rubric_prompt, rubric_reward
+from agentjax.coreact.rubric import (RewardSettings, fit_rubric_prompt, parse_rubric,
+                                     rubric_prompt, rubric_reward)
 from agentjax.jsonl import iter_json_objects
 from agentjax.rl import ranking
 
@@ -34,13 +35,16 @@ from agentjax.rl import ranking
 BRANCH_FIELDS = ("candidates", "expert_ranking")
 
 
-def branch_records(path: str, field: str) -> list[dict[str, Any]]:
+def branch_records(path: str, field: str, count_tokens: Callable[[str], int] | None = None,
+                   room: int = 0) -> list[dict[str, Any]]:
   """The branch points of a JSONL file as RL records {"id", "question": the rubric prompt,
   "golden_answers": [], "branch": the row}.
 
+  count_tokens, room: the prompt is fitted to `room` tokens as count_tokens counts them
+  (rubric.fit_rubric_prompt, as the guided agent's generator fits it); None: not fitted.
   Raises ValueError naming `field` (the config entry), the file and the line of a malformed
-  row: a missing field, a context that does not parse, K < 2 candidates, or an expert ranking
-  of another length."""
+  row: a missing field, a context that does not parse, K < 2 candidates, an expert ranking of
+  another length, or a prompt that cannot fit."""
   path = os.path.expanduser(path)
   if not os.path.isfile(path):
     raise ValueError(f"config.{field}={path!r}: no such file (write it with "
@@ -59,7 +63,12 @@ def branch_records(path: str, field: str) -> list[dict[str, Any]]:
     if k < 2 or len(row["expert_ranking"]) != k:
       raise ValueError(f"{where}: needs >= 2 candidates and an expert_ranking of the same length, "
                        f"got {k} and {len(row['expert_ranking'])}")
-    out.append({"id": str(row.get("id", f"line{line}")), "question": rubric_prompt(ctx),
+    prompt = rubric_prompt(ctx) if count_tokens is None else \
+        fit_rubric_prompt(ctx, count_tokens, room)
+    if prompt is None:
+      raise ValueError(f"{where}: the rubric prompt does not fit {room} tokens even with its "
+                       f"trajectory cut (rollout.max_total_tokens - rollout.max_new_tokens)")
+    out.append({"id": str(row.get("id", f"line{line}")), "question": prompt,
                 "golden_answers": [], "branch": row})
   if not out:
     raise ValueError(f"config.{field}={path!r}: no branch points")
@@ -68,9 +77,16 @@ def branch_records(path: str, field: str) -> list[dict[str, Any]]:
 
 @dataclasses.dataclass
 class RubricRewards:
-  """The rubric reward of each rollout row, applier calls batched per step."""
+  """The rubric reward of each rollout row, applier calls batched per step.
+
+  eos_texts: the policy's EOS tokens as text. A turn's text is decoded from every sampled id, the
+  final EOS included; the rubric scored (and its repeat gate) is the response without it, as
+  verl decodes responses without special tokens and as the guided agent's generator (a
+  Completer) returns it.
+  """
   applier: Any
   settings: RewardSettings
+  eos_texts: tuple[str, ...] = ()
 
   @classmethod
   def from_config(cls, config: Any, mesh: Any = None) -> "RubricRewards":
@@ -99,18 +115,24 @@ class RubricRewards:
                ) -> tuple[np.ndarray, dict[str, float]]:
     """(rewards [B] float32, metrics) of a rollout of records (row b answers
     questions[batch.group_ids[b]])."""
-    texts = [_output(batch, b) for b in range(len(batch.group_ids))]
+    texts = [_output(batch, b, self.eos_texts) for b in range(len(batch.group_ids))]
     branches = [questions[g]["branch"] for g in batch.group_ids]
     scores, _ = self.score(texts, branches)
     return np.array([s.reward for s in scores], np.float32), summarize_scores(scores, "rubric/")
 
 
-def _output(batch: Any, b: int) -> str:
-  """Row b's generated text: its answer, or the raw text of its one turn when none parsed."""
+def _output(batch: Any, b: int, eos_texts: Sequence[str] = ()) -> str:
+  """Row b's generated text without a final EOS token: its answer, or the raw text of its one
+  turn when none parsed."""
   if batch.answered[b]:
-    return str(batch.answers[b])
-  turns = batch.turns[b]
-  return turns[0].text if turns else ""
+    text = str(batch.answers[b])
+  else:
+    turns = batch.turns[b]
+    text = turns[0].text if turns else ""
+  for eos in eos_texts:
+    if eos and text.endswith(eos):
+      return text[:-len(eos)].rstrip()
+  return text
 
 
 def summarize_scores(scores: Sequence[Any], prefix: str = "") -> dict[str, float]:
@@ -145,7 +167,7 @@ def evaluate_rubrics(engine: Any, params: Any, records: Sequence[Mapping[str, An
     real = len(chunk)
     chunk += [chunk[-1]] * (batch_size - real)
     batch, _ = engine.run(params, [r["question"] for r in chunk], jax.random.key(index))
-    texts += [_output(batch, b) for b in range(real)]
+    texts += [_output(batch, b, rewards.eos_texts) for b in range(real)]
   branches = [r["branch"] for r in records]
   result, scores = rubric_agreement(texts, branches, rewards)
   result["per_question"] = [
