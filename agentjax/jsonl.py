@@ -1,8 +1,10 @@
-"""Reading JSON-lines files with errors that name the file, the line and the field."""
+"""Reading JSON-lines files with errors that name the file, the line and the field; writing them
+atomically."""
 
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Callable, Iterator, Sequence
 
 
@@ -55,3 +57,18 @@ def _parse(raw: bytes, required: Sequence[str]) -> tuple[dict[str, Any], str | N
     if field not in row:
       return {}, f"missing field {field!r}"
   return row, None
+
+
+def write_jsonl_atomic(path: str, rows: Any) -> str:
+  """Writes rows (dicts) as JSONL at `path` through a temporary file renamed over it: a killed
+  writer never leaves a half-written file, and an existing file is replaced only by a complete
+  one. ASCII JSON (non-ASCII escaped), so any Python string, a lone surrogate from a model's reply
+  included, is written. Returns path."""
+  path = os.path.expanduser(path)
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="ascii") as f:
+    for row in rows:
+      f.write(json.dumps(row, ensure_ascii=True) + "\n")
+  os.replace(tmp, path)
+  return path

@@ -57,6 +57,7 @@ from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 import common  # noqa: E402  (launch/common.py: multi-host flags)
+from agentjax.coreact import AGENTS, SELECTS  # noqa: E402  (names only: no jax import)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and preset.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: evaluate its checkpoint.")
@@ -66,12 +67,12 @@ _OUTPUT = flags.DEFINE_string("output", None, "JSON output path.")
 _SAMPLES = flags.DEFINE_integer("samples", 1, "Rollouts per question (> 1 needs --temperature).")
 _TEMPERATURE = flags.DEFINE_float("temperature", None,
                                   "Sampling temperature (> 0); unset: greedy decoding.")
-_AGENT = flags.DEFINE_enum("agent", "react", ["react", "coreact", "best_of_n"],
+_AGENT = flags.DEFINE_enum("agent", "react", list(AGENTS),
                            "The agent: plain ReAct, rubric-guided Co-ReAct, or Best-of-N.")
 _GENERATOR = flags.DEFINE_string("rubric_generator", None,
                                  "The rubric generator's Hugging Face folder (default "
                                  "config.coreact.generator_path).")
-_SELECT = flags.DEFINE_enum("select", None, ["rubric", "self"],
+_SELECT = flags.DEFINE_enum("select", None, list(SELECTS),
                             "Best-of-N selection (default config.coreact.best_of_n_select).")
 flags.mark_flag_as_required("config")
 

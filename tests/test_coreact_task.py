@@ -285,3 +285,14 @@ def test_trainer_rubric_trains_the_generator_on_branch_points(world_dir, tokeniz
     expected.append(rubric_reward(got["rubric"], row["expert_ranking"], applied, settings).reward)
     assert got["reward"] == pytest.approx(expected[-1])
   assert result["reward"] == pytest.approx(np.mean(expected)) and result["n"] == 3
+
+
+def test_branch_rows_with_a_lone_surrogate_are_written_and_read_back(tmp_path):
+  """A JSON reply may carry a lone surrogate (an openai generator's candidate): the atomic write
+  of the collected rows must not fail on it (it did with UTF-8 output), and reads back equal."""
+  from agentjax.coreact.branches import write_rows
+  from agentjax.jsonl import iter_json_objects
+  row = dict(_branch(0), candidates=["<search> a\ud800b </search>", "<answer> é </answer>"])
+  path = write_rows(str(tmp_path / "rows.jsonl"), [row])
+  back = [r for _, r in iter_json_objects(path, ValueError)]
+  assert back == [row] and not os.path.exists(path + ".tmp")

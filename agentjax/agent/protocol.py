@@ -41,6 +41,7 @@ import json
 import re
 from typing import Sequence
 
+from agentjax.answers import normalize_answer
 from agentjax.retrieval import Document
 
 SEARCH, ANSWER, INVALID = "search", "answer", "invalid"
@@ -93,6 +94,13 @@ def clean_text(text: str) -> str:
   (category Cc) and bidi formatting characters removed, whitespace controls replaced by a space,
   leading and trailing whitespace stripped. Empty when nothing else was there."""
   return text.translate(_CLEAN).strip()
+
+
+def normalize_text(text: str) -> str:
+  """A query, name or answer as they are compared (repeated queries, entity mentions): cleaned
+  (clean_text), then normalized as answers are (agentjax.answers.normalize_answer "standard":
+  lowercase, punctuation deleted, articles dropped, whitespace collapsed)."""
+  return normalize_answer(clean_text(text), "standard")
 
 
 def _json_query(body: str) -> tuple[str, str | None]:
@@ -208,6 +216,15 @@ class Protocol:
 
   def invalid_observation(self) -> str:
     return self.invalid_message
+
+
+def parse_action(protocol: Protocol, text: str) -> Action:
+  """protocol.parse with a last line of defence: model text never raises (any parser failure is
+  the model's malformed output, an invalid action)."""
+  try:
+    return protocol.parse(text)
+  except Exception as e:  # noqa: BLE001
+    return Action(INVALID, f"unparsable action ({type(e).__name__})")
 
 
 def trajectory_error(actions: Sequence[Action]) -> tuple[int, str] | None:

@@ -29,8 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentjax.agent.protocol import (ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol,
-                                     trajectory_error)
-from agentjax.answers import normalize_answer
+                                     normalize_text, parse_action, trajectory_error)
 from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
@@ -237,10 +236,7 @@ class RolloutEngine:
 
   def parse(self, text: str) -> Action:
     """The protocol's parse, with a last line of defence: model text never raises."""
-    try:
-      return self.protocol.parse(text)
-    except Exception as e:  # noqa: BLE001 - any parser failure is the model's malformed output
-      return Action(INVALID, f"unparsable action ({type(e).__name__})")
+    return parse_action(self.protocol, text)
 
   def search(self, queries: Sequence[str], topk: int | None = None) -> SearchResponse:
     """One batched call (top `topk`, default rollout.topk); a backend that raises or answers the
@@ -469,13 +465,13 @@ class RolloutEngine:
 
 def search_stats(turns: Sequence[TurnRecord]) -> tuple[int, int]:
   """(searches, redundant searches) of one trajectory: a search is redundant when its query,
-  normalized (agentjax.answers.normalize_answer "standard": case, punctuation, articles,
-  whitespace), equals an earlier query of the same trajectory."""
+  normalized (protocol.normalize_text, as the rubric executor compares queries), equals an
+  earlier query of the same trajectory."""
   seen, searches, redundant = set(), 0, 0
   for turn in turns:
     if turn.action.kind != SEARCH:
       continue
-    query = normalize_answer(turn.action.content, "standard")
+    query = normalize_text(turn.action.content)
     searches += 1
     redundant += query in seen
     seen.add(query)

@@ -14,3 +14,6 @@ guided.py    rubric-guided agents at inference: shadow suffix, verify-retry, Bes
 # The rank term of the rubric reward: the official list-wise Spearman, or the study's pairwise
 # accuracy / top-1 match (config.coreact.rank_reward).
 RANK_REWARDS = ("listwise", "pairwise", "top1")
+# Agents launch/eval.py runs, and how Best-of-N picks its action (config.coreact.best_of_n_select).
+AGENTS = ("react", "coreact", "best_of_n")
+SELECTS = ("rubric", "self")

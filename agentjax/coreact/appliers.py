@@ -40,7 +40,8 @@ import numpy as np
 
 from agentjax.agent.protocol import ANSWER, get_protocol
 from agentjax.coreact.context import BranchContext
-from agentjax.coreact.rubric import Applied, Rubric, render_trajectory, strip_think
+from agentjax.coreact.rubric import (Applied, Rubric, format_items, render_trajectory,
+                                     strip_think)
 from agentjax.judge.base import prompt_sha256
 from agentjax.judge.render import reply_object
 from agentjax.rl import ranking
@@ -158,7 +159,7 @@ def context_block(ctx: BranchContext) -> str:
 
 
 def _rubric_lines(rubric: Rubric) -> str:
-  return "\n".join(f"{i + 1}. [{item.weight:g}] {item.text}" for i, item in enumerate(rubric.items))
+  return format_items(rubric).rstrip("\n")
 
 
 RANK_INSTRUCTION = (

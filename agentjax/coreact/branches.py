@@ -47,7 +47,6 @@ max_turns steps. Row:
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import zlib
@@ -58,6 +57,7 @@ import numpy as np
 from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, get_protocol
 from agentjax.agent.rollout import TurnRecord, observation_ids, prompt_ids
 from agentjax.coreact.context import BranchContext
+from agentjax.jsonl import write_jsonl_atomic
 from agentjax.coreact.rankers import OracleRanker, branch_id
 from agentjax.judge.chat import short
 from agentjax.retrieval import SearchResponse
@@ -498,12 +498,6 @@ class BranchCollector:
 
 
 def write_rows(path: str, rows: Sequence[Mapping[str, Any]]) -> str:
-  """Writes rows as JSONL at path atomically (a temporary file renamed over it); returns path."""
-  path = os.path.expanduser(path)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for row in rows:
-      f.write(json.dumps(row, ensure_ascii=False) + "\n")
-  os.replace(tmp, path)
-  return path
+  """Writes rows as JSONL at path atomically (agentjax.jsonl.write_jsonl_atomic: ASCII JSON, so a
+  lone surrogate in a model's text cannot fail the write); returns path."""
+  return write_jsonl_atomic(path, rows)

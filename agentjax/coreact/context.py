@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
-from agentjax.agent.protocol import SEARCH, Action, get_protocol
+from agentjax.agent.protocol import SEARCH, Action, get_protocol, parse_action
 from agentjax.agent.rollout import TurnRecord
 from agentjax.retrieval import Document
 
@@ -46,7 +46,7 @@ class BranchContext:
 
   def parse(self, text: str) -> Action:
     """A candidate action's text parsed with the agent's protocol (never raises)."""
-    return get_protocol(self.protocol).parse(text)
+    return parse_action(get_protocol(self.protocol), text)
 
   def to_json(self) -> dict[str, Any]:
     return {"question": dict(self.question), "turns": [turn_to_json(t) for t in self.turns],

@@ -58,8 +58,7 @@ from typing import Callable, Iterable, Sequence
 import jax
 import numpy as np
 
-from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, clean_text
-from agentjax.answers import normalize_answer
+from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, normalize_text
 from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rubric import Applied, Rubric, RubricItem
 from agentjax.jsonl import iter_json_objects
@@ -70,9 +69,8 @@ from agentjax.rl import ranking
 # ---------------------------------------------------------------------------------------------
 
 
-def normalize(text: str) -> str:
-  """A name, query, answer or document as entity matching compares them."""
-  return normalize_answer(clean_text(text), "standard")
+# A name, query, answer or document as entity matching compares them (the one normalization).
+normalize = normalize_text
 
 
 def load_entities(path: str) -> frozenset[str]:

@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentjax.agent.rollout import (GeneratedTurn, RolloutConfig, RolloutEngine, TurnRows)
+from agentjax.coreact import AGENTS, SELECTS  # noqa: F401 (AGENTS: re-exported)
 from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rubric import (Rubric, RubricItem, fit_rubric_prompt, parse_rubric,
                                      retry_suffix, rubric_suffix, strip_think)
@@ -58,7 +59,6 @@ from agentjax.sampling.sampler import rewind
 log = logging.getLogger(__name__)
 
 MODES = ("coreact", "best_of_n")
-SELECTS = ("rubric", "self")
 # contexts -> one Rubric (or None: no rubric for that row) per context.
 RubricSource = Callable[[Sequence[BranchContext]], Sequence[Rubric | None]]
 # (rubric, context, action text) -> the rubric items the action failed (the retry feedback).
@@ -493,9 +493,6 @@ class GuidedEngine(RolloutEngine):
 # ---------------------------------------------------------------------------------------------
 # Building one from a config.
 # ---------------------------------------------------------------------------------------------
-
-AGENTS = ("react", "coreact", "best_of_n")
-
 
 def make_guided_engine(config: Any, cfg: Any, tokenizer: Any, backend: Any,
                        rollout: RolloutConfig, agent: str, *, generator_path: str | None = None,

@@ -35,8 +35,9 @@ The LLM prompt (English, ours): the question, the trajectory so far (`<think>` s
 candidates lettered A, B, ... cut to their first action (answers shown: the judge ranks whether
 an answer is right), and a reply {"ranking": [rank of A, ...]} (1 = best, ties allowed). A
 branch is None when any judge's reply is unusable (the Borda needs all J); never raises on a
-fault of a model or its server. Judges with the same model are asked once (greedy: the same
-reply).
+fault of a model or its server. Judges with the same model are asked once when
+config.judge.temperature is 0 (greedy: the same reply); sampled judges (the code's 0.7) are each
+asked.
 """
 
 from __future__ import annotations
@@ -247,6 +248,8 @@ def _openai(config: Any, mesh: Any = None) -> LLMRanker:
     raise ValueError(f"config.coreact.judge_models names {len(models)} models for "
                      f"coreact.num_judges={c.num_judges} judges (one model per judge)")
   models = models or [config.judge.model] * c.num_judges
+  if float(config.judge.temperature) > 0:  # sampled judges: each its own draw, even one model
+    return LLMRanker([OpenAIChat(config.judge, model=m) for m in models])
   made: dict[str, Any] = {}
   for m in models:
     if m not in made:

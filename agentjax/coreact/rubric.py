@@ -397,14 +397,18 @@ def _format_weight(weight: float) -> str:
   return f"{weight:g}"
 
 
+def format_items(rubric: Rubric) -> str:
+  """The rubric's items as `N. [w] criterion` lines (renumbered from 1), one per line."""
+  return "".join(f"{i + 1}. [{_format_weight(item.weight)}] {item.text}\n"
+                 for i, item in enumerate(rubric.items))
+
+
 def rubric_suffix(rubric: Rubric) -> str:
   """The shadow suffix fed before the agent generates its next action; "" for a rubric with no
   items (nothing to inject)."""
   if rubric.n == 0:
     return ""
-  lines = "".join(f"{i + 1}. [{_format_weight(item.weight)}] {item.text}\n"
-                  for i, item in enumerate(rubric.items))
-  return f"\n[Rubric for the next step]\n{lines}"
+  return f"\n[Rubric for the next step]\n{format_items(rubric)}"
 
 
 def retry_suffix(rubric: Rubric, failed: Sequence[RubricItem]) -> str:

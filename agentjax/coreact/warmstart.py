@@ -14,7 +14,6 @@ experts' only by chance, which is what GRPO then has to make discriminative.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Iterable, Mapping
 
@@ -65,15 +64,8 @@ def rubric_demos(branches: Iterable[Mapping[str, Any]], seed: int = 0, per_branc
 
 def write_rubric_demos(config: Any, per_branch: int = 2) -> str:
   """rubric_demos of config.coreact.branches_train written to config.sft.demos (atomically)."""
-  from agentjax.jsonl import iter_json_objects
+  from agentjax.jsonl import iter_json_objects, write_jsonl_atomic
   src = os.path.expanduser(config.coreact.branches_train)
   rows = [row for _, row in iter_json_objects(src, ValueError, what="branch points")]
   demos = rubric_demos(rows, seed=config.seed, per_branch=per_branch)
-  path = os.path.expanduser(config.sft.demos)
-  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-  tmp = f"{path}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    for d in demos:
-      f.write(json.dumps(d) + "\n")
-  os.replace(tmp, path)
-  return path
+  return write_jsonl_atomic(config.sft.demos, demos)

@@ -43,20 +43,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from agentjax.agent.protocol import ANSWER, SEARCH, clean_text
+from agentjax.agent.protocol import ANSWER, SEARCH, normalize_text
 from agentjax.agent.rollout import TurnRecord
 from agentjax.judge.base import JudgeRequest, Verdict, register_judge
-# The one answer normalization, so that names match as answers do (rl.rewards is host-side
-# Python and never imports judge: no cycle).
-from agentjax.answers import normalize_answer
 
 ORACLE_IDENTITY = {"backend": "oracle", "model": "synthworld-gold-chain", "prompt_sha256": "-"}
 
 MISSING_CHAIN = "oracle needs a SynthWorld question (chain)"
 
 
-def _norm(text: str) -> str:
-  return normalize_answer(clean_text(text), "standard")
+_norm = normalize_text  # names and queries compared as the executor and the eval compare them
 
 
 def title_key(title: str) -> str:

@@ -23,8 +23,10 @@ from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIM
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 TRAINERS = ("rl", "sft", "dac", "rubric")
-# Estimators DAC's roles can use: per-trajectory outcome advantages (no probes, no judge).
-DAC_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "reinforce++", "reinforce++_baseline")
+# Estimators of per-trajectory outcome advantages (no probes, no judge): what DAC's roles and the
+# rubric generator (one reward per rubric) can use.
+OUTCOME_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "reinforce++", "reinforce++_baseline")
+DAC_ALGORITHMS = OUTCOME_ALGORITHMS
 # Estimators that compare the rollouts of one question: a group of one gives no signal.
 GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
 # Estimators that read per-round judge verdicts (retrieval_scores / thinking_scores).
@@ -356,7 +358,7 @@ def _validate_dac(config: Any) -> None:
 
 def _validate_coreact(config: Any) -> None:
   """config.coreact (read by trainer "rubric", collection and guided eval)."""
-  from agentjax.coreact import RANK_REWARDS
+  from agentjax.coreact import RANK_REWARDS, SELECTS
   trainer = _get(config, "trainer")
   if trainer == "rubric":
     if _get(config, "rollout.protocol") != "rubric":
@@ -366,9 +368,9 @@ def _validate_coreact(config: Any) -> None:
       _fail("rollout.max_turns", _get(config, "rollout.max_turns"),
             "trainer 'rubric' is a single-turn task: must be 1")
     algorithm = _get(config, "algorithm")
-    if algorithm not in DAC_ALGORITHMS:
+    if algorithm not in OUTCOME_ALGORITHMS:
       _fail("algorithm", algorithm, f"the rubric generator gets one outcome reward per rubric: "
-            f"one of {list(DAC_ALGORITHMS)}")
+            f"one of {list(OUTCOME_ALGORITHMS)}")
     for f in ("coreact.branches_train", "coreact.branches_dev"):
       if not _get(config, f):
         _fail(f, "", "trainer 'rubric' needs branch points (launch/collect_branches.py)")
@@ -394,11 +396,20 @@ def _validate_coreact(config: Any) -> None:
   if _get(config, "coreact.num_candidates") < 2:
     _fail("coreact.num_candidates", _get(config, "coreact.num_candidates"),
           "a ranking needs >= 2 candidates")
-  if not 0.0 < _get(config, "coreact.oracle_gamma") <= 1.0:
-    _fail("coreact.oracle_gamma", _get(config, "coreact.oracle_gamma"), "must be in (0, 1]")
-  if _get(config, "coreact.best_of_n_select") not in ("rubric", "self"):
+  if not 0.0 < _get(config, "coreact.oracle_gamma") < 1.0:
+    _fail("coreact.oracle_gamma", _get(config, "coreact.oracle_gamma"), "must be in (0, 1): "
+          "value-to-go discounts each step left")
+  if _get(config, "coreact.verify_threshold") > 1.0:
+    _fail("coreact.verify_threshold", _get(config, "coreact.verify_threshold"),
+          "must be in [0, 1] (verify scores are)")
+  llm = [f for f in ("coreact.applier", "coreact.judge_backend") if _get(config, f) in
+         ("openai", "local")]
+  if llm and _get(config, "coreact.num_candidates") > 26:
+    _fail("coreact.num_candidates", _get(config, "coreact.num_candidates"),
+          f"an LLM ({llm[0]}) sees the candidates lettered A..Z: at most 26")
+  if _get(config, "coreact.best_of_n_select") not in SELECTS:
     _fail("coreact.best_of_n_select", _get(config, "coreact.best_of_n_select"),
-          "must be 'rubric' or 'self'")
+          f"must be one of {list(SELECTS)}")
   for f in ("coreact.verify", "coreact.persist"):
     if not isinstance(_get(config, f), bool):
       _fail(f, _get(config, f), "must be True or False")
