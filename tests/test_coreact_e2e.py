@@ -58,7 +58,9 @@ def test_collect_train_and_guide_end_to_end(world_dir, tokenizer, tmp_path):
   rubric_sft.rollout.max_turns = 1
   rubric_sft.sft.demos = f"{tmp}/demos.jsonl"
   rubric_sft.sft.corpus_path = ""
-  rubric_sft.sft.steps = 2
+  # Enough steps for the tiny model to write parseable rubrics (the guided path must run).
+  rubric_sft.sft.steps = 200
+  rubric_sft.sft.lr = 3e-3
   rubric_sft.model.lora.init = ""
   train(rubric_sft, os.path.join(tmp, "rubric_sft"))
   # 3. GRPO of the generator from its warm start; the merged export is the trained generator.
@@ -75,9 +77,13 @@ def test_collect_train_and_guide_end_to_end(world_dir, tokenizer, tmp_path):
   # 4. The agent guided by the trained generator (rubric suffix, verify and retry).
   result = _launch("eval.py", "--config=configs/coreact.py:agent", f"--hf_path={agent}",
                    "--agent=coreact", f"--rubric_generator={generator}",
+                   "--config.coreact.generator_max_new_tokens=160",
                    "--config.data.eval_size=2", "--config.data.eval_split=test",
                    f"--output={tmp}/guided.json", *world, *small)
   assert result["agent"]["name"] == "coreact" and result["synthworld"]["n"] == 2
+  with open(f"{tmp}/guided.json") as f:
+    agent = json.load(f)["agent"]
+  assert agent["stats"]["rubrics"] > 0, agent  # steps after the first were guided
 
 
 def _point(c, tmp, world_dir, agent):
