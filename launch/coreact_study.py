@@ -83,6 +83,10 @@ _COLLECT_SEED = flags.DEFINE_integer("collect_seed", 0, "Seed of the branch-poin
 _REWARDS = flags.DEFINE_list("rewards", list(REWARDS), "GRPO rank rewards (coreact.rank_reward).")
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), "Guided-inference variants.")
 _BEST_OF_N = flags.DEFINE_integer("best_of_n", 4, "Best-of-N: actions sampled per step.")
+_GRPO_T = flags.DEFINE_float("grpo_temperature", 0.3, "The rubric generator's rollout "
+                             "temperature in GRPO (runs under {reward}_t{T}); <= 0: the preset's "
+                             "1.0 (runs under {reward}). The demo generator's warm start samples "
+                             "no parseable rubric at 1.0 (docs/results/coreact/README.md).")
 
 flags.FLAGS.set_default("root", "runs/coreact")
 flags.FLAGS.set_default("out", "docs/results/coreact")
@@ -113,6 +117,7 @@ class Settings:
   rewards: tuple[str, ...] = REWARDS
   variants: tuple[str, ...] = tuple(VARIANTS)
   best_of_n: int = 4
+  grpo_temperature: float | None = None  # None: the preset's (configs/coreact.py:demo, 1.0)
 
 
 def paths(root: str) -> dict[str, str]:
@@ -126,8 +131,20 @@ def paths(root: str) -> dict[str, str]:
           "guided": os.path.join(root, "guided")}
 
 
-def grpo_dir(root: str, reward: str, seed: int) -> str:
-  return os.path.join(root, reward, f"seed{seed}")
+def run_name(reward: str, temperature: float | None) -> str:
+  """A GRPO run's folder name: the reward, with its rollout temperature when not the preset's."""
+  return reward if temperature is None else f"{reward}_t{temperature:g}"
+
+
+def grpo_names(s: "Settings") -> list[str]:
+  """The GRPO runs of the study, then (with another temperature) the preset-temperature runs,
+  reported where they exist."""
+  names = [run_name(r, s.grpo_temperature) for r in s.rewards]
+  return names + (list(s.rewards) if s.grpo_temperature is not None else [])
+
+
+def grpo_dir(root: str, name: str, seed: int) -> str:
+  return os.path.join(root, name, f"seed{seed}")
 
 
 def guided_path(root: str, variant: str, seed: int) -> str:
@@ -171,13 +188,17 @@ def jobs(s: Settings) -> list[Job]:
       (os.path.join(p["untrained"], "config.json"),
        os.path.join(p["adapter"], "adapter_config.json")), (p["demos"], p["dev"])))
   grpo = []
+  temperature = {} if s.grpo_temperature is None else \
+      {"rollout.temperature": s.grpo_temperature}
   for reward in s.rewards:
+    name = run_name(reward, s.grpo_temperature)
     for seed in s.seeds:
-      wd = grpo_dir(s.root, reward, seed)
-      grpo.append(Job(f"grpo/{reward}/{seed}", "grpo", (
+      wd = grpo_dir(s.root, name, seed)
+      grpo.append(Job(f"grpo/{name}/{seed}", "grpo", (
           py, launch("train.py"), "--config=configs/coreact.py:demo", f"--workdir={wd}",
           *_overrides({**world, **branches, "seed": seed, "coreact.rank_reward": reward,
-                       "train.steps": s.steps, "model.lora.init": f"rubric={p['adapter']}"})),
+                       "train.steps": s.steps, "model.lora.init": f"rubric={p['adapter']}",
+                       **temperature})),
           (os.path.join(wd, "hf_export", "config.json"),
            os.path.join(wd, "eval", f"{s.steps}.json")),
           (p["train"], p["dev"], os.path.join(p["adapter"], "adapter_config.json"))))
@@ -191,7 +212,8 @@ def jobs(s: Settings) -> list[Job]:
       needs: tuple[str, ...] = ()
       if generator is not None:
         folder = p["untrained"] if generator == "untrained" else \
-            os.path.join(grpo_dir(s.root, TRAINED_REWARD, seed), "hf_export")
+            os.path.join(grpo_dir(s.root, run_name(TRAINED_REWARD, s.grpo_temperature), seed),
+                         "hf_export")
         cmd.append(f"--rubric_generator={folder}")
         needs = (os.path.join(folder, "config.json"),)
       cmd += _overrides({**world, "seed": seed, "data.eval_split": "test",
@@ -201,7 +223,8 @@ def jobs(s: Settings) -> list[Job]:
                         (guided_path(s.root, variant, seed),), needs))
   # The list-wise generators first (the trained guided variants wait on them), the guided runs
   # that need no trained generator beside them, then the other rewards.
-  first = [j for j in grpo if j.spec.startswith(f"grpo/{TRAINED_REWARD}/")]
+  first = [j for j in grpo
+           if j.spec.startswith(f"grpo/{run_name(TRAINED_REWARD, s.grpo_temperature)}/")]
   return out + first + guided + [j for j in grpo if j not in first]
 
 
@@ -496,7 +519,7 @@ def gather(s: Settings) -> dict[str, Any]:
   """Every finished output under s.root."""
   p = paths(s.root)
   grpo: dict[str, dict[int, dict[int, dict]]] = {}
-  for reward in s.rewards:
+  for reward in grpo_names(s):
     for seed in s.seeds:
       folder = os.path.join(grpo_dir(s.root, reward, seed), "eval")
       if not os.path.exists(os.path.join(folder, f"{s.steps}.json")):
@@ -648,7 +671,7 @@ def plot(study: Mapping[str, Any], out: str) -> list[str]:
 def seed_curves(s: Settings) -> dict[str, dict[str, dict[int, list[float]]]]:
   """{reward: {key: {seed: values at the common eval steps}}}, for the plot's bands."""
   out: dict = {}
-  for reward in s.rewards:
+  for reward in grpo_names(s):
     evals = {}
     for seed in s.seeds:
       folder = os.path.join(grpo_dir(s.root, reward, seed), "eval")
@@ -669,7 +692,8 @@ def settings() -> Settings:
                   train_questions=_TRAIN_Q.value, dev_questions=_DEV_Q.value,
                   collect_seed=_COLLECT_SEED.value, eval_size=compare._EVAL_SIZE.value,
                   rewards=tuple(_REWARDS.value), variants=tuple(_VARIANTS.value),
-                  best_of_n=_BEST_OF_N.value)
+                  best_of_n=_BEST_OF_N.value,
+                  grpo_temperature=_GRPO_T.value if _GRPO_T.value > 0 else None)
 
 
 def report(s: Settings, out: str) -> dict[str, Any]:

@@ -155,6 +155,7 @@ def test_jobs_point_every_run_at_the_study_root(study):
               "--workdir=/r/pairwise/seed1", "--config.model.hf_path=/w/sft/hf_export"):
     assert arg in g.cmd, arg
   assert "/r/pairwise/seed1/eval/7.json" in g.done
+  assert not any(a.startswith("--config.rollout.temperature") for a in g.cmd)
   t = jobs["guided/coreact_trained_verify/1"]
   assert "--rubric_generator=/r/listwise/seed1/hf_export" in t.cmd
   assert "--config.coreact.verify=True" in t.cmd and "--config.data.eval_size=100" in t.cmd
@@ -163,10 +164,18 @@ def test_jobs_point_every_run_at_the_study_root(study):
   assert "--rubric_generator=/r/rubric_sft/hf_export" in u.cmd
   assert not jobs["guided/react/0"].needs
   assert "--config.coreact.best_of_n_select=self" in jobs["guided/bon_self/0"].cmd
+  # Another GRPO temperature: its own folders, and the trained generator is that run's.
+  cold = {j.spec: j for j in study.jobs(dataclasses.replace(s, grpo_temperature=0.3))}
+  g = cold["grpo/top1_t0.3/0"]
+  assert "--config.rollout.temperature=0.3" in g.cmd and "--workdir=/r/top1_t0.3/seed0" in g.cmd
+  assert "--rubric_generator=/r/listwise_t0.3/seed1/hf_export" in \
+      cold["guided/bon_rubric/1"].cmd
+  assert study.grpo_names(dataclasses.replace(s, grpo_temperature=0.3)) == [
+      "listwise_t0.3", "pairwise_t0.3", "top1_t0.3", "listwise", "pairwise", "top1"]
   # Every run's overrides parse as config fields of its preset.
   from ml_collections import config_flags  # noqa: F401
   import configs.coreact as coreact_configs
-  for j in jobs.values():
+  for j in list(jobs.values()) + list(cold.values()):
     preset = next(a for a in j.cmd if a.startswith("--config=")).split(":")[1]
     config = coreact_configs.get_config(preset)
     for a in j.cmd:
