@@ -20,14 +20,14 @@ Presets:
               temperature (0.7, 1.0, 1.3), deduplicated, 4 kept by BM25 diversity, ranked by 3
               noisy oracle judges (value-to-go from the gold chain), Borda; the rank-1 continues.
   rubric_sft  the generator's warm start (ours: a from-scratch demo model has never written a
-              rubric): LoRA SFT of the "rubric" adapter on the demo backbone, on rubrics drawn at
-              random from the executor's criterion vocabulary (well-formed, uninformed by the
-              context: what GRPO then has to make discriminative).
+              rubric): SFT of the demo agent's model (full fine-tuning: see the preset) on rubrics
+              drawn at random from the executor's criterion vocabulary (well-formed, uninformed
+              by the context: what GRPO then has to make discriminative).
   demo        GRPO of the rubric generator (trainer "rubric"): group 8, 8 branch points a step,
               the executor applier, the official reward (0.75 / 0.15 / 0.10, 4-gram gate 0.40),
-              KL 0.005 low_var_kl, clip 0.2, temperature 1.0, constant rate after warm-up; LoRA
-              rank 32 at 3e-4 (the LoRA study's demo rate; ours), from rubric_sft's adapter; one
-              PPO update per step (minibatch = the step's 64 rubrics; ours).
+              KL 0.005 low_var_kl (the reference: the warm start), clip 0.2, temperature 1.0,
+              constant rate after warm-up; full fine-tuning from rubric_sft's export at 1e-4
+              (ours); one PPO update per step (minibatch = the step's 64 rubrics; ours).
   agent       the guided agent's eval settings on the demo: the demo SFT agent (sample it at the
               code's 0.7 with launch/eval.py --temperature=0.7), the rubric generator greedy,
               verify 0.6, one retry.
@@ -50,8 +50,7 @@ from configs import base
 PRESETS = ("demo", "collect", "rubric_sft", "agent", "qwen3-14b", "qwen3-8b")
 DEMO_DIR = f"{base.DEMO_ROOT}/coreact"
 RUBRIC_DEMOS = f"{DEMO_DIR}/rubric_demos.jsonl"
-RUBRIC_INIT = f"{DEMO_DIR}/rubric_sft/adapters/rubric"
-LORA_LR = 3e-4  # the LoRA study's demo rate (docs/results/lora)
+RUBRIC_START = f"{DEMO_DIR}/rubric_sft/hf_export"  # the warm-started generator
 
 
 def _rubric_rollout(c, max_new_tokens: int, max_total_tokens: int) -> None:
@@ -89,15 +88,17 @@ def get_config(arg: str = "demo"):
     c.coreact.collect_questions = 200
     return config
   if arg == "rubric_sft":
+    # Full fine-tuning, not a LoRA adapter: the demo model never saw a digit or a bracket
+    # ("1. [0.20]"), and its tied embeddings of those byte tokens are untrained; an adapter
+    # cannot train them, so a LoRA-tuned generator writes rubrics greedily but sampled ones at
+    # temperature 1 (GRPO's rollouts) come out as byte garbage that never parses (measured:
+    # docs/results/coreact). The generator is then its own model, started from the agent's.
     c.trainer = "sft"
     c.rollout.protocol = "rubric"
     c.rollout.max_turns = 1
-    c.model.lora.adapters = "rubric"
-    c.model.lora.rank = 32
-    c.model.lora.alpha = 32.0
     c.sft.demos = RUBRIC_DEMOS
     c.sft.corpus_path = ""
-    c.sft.steps = 300
+    c.sft.steps = 200
     c.sft.batch_size = 16
     c.sft.max_len = 1024
     c.sft.lr = 1e-3
@@ -107,15 +108,12 @@ def get_config(arg: str = "demo"):
     return config
   if arg == "demo":
     _rubric_rollout(c, max_new_tokens=96, max_total_tokens=1024)
-    c.model.lora.adapters = "rubric"
-    c.model.lora.rank = 32
-    c.model.lora.alpha = 32.0
-    c.model.lora.init = f"rubric={RUBRIC_INIT}"
-    c.optimizer.lr = LORA_LR
+    c.model.hf_path = RUBRIC_START
+    c.optimizer.lr = 1e-4              # ours (the demo RL presets' 3e-5, x3 for a 40-step run)
     c.optimizer.warmup_steps = 2
     c.optimizer.final_lr_ratio = 1.0   # constant after warm-up, as the code's trainers
     c.rl.prompts_per_step = 8
-    c.rl.minibatch_size = 32
+    c.rl.minibatch_size = 64           # one PPO update per step (ours)
     c.train.steps = 40
     c.train.eval_every = 10
     c.train.eval_at_start = True

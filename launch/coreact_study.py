@@ -13,7 +13,7 @@ of the repo's own launchers (the command is in its log, {root}/logs/<spec>.log):
            --train_questions SynthWorld train questions and --dev_questions dev questions (the
            held-out rows), seed --collect_seed -> {root}/branches_{train,dev}.jsonl
   sft      launch/coreact_demos.py -> {root}/rubric_demos.jsonl, then launch/train.py
-           (configs/coreact.py:rubric_sft) -> {root}/rubric_sft: the LoRA warm start; its
+           (configs/coreact.py:rubric_sft) -> {root}/rubric_sft: the warm start; its
            hf_export is the "untrained" rubric generator
   grpo     launch/train.py (configs/coreact.py:demo) with coreact.rank_reward = listwise |
            pairwise | top1, seeds --seeds, --steps steps (held-out eval every 10 incl. step 0)
@@ -126,7 +126,6 @@ def paths(root: str) -> dict[str, str]:
           "dev": os.path.join(root, "branches_dev.jsonl"),
           "demos": os.path.join(root, "rubric_demos.jsonl"),
           "sft": os.path.join(root, "rubric_sft"),
-          "adapter": os.path.join(root, "rubric_sft", "adapters", "rubric"),
           "untrained": os.path.join(root, "rubric_sft", "hf_export"),
           "guided": os.path.join(root, "guided")}
 
@@ -196,12 +195,14 @@ def jobs(s: Settings) -> list[Job]:
       wd = grpo_dir(s.root, name, seed)
       grpo.append(Job(f"grpo/{name}/{seed}", "grpo", (
           py, launch("train.py"), "--config=configs/coreact.py:demo", f"--workdir={wd}",
+          # The generator is its own model, fully fine-tuned from its warm start's export
+          # (configs/coreact.py:rubric_sft says why not a LoRA adapter).
           *_overrides({**world, **branches, "seed": seed, "coreact.rank_reward": reward,
-                       "train.steps": s.steps, "model.lora.init": f"rubric={p['adapter']}",
+                       "train.steps": s.steps, "model.hf_path": p["untrained"],
                        **temperature})),
           (os.path.join(wd, "hf_export", "config.json"),
            os.path.join(wd, "eval", f"{s.steps}.json")),
-          (p["train"], p["dev"], os.path.join(p["adapter"], "adapter_config.json"))))
+          (p["train"], p["dev"], os.path.join(p["untrained"], "config.json"))))
   guided = []
   for seed in s.seeds:
     for variant in s.variants:
