@@ -184,8 +184,7 @@ def jobs(s: Settings) -> list[Job]:
   out.append(Job("sft/rubric", "sft", (
       py, launch("train.py"), "--config=configs/coreact.py:rubric_sft", f"--workdir={p['sft']}",
       *_overrides({**world, **branches, "sft.demos": p["demos"]})),
-      (os.path.join(p["untrained"], "config.json"),
-       os.path.join(p["adapter"], "adapter_config.json")), (p["demos"], p["dev"])))
+      (os.path.join(p["untrained"], "config.json"),), (p["demos"], p["dev"])))
   grpo = []
   temperature = {} if s.grpo_temperature is None else \
       {"rollout.temperature": s.grpo_temperature}
