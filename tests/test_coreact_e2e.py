@@ -46,7 +46,7 @@ def test_collect_train_and_guide_end_to_end(world_dir, tokenizer, tmp_path):
                      "--config.coreact.candidate_temperatures=(1.0,)",
                      "--config.coreact.candidates_per_temperature=3", *world, *small)
     assert counts["rows"] >= 1, counts
-  # 2. The warm start: random rubrics, LoRA SFT of the "rubric" adapter.
+  # 2. The warm start: random rubrics, SFT of the generator (its own model, from the agent's).
   demos = _launch("coreact_demos.py", "--config=configs/coreact.py:rubric_sft",
                   f"--config.sft.demos={tmp}/demos.jsonl", *world)
   assert demos["n"] >= 2
@@ -61,12 +61,11 @@ def test_collect_train_and_guide_end_to_end(world_dir, tokenizer, tmp_path):
   # Enough steps for the tiny model to write parseable rubrics (the guided path must run).
   rubric_sft.sft.steps = 200
   rubric_sft.sft.lr = 3e-3
-  rubric_sft.model.lora.init = ""
   train(rubric_sft, os.path.join(tmp, "rubric_sft"))
-  # 3. GRPO of the generator from its warm start; the merged export is the trained generator.
+  # 3. GRPO of the generator from its warm start; its export is the trained generator.
   grpo = tiny_config(world_dir, tokenizer.name_or_path, tmp, algorithm="coreact", steps=2)
   _point(grpo, tmp, world_dir, agent)
-  grpo.model.lora.init = f"rubric={tmp}/rubric_sft/adapters/rubric"
+  grpo.model.hf_path = f"{tmp}/rubric_sft/hf_export"
   grpo.rollout.max_turns = 1
   grpo.rollout.max_new_tokens = 24
   grpo.train.eval_every = 0
@@ -93,4 +92,3 @@ def _point(c, tmp, world_dir, agent):
   c.coreact.branches_train = f"{tmp}/train.jsonl"
   c.coreact.branches_dev = f"{tmp}/dev.jsonl"
   c.coreact.entities_path = f"{world_dir}/entities.jsonl"
-  c.model.lora.rank = 4

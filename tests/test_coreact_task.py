@@ -30,9 +30,7 @@ def test_rubric_protocol_takes_the_whole_text_as_the_output():
 
 def _rubric_config():
   from configs import coreact
-  c = coreact.get_config("demo")
-  c.model.lora.init = ""
-  return c
+  return coreact.get_config("demo")
 
 
 @pytest.mark.parametrize("field,value,expect", [
@@ -243,7 +241,7 @@ def _synthworld_branches(world_dir, split, n):
 
 
 def test_trainer_rubric_trains_the_generator_on_branch_points(world_dir, tokenizer, tmp_path):
-  """Two GRPO steps of a LoRA rubric generator from a tiny model on branch points, then the
+  """Two GRPO steps of a rubric generator (a LoRA adapter on a tiny model) on branch points, then the
   held-out eval: every logged reward is the rubric reward of the text the generator wrote,
   recomputed here with the executor applier."""
   from tests.trainer_fixtures import tiny_config
@@ -257,7 +255,7 @@ def test_trainer_rubric_trains_the_generator_on_branch_points(world_dir, tokeniz
   c = tiny_config(world_dir, tokenizer.name_or_path, tmp, algorithm="coreact", steps=2)
   c.rollout.max_turns = 1
   c.rollout.max_new_tokens = 24
-  c.model.lora.init = ""
+  c.model.lora.adapters = "rubric"  # the generator as a LoRA adapter (the e2e test: its own model)
   c.model.lora.rank = 4
   c.coreact.branches_train = os.path.join(tmp, "train.jsonl")
   c.coreact.branches_dev = os.path.join(tmp, "dev.jsonl")
