@@ -241,8 +241,8 @@ def _synthworld_branches(world_dir, split, n):
 
 
 def test_trainer_rubric_trains_the_generator_on_branch_points(world_dir, tokenizer, tmp_path):
-  """Two GRPO steps of a rubric generator (a LoRA adapter on a tiny model) on branch points, then the
-  held-out eval: every logged reward is the rubric reward of the text the generator wrote,
+  """Two GRPO steps of a rubric generator (a LoRA adapter on a tiny model) on branch points,
+  then the held-out eval: every logged reward is the rubric reward of the text the generator wrote,
   recomputed here with the executor applier."""
   from tests.trainer_fixtures import tiny_config
   from agentjax.coreact.appliers import build_applier
@@ -278,7 +278,8 @@ def test_trainer_rubric_trains_the_generator_on_branch_points(world_dir, tokeniz
   expected = []
   for row, got in zip(dev, result["per_question"]):
     rubric = parse_rubric(got["rubric"])
-    applied = applier.rank([rubric], [BranchContext.from_json(row)], [tuple(row["candidates"])])[0] \
+    ctx = BranchContext.from_json(row)
+    applied = applier.rank([rubric], [ctx], [tuple(row["candidates"])])[0] \
         if rubric.n >= 2 else None
     expected.append(rubric_reward(got["rubric"], row["expert_ranking"], applied, settings).reward)
     assert got["reward"] == pytest.approx(expected[-1])
