@@ -151,9 +151,11 @@ def test_jobs_point_every_run_at_the_study_root(study):
   g = jobs["grpo/pairwise/1"]
   for arg in ("--config.coreact.rank_reward=pairwise", "--config.seed=1",
               "--config.train.steps=7", "--config.coreact.branches_dev=/r/branches_dev.jsonl",
-              "--config.model.lora.init=rubric=/r/rubric_sft/adapters/rubric",
-              "--workdir=/r/pairwise/seed1", "--config.model.hf_path=/w/sft/hf_export"):
+              "--workdir=/r/pairwise/seed1", "--config.model.hf_path=/r/rubric_sft/hf_export",
+              "--config.retrieval.index_dir=/w/bm25_index"):
     assert arg in g.cmd, arg
+  assert sum(a.startswith("--config.model.hf_path=") for a in g.cmd) == 1
+  assert "--hf_path=/w/sft/hf_export" in jobs["guided/react/0"].cmd  # the agent
   assert "/r/pairwise/seed1/eval/7.json" in g.done
   assert not any(a.startswith("--config.rollout.temperature") for a in g.cmd)
   t = jobs["guided/coreact_trained_verify/1"]
