@@ -83,10 +83,9 @@ _COLLECT_SEED = flags.DEFINE_integer("collect_seed", 0, "Seed of the branch-poin
 _REWARDS = flags.DEFINE_list("rewards", list(REWARDS), "GRPO rank rewards (coreact.rank_reward).")
 _VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), "Guided-inference variants.")
 _BEST_OF_N = flags.DEFINE_integer("best_of_n", 4, "Best-of-N: actions sampled per step.")
-_GRPO_T = flags.DEFINE_float("grpo_temperature", 0.3, "The rubric generator's rollout "
+_GRPO_T = flags.DEFINE_float("grpo_temperature", 0.0, "The rubric generator's rollout "
                              "temperature in GRPO (runs under {reward}_t{T}); <= 0: the preset's "
-                             "1.0 (runs under {reward}). The demo generator's warm start samples "
-                             "no parseable rubric at 1.0 (docs/results/coreact/README.md).")
+                             "1.0 (runs under {reward}).")
 
 flags.FLAGS.set_default("root", "runs/coreact")
 flags.FLAGS.set_default("out", "docs/results/coreact")
