@@ -17,3 +17,13 @@ RANK_REWARDS = ("listwise", "pairwise", "top1")
 # Agents launch/eval.py runs, and how Best-of-N picks its action (config.coreact.best_of_n_select).
 AGENTS = ("react", "coreact", "best_of_n")
 SELECTS = ("rubric", "self")
+
+
+def build_named(registry: dict, field: str, config, mesh=None):
+  """registry[config.<field>](config, mesh=mesh), or a ValueError naming the field and the known
+  names (the appliers' and the rankers' registries)."""
+  section, key = field.split(".")
+  name = config[section][key]
+  if name not in registry:
+    raise ValueError(f"config.{field}: unknown backend {name!r}; known: {sorted(registry)}")
+  return registry[name](config, mesh=mesh)

@@ -39,6 +39,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 import numpy as np
 
 from agentjax.agent.protocol import ANSWER, get_protocol
+from agentjax.coreact import build_named
 from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rubric import (Applied, Rubric, format_items, render_trajectory,
                                      strip_think)
@@ -314,8 +315,4 @@ APPLIERS: dict[str, Callable[..., RubricApplier]] = {
 
 def build_applier(config: Any, mesh: Any = None) -> RubricApplier:
   """The applier named by config.coreact.applier (LLM ones take config.judge's connection)."""
-  name = config.coreact.applier
-  if name not in APPLIERS:
-    raise ValueError(f"config.coreact.applier: unknown applier {name!r}; known: "
-                     f"{sorted(APPLIERS)}")
-  return APPLIERS[name](config, mesh=mesh)
+  return build_named(APPLIERS, "coreact.applier", config, mesh)

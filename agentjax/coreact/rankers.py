@@ -50,6 +50,7 @@ import numpy as np
 
 from agentjax.agent.protocol import ANSWER, SEARCH
 from agentjax.coreact.appliers import candidates_block, context_block, letters, parse_ranking
+from agentjax.coreact import build_named
 from agentjax.coreact.context import BranchContext
 from agentjax.judge.base import prompt_sha256
 from agentjax.judge.oracle import gold_chain, hop_index, resolve
@@ -272,11 +273,7 @@ RANKERS: dict[str, Callable[..., Ranker]] = {"oracle": _oracle, "openai": _opena
 
 def build_ranker(config: Any, mesh: Any = None) -> Ranker:
   """The judges named by config.coreact.judge_backend."""
-  name = config.coreact.judge_backend
-  if name not in RANKERS:
-    raise ValueError(f"config.coreact.judge_backend: unknown backend {name!r}; known: "
-                     f"{sorted(RANKERS)}")
-  return RANKERS[name](config, mesh=mesh)
+  return build_named(RANKERS, "coreact.judge_backend", config, mesh)
 
 
 __all__ = ["RANKERS", "LLMRanker", "OracleRanker", "Ranker", "branch_id", "build_ranker",
