@@ -77,6 +77,27 @@ _SELECT = flags.DEFINE_enum("select", None, list(SELECTS),
 flags.mark_flag_as_required("config")
 
 
+def _write_rubric_result(result):
+  """A rubric generator's held-out scores: the JSON file, then one JSON line of the means."""
+  import jax
+  if jax.process_index() != 0:
+    return
+  sampled = "" if _TEMPERATURE.value is None else \
+      f"_samples{_SAMPLES.value}_t{_TEMPERATURE.value:g}"
+  output = _OUTPUT.value or os.path.join(
+      _WORKDIR.value or os.path.dirname(os.path.abspath(_HF_PATH.value)),
+      f"eval_rubrics{sampled}.json")
+  os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
+  with open(output, "w") as f:
+    json.dump(result, f, indent=1)
+  print(f"per-branch results: {output}")
+  scores = {k: v for k, v in result["rubric"].items() if k != "per_question"}
+  print(json.dumps({"eval": result["source"], "split": result["split"],
+                    "samples": result["samples"], "temperature": result["temperature"],
+                    "rubric": {k: round(v, 4) if isinstance(v, float) else v
+                               for k, v in scores.items()}}))
+
+
 def _rounded(scores):
   return {k: round(v, 4) for k, v in scores.items()}
 
@@ -122,6 +143,9 @@ def main(_):
                            step=_STEP.value, samples=_SAMPLES.value,
                            temperature=_TEMPERATURE.value,
                            make_engine=None if agent == "react" else make_engine)
+  if "rubric" in result:  # a rubric generator (trainer "rubric"): held-out branch points
+    _write_rubric_result(result)
+    return
   result["agent"] = {"name": agent}
   if guided:
     engine = guided[0]

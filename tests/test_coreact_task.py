@@ -295,3 +295,32 @@ def test_branch_rows_with_a_lone_surrogate_are_written_and_read_back(tmp_path):
   path = write_rows(str(tmp_path / "rows.jsonl"), [row])
   back = [r for _, r in iter_json_objects(path, ValueError)]
   assert back == [row] and not os.path.exists(path + ".tmp")
+
+
+def test_evaluate_rubrics_scores_every_sample_of_every_branch_point():
+  """evaluate_rubrics over an engine that writes a different rubric per sample: the means are
+  over (branch point, sample), the padded rows of the last batch are not scored."""
+  from agentjax.coreact.rubric import RewardSettings
+  from agentjax.coreact.task import RubricRewards, evaluate_rubrics
+  texts = {0: "1. [0.5] The action searches\n2. [0.5] a<|im_end|>",
+           1: "1. [-0.5] The action searches\n2. [0.5] a\n3. [0.5] b"}
+  seen = []
+
+  class Engine:
+    def run(self, params, questions, rng):
+      import jax
+      sample = len(seen) % 2
+      seen.append((len(questions), jax.random.key_data(rng).tolist()))
+      return _Batch([texts[sample]] * len(questions), list(range(len(questions)))), {}
+
+  records = [{"id": f"b{i}", "question": "p", "branch": _branch(i, k=4)} for i in range(3)]
+  rewards = RubricRewards(_CountingApplier(), RewardSettings(), eos_texts=("<|im_end|>",))
+  out = evaluate_rubrics(Engine(), None, records, 2, rewards, samples=2)
+  assert out["n"] == 3 and out["samples"] == 2 and len(out["per_question"]) == 6
+  assert [n for n, _ in seen] == [2, 2, 2, 2]               # 2 batches (the last padded) x 2
+  assert len({str(k) for _, k in seen}) == 4                # a different key each run
+  assert [(r["id"], r["sample"]) for r in out["per_question"]] == [
+      (f"b{i}", s) for i in range(3) for s in range(2)]
+  rho = [r["spearman"] for r in out["per_question"]]
+  assert rho == [1.0, -1.0] * 3 and out["spearman"] == pytest.approx(0.0)
+  assert "im_end" not in out["per_question"][0]["rubric"]

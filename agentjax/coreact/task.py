@@ -153,27 +153,39 @@ def summarize_scores(scores: Sequence[Any], prefix: str = "") -> dict[str, float
 
 
 def evaluate_rubrics(engine: Any, params: Any, records: Sequence[Mapping[str, Any]],
-                     batch_size: int, rewards: RubricRewards) -> dict[str, Any]:
-  """The rubric generator's held-out scores: one rubric per branch point from `engine` (greedy
-  for eval), scored by `rewards`; plus pairwise accuracy and top-1 match of the induced rankings.
+                     batch_size: int, rewards: RubricRewards, *, samples: int = 1,
+                     seed: int = 0) -> dict[str, Any]:
+  """The rubric generator's held-out scores: `samples` rubrics per branch point from `engine`
+  (greedy for the trainer's eval; sampled engines draw sample s of batch b from
+  fold_in(fold_in(key(seed), b), s)), scored by `rewards`; plus pairwise accuracy and top-1
+  match of the induced rankings. Means are over every (branch point, sample).
 
-  Returns {"n", "reward", "spearman", "rank_term", "atomic", "format", "repetitive",
-  "applier_failures", "items", "pairwise", "top1", "per_question": [{"id", "rubric", "reward",
-  "spearman"}]}. The last batch is padded (repeating its last record) to one compiled shape."""
+  Returns {"n" (branch points), "samples", "reward", "spearman", "rank_term", "atomic",
+  "format", "repetitive", "applier_failures", "items", "pairwise", "top1", "per_question":
+  [{"id", "sample", "rubric", "reward", "spearman"}] (branch-major)}. The last batch is padded
+  (repeating its last record) to one compiled shape."""
   import jax
-  texts: list[str] = []
+  if samples < 1:
+    raise ValueError(f"samples must be >= 1, got {samples}")
+  texts: list[list[str]] = [[] for _ in records]
+  root = jax.random.key(seed)
   for index, start in enumerate(range(0, len(records), batch_size)):
     chunk = list(records[start:start + batch_size])
     real = len(chunk)
     chunk += [chunk[-1]] * (batch_size - real)
-    batch, _ = engine.run(params, [r["question"] for r in chunk], jax.random.key(index))
-    texts += [_output(batch, b, rewards.eos_texts) for b in range(real)]
-  branches = [r["branch"] for r in records]
-  result, scores = rubric_agreement(texts, branches, rewards)
+    for sample in range(samples):
+      rng = jax.random.fold_in(jax.random.fold_in(root, index), sample)
+      batch, _ = engine.run(params, [r["question"] for r in chunk], rng)
+      for b in range(real):
+        texts[start + b].append(_output(batch, b, rewards.eos_texts))
+  flat = [t for row in texts for t in row]
+  branches = [r["branch"] for r in records for _ in range(samples)]
+  result, scores = rubric_agreement(flat, branches, rewards)
+  result["n"], result["samples"] = len(records), samples
   result["per_question"] = [
-      {"id": r["id"], "rubric": t, "reward": s.reward,
+      {"id": records[i // samples]["id"], "sample": i % samples, "rubric": t, "reward": s.reward,
        "spearman": None if np.isnan(s.rho) else float(s.rho)}
-      for r, t, s in zip(records, texts, scores)]
+      for i, (t, s) in enumerate(zip(flat, scores))]
   return result
 
 

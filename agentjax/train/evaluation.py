@@ -227,6 +227,9 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
                           eval_sampling=sampling, eval_only=True)
   if make_engine is not None:  # another agent on the same policy (launch/eval.py --agent)
     engine = make_engine(config, engine, mesh)
+  if config.trainer == "rubric":  # a rubric generator: its held-out branch points
+    return _eval_rubric_generator(config, engine, params, tokenizer, mesh, source, samples,
+                                  temperature)
   questions = eval_questions(config)
   out = {"source": source, "split": config.data.eval_split, "samples": samples,
          "temperature": temperature, "seed": int(config.seed),
@@ -241,6 +244,33 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
              result["n"], samples, result["accuracy"], result["em"], result["f1"])
   out["overall"], out["average"] = mix_scores(out["per_question"])
   return out
+
+
+def _eval_rubric_generator(config: Any, engine: Any, params: Any, tokenizer: Any, mesh: Any,
+                           source: str, samples: int, temperature: float | None
+                           ) -> dict[str, Any]:
+  """Co-ReAct's rubric generator on config.coreact.branches_dev (agentjax/coreact/task.py
+  evaluate_rubrics; prompts fitted as the trainer fits them). {"source", "split": the file,
+  "samples", "temperature", "seed", "rubric": evaluate_rubrics' result}."""
+  from agentjax.agent.protocol import RUBRIC
+  from agentjax.agent.rollout import prompt_ids
+  from agentjax.coreact.task import RubricRewards, branch_records, evaluate_rubrics
+  from agentjax.parallel import use_mesh
+  r = config.rollout
+  count = lambda text: len(prompt_ids(tokenizer, RUBRIC, text, r.use_chat_template))  # noqa: E731
+  records = branch_records(config.coreact.branches_dev, "coreact.branches_dev", count,
+                           r.max_total_tokens - r.max_new_tokens - 1)
+  if config.data.eval_size:
+    records = records[:config.data.eval_size]
+  rewards = RubricRewards.from_config(config, mesh=mesh)
+  rewards.eos_texts = tuple(engine.decode([int(i)]) for i in np.asarray(engine.eos_ids))
+  with use_mesh(mesh):
+    result = evaluate_rubrics(engine, params, records, config.train.eval_batch, rewards,
+                              samples=samples, seed=config.seed)
+  log.info("rubric generator %s on %d held-out branch points x %d samples: Spearman %.4f "
+           "reward %.4f", source, result["n"], samples, result["spearman"], result["reward"])
+  return {"source": source, "split": config.coreact.branches_dev, "samples": samples,
+          "temperature": temperature, "seed": int(config.seed), "rubric": result}
 
 
 def format_table(result: Mapping[str, Any]) -> str:
