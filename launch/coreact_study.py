@@ -68,6 +68,10 @@ VARIANTS = {
 }
 TRAINED_REWARD = "listwise"  # the generator the guided variants use
 EVAL_KEYS = ("spearman", "pairwise", "top1", "reward")  # the held-out rubric scores reported
+# Also reported per run: the share of held-out (greedy) rubrics the repetition gate zeroes.
+SUMMARY_KEYS = EVAL_KEYS + ("repetitive",)
+# Training-side (sampled rubrics, metrics.jsonl): the step's mean reward and Spearman.
+TRAIN_KEYS = (("train_reward", "reward"), ("train_spearman", "rubric/spearman"))
 GUIDED_KEYS = ("f1", "em", "redundant_query_rate", "steps_to_answer", "answered",
                "retries_per_step", "retry_share", "verify_score")
 AGENT_TEMPERATURE = 0.7  # configs/coreact.py:agent (the code's search agent)
@@ -352,12 +356,15 @@ def _ms(xs: Sequence[float]) -> tuple[float, float] | None:
   return compare._mean_std(xs) if xs else None
 
 
-def grpo_summary(runs: Mapping[str, Mapping[int, Mapping[int, Mapping[str, Any]]]]
+def grpo_summary(runs: Mapping[str, Mapping[int, Mapping[int, Mapping[str, Any]]]],
+                 train: Mapping[str, Mapping[int, Sequence[Mapping[str, Any]]]] | None = None
                  ) -> dict[str, Any]:
   """{reward: {seed: {step: eval json}}} -> {reward: {"seeds", "steps", key: {"before",
   "after", "delta" (mean, std over seeds; delta paired by seed), "per_seed": {seed: [before,
-  after]}, "curve": {step: (mean, std)}}}} for EVAL_KEYS; before = step 0, after = the last step
-  every seed reached."""
+  after]}, "curve": {step: (mean, std)}}}} for SUMMARY_KEYS (a key an eval lacks: None); before
+  = step 0, after = the last step every seed reached. With `train` ({reward: {seed: metrics.jsonl
+  rows}}), TRAIN_KEYS likewise: before = the mean of the first WINDOW steps, after = of the last
+  WINDOW steps (the sampled rubrics of training, not the greedy held-out ones)."""
   out = {}
   for reward, by_seed in runs.items():
     if not by_seed:
@@ -365,17 +372,29 @@ def grpo_summary(runs: Mapping[str, Mapping[int, Mapping[int, Mapping[str, Any]]
     last = min(max(evals) for evals in by_seed.values())
     steps = sorted(set.intersection(*(set(e) for e in by_seed.values())))
     entry: dict[str, Any] = {"seeds": sorted(by_seed), "steps": steps, "last_step": last}
-    for key in EVAL_KEYS:
-      per_seed = {seed: [e[0][key] if 0 in e else None, e[last][key]]
+    for key in SUMMARY_KEYS:
+      per_seed = {seed: [e[0].get(key) if 0 in e else None, e[last].get(key)]
                   for seed, e in by_seed.items()}
-      before = [v[0] for v in per_seed.values()]
-      after = [v[1] for v in per_seed.values()]
-      delta = [b - a for a, b in zip(before, after) if a is not None]
-      entry[key] = {"before": _ms(before), "after": _ms(after), "delta": _ms(delta),
-                    "per_seed": per_seed,
-                    "curve": {t: _ms([e[t][key] for e in by_seed.values()]) for t in steps}}
+      entry[key] = _before_after(per_seed)
+      entry[key]["curve"] = {t: _ms([e[t].get(key) for e in by_seed.values()]) for t in steps}
+    for key, field in TRAIN_KEYS:
+      rows = {seed: [m[field] for m in ms if field in m]
+              for seed, ms in ((train or {}).get(reward) or {}).items()}
+      per_seed = {seed: [sum(v[:compare.WINDOW]) / len(v[:compare.WINDOW]),
+                         sum(v[-compare.WINDOW:]) / len(v[-compare.WINDOW:])]
+                  for seed, v in rows.items() if v}
+      if per_seed:
+        entry[key] = _before_after(per_seed)
     out[reward] = entry
   return out
+
+
+def _before_after(per_seed: Mapping[int, Sequence[float | None]]) -> dict[str, Any]:
+  before = [v[0] for v in per_seed.values()]
+  after = [v[1] for v in per_seed.values()]
+  delta = [b - a for a, b in zip(before, after) if a is not None and b is not None]
+  return {"before": _ms(before), "after": _ms(after), "delta": _ms(delta),
+          "per_seed": dict(per_seed)}
 
 
 def redundant_query_rate(queries: Sequence[Sequence[str]]) -> float:
@@ -518,6 +537,7 @@ def gather(s: Settings) -> dict[str, Any]:
   """Every finished output under s.root."""
   p = paths(s.root)
   grpo: dict[str, dict[int, dict[int, dict]]] = {}
+  train: dict[str, dict[int, list[dict]]] = {}
   for reward in grpo_names(s):
     for seed in s.seeds:
       folder = os.path.join(grpo_dir(s.root, reward, seed), "eval")
@@ -526,6 +546,9 @@ def gather(s: Settings) -> dict[str, Any]:
       evals = {int(n[:-5]): compare._read_json(os.path.join(folder, n))
                for n in os.listdir(folder) if re.fullmatch(r"\d+\.json", n)}
       grpo.setdefault(reward, {})[seed] = {t: e for t, e in evals.items() if t <= s.steps}
+      train.setdefault(reward, {})[seed] = [
+          m for m in _read_jsonl(os.path.join(grpo_dir(s.root, reward, seed), "metrics.jsonl"))
+          if "reward" in m and m.get("step", 0) <= s.steps]
   guided: dict[str, dict[int, dict]] = {}
   for variant in s.variants:
     for seed in s.seeds:
@@ -546,7 +569,7 @@ def gather(s: Settings) -> dict[str, Any]:
           "references": {k: v for k, v in refs.items() if k != "stamp"},
           "demos": len(_read_jsonl(p["demos"])),
           "sft_last": sft_metrics[-1] if sft_metrics else None,
-          "grpo": grpo_summary(grpo), "guided": guided_summary(guided)}
+          "grpo": grpo_summary(grpo, train), "guided": guided_summary(guided)}
 
 
 def _pm(ms, digits: int = 3, sign: str = "") -> str:
@@ -581,11 +604,16 @@ def tables(study: Mapping[str, Any]) -> str:
                  f"{_f(b.get('value_tie_share'))} | {_f(b.get('expert_vs_values'))} |")
   lines += ["", "### Rubric generator on the held-out branch points (S3)", "",
             "Mean ± sample std over seeds; before = step 0 (the warm start), after = the last "
-            "step; Δ paired by seed.", "",
+            "step; Δ paired by seed. Held-out rubrics are greedy; `repetitive` is the share the "
+            "4-gram gate zeroes. `train_reward` / `train_spearman`: the sampled rubrics of "
+            f"training (temperature 1), mean of the first vs the last {compare.WINDOW} steps.",
+            "",
             "| reward | seeds | metric | before | after | Δ | per seed (before → after) |",
             "|---|---|---|---|---|---|---|"]
   for reward, g in study["grpo"].items():
-    for key in EVAL_KEYS:
+    for key in SUMMARY_KEYS + tuple(k for k, _ in TRAIN_KEYS):
+      if key not in g:
+        continue
       e = g[key]
       per = ", ".join(f"{s}: {_f(v[0])} → {_f(v[1])}" for s, v in sorted(e["per_seed"].items()))
       lines.append(f"| {reward} | {len(g['seeds'])} | {key} | {_pm(e['before'])} | "

@@ -101,6 +101,13 @@ def test_grpo_summary_pairs_before_and_after_by_seed(study):
   assert s["after"][1] == pytest.approx(np.std([0.5, 0.4], ddof=1))
   assert s["curve"][10][0] == pytest.approx(0.2)
   assert s["per_seed"][1] == [0.0, 0.4]
+  assert got["repetitive"]["after"] is None  # the evals do not record it
+  # Training rows: first vs last WINDOW (5) steps of the sampled rubrics' metrics.
+  rows = [{"step": t, "reward": float(t), "rubric/spearman": -float(t)} for t in range(1, 13)]
+  got = study.grpo_summary(runs, {"listwise": {0: rows, 1: rows[:6]}})["listwise"]
+  assert got["train_reward"]["per_seed"][0] == [pytest.approx(3.0), pytest.approx(10.0)]
+  assert got["train_reward"]["per_seed"][1] == [pytest.approx(3.0), pytest.approx(4.0)]
+  assert got["train_spearman"]["delta"][0] == pytest.approx(-(7.0 + 1.0) / 2)
 
 
 def test_redundant_query_rate_pools_queries_within_each_trajectory(study):
