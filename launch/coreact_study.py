@@ -645,7 +645,8 @@ def tables(study: Mapping[str, Any]) -> str:
 
 def plot(study: Mapping[str, Any], out: str) -> list[str]:
   """spearman_vs_step.png (held-out Spearman per reward: mean over seeds, band min-max) and
-  guided_f1.png (F1 per variant: mean, error bar = sample std over seeds, dots = seeds)."""
+  guided_f1.png (F1 and steps to answer per variant: mean, error bar = sample std over seeds,
+  dots = seeds)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -673,7 +674,8 @@ def plot(study: Mapping[str, Any], out: str) -> list[str]:
   if study["guided"]:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4), squeeze=False)
     names = list(study["guided"])
-    for ax, key in zip(axes[0], ("f1", "redundant_query_rate")):
+    # (The redundant-query rate is 0 for every variant on the demo: its panel would be empty.)
+    for ax, key in zip(axes[0], ("f1", "steps_to_answer")):
       means = [study["guided"][v][key][0] if study["guided"][v][key] else float("nan")
                for v in names]
       stds = [study["guided"][v][key][1] if study["guided"][v][key] else 0.0 for v in names]
