@@ -463,7 +463,8 @@ def guided_scores(result: Mapping[str, Any]) -> dict[str, float]:
 
 def guided_summary(results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> dict[str, Any]:
   """{variant: {seed: eval json}} -> {variant: {"seeds", key: (mean, std) over seeds,
-  "per_seed": {seed: scores}}}."""
+  "per_seed": {seed: scores}, "f1_vs_react": (mean, std) of the F1 difference to react's run of
+  the same agent seed (seeds both have)}}."""
   out = {}
   for variant, by_seed in results.items():
     if not by_seed:
@@ -471,6 +472,10 @@ def guided_summary(results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> di
     per_seed = {seed: guided_scores(r) for seed, r in sorted(by_seed.items())}
     out[variant] = {"seeds": sorted(per_seed), "per_seed": per_seed,
                     **{k: _ms([s[k] for s in per_seed.values()]) for k in GUIDED_KEYS}}
+  react = out.get("react", {}).get("per_seed", {})
+  for g in out.values():
+    g["f1_vs_react"] = _ms([x["f1"] - react[seed]["f1"] for seed, x in g["per_seed"].items()
+                            if seed in react])
   return out
 
 
@@ -632,11 +637,12 @@ def tables(study: Mapping[str, Any]) -> str:
               "The best context-free rubric: " + " / ".join(b["rubric"].splitlines()) + "."]
   lines += ["", "### Guided inference on SynthWorld test (S4)", "",
             "Mean ± sample std over agent seeds.", "",
-            "| variant | seeds | F1 | EM | redundant-query rate | steps to answer | answered | "
-            "verify retries / step | verified steps retried | mean verify score |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+            "| variant | seeds | F1 | F1 − react (paired by seed) | EM | redundant-query rate | "
+            "steps to answer | answered | verify retries / step | verified steps retried | "
+            "mean verify score |", "|---|---|---|---|---|---|---|---|---|---|---|"]
   for variant, g in study["guided"].items():
-    lines.append(f"| {variant} | {len(g['seeds'])} | {_pm(g['f1'])} | {_pm(g['em'])} | "
+    lines.append(f"| {variant} | {len(g['seeds'])} | {_pm(g['f1'])} | "
+                 f"{_pm(g['f1_vs_react'], sign='+')} | {_pm(g['em'])} | "
                  f"{_pm(g['redundant_query_rate'])} | {_pm(g['steps_to_answer'], 2)} | "
                  f"{_pm(g['answered'])} | {_pm(g['retries_per_step'])} | "
                  f"{_pm(g['retry_share'])} | {_pm(g['verify_score'])} |")

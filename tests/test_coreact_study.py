@@ -147,6 +147,11 @@ def test_guided_scores_from_eval_rows(study):
                                             1: {"per_question": per_question[:2]}}})["react"]
   assert summary["seeds"] == [0, 1]
   assert summary["f1"][0] == pytest.approx((0.5 + 0.75) / 2)
+  assert summary["f1_vs_react"][0] == 0.0
+  two = study.guided_summary({"react": {0: {"per_question": per_question}},
+                              "bon_self": {0: {"per_question": per_question[:2]},
+                                           1: {"per_question": per_question}}})
+  assert two["bon_self"]["f1_vs_react"][0] == pytest.approx(0.25)  # seed 0 only
 
 
 def test_jobs_point_every_run_at_the_study_root(study):
