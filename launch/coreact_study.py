@@ -211,7 +211,8 @@ def jobs(s: Settings) -> list[Job]:
       agent, generator, extra = VARIANTS[variant]
       cmd = [py, launch("eval.py"), "--config=configs/coreact.py:agent",
              f"--hf_path={world['model.hf_path']}", f"--agent={agent}",
-             f"--temperature={AGENT_TEMPERATURE:g}", f"--output={guided_path(s.root, variant, seed)}"]
+             f"--temperature={AGENT_TEMPERATURE:g}",
+             f"--output={guided_path(s.root, variant, seed)}"]
       needs: tuple[str, ...] = ()
       if generator is not None:
         folder = p["untrained"] if generator == "untrained" else \

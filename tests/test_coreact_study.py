@@ -187,7 +187,6 @@ def test_jobs_point_every_run_at_the_study_root(study):
   assert study.grpo_names(dataclasses.replace(s, grpo_temperature=0.3)) == [
       "listwise_t0.3", "pairwise_t0.3", "top1_t0.3", "listwise", "pairwise", "top1"]
   # Every run's overrides parse as config fields of its preset.
-  from ml_collections import config_flags  # noqa: F401
   import configs.coreact as coreact_configs
   for j in list(jobs.values()) + list(cold.values()):
     preset = next(a for a in j.cmd if a.startswith("--config=")).split(":")[1]
