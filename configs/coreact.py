@@ -3,12 +3,12 @@ take its rubric at each step (agentjax/coreact/; methods spec §4). Settings are
 code's (rubric_rl/train_grpo*.sh, reward_fn.py, co_react_eval.yaml) unless marked "ours".
 
   # the demo (after `make demo`): branch points, the generator's warm start, GRPO, guided eval
-  python launch/collect_branches.py --config=configs/coreact.py:collect --split=train
-  python launch/collect_branches.py --config=configs/coreact.py:collect --split=dev
+  python launch/collect_branches.py --config=configs/coreact.py:demo --split=train
+  python launch/collect_branches.py --config=configs/coreact.py:demo --split=dev
   python launch/coreact_demos.py                 # runs/demo/coreact/rubric_demos.jsonl
   python launch/train.py --config=configs/coreact.py:rubric_sft --workdir=runs/demo/coreact/rubric_sft
   python launch/train.py --config=configs/coreact.py:demo --workdir=runs/demo/coreact/rubric
-  python launch/eval.py --config=configs/coreact.py:agent --hf_path=runs/demo/sft/hf_export \
+  python launch/eval.py --config=configs/coreact.py:demo --hf_path=runs/demo/sft/hf_export \
       --agent=coreact --rubric_generator=runs/demo/coreact/rubric/hf_export
   # the paper's rubric generator
   python launch/train.py --config=configs/coreact.py:qwen3-14b --workdir=/mnt/shared/runs/rubric14b \
@@ -16,6 +16,8 @@ code's (rubric_rl/train_grpo*.sh, reward_fn.py, co_react_eval.yaml) unless marke
       --config.judge.model=gemini-2.5-pro
 
 Presets:
+  (collect and agent are the agent's side of the demo: launch/collect_branches.py and
+  launch/eval.py --agent=... given :demo run them through agent_config, below.)
   collect     branch points on SynthWorld: the demo SFT agent's trajectories, 4 candidates per
               temperature (0.7, 1.0, 1.3), deduplicated, 4 kept by BM25 diversity, ranked by 3
               noisy oracle judges (value-to-go from the gold chain), Borda; the rank-1 continues.
@@ -44,6 +46,8 @@ Presets:
   none) and, at eval, the generator's max_think_tokens 1500. One PPO update per step
   (minibatch = the step's batch) is ours.
 """
+
+import copy
 
 from configs import base
 
@@ -139,3 +143,26 @@ def get_config(arg: str = "demo"):
   c.coreact.generator_max_new_tokens = 2048
   c.coreact.generator_max_total_tokens = 8192 + 2048
   return config
+
+
+# The sections a Co-ReAct config shares with its agent's (agent_config copies them).
+SHARED_SECTIONS = ("coreact", "data", "retrieval", "judge")
+
+
+def agent_config(config):
+  """The config of the search agent that a Co-ReAct config's branch collection and guided eval
+  run: a trainer-"rubric" config holds the rubric generator's rollout (protocol "rubric", one
+  turn), so the agent's model and rollout settings come from its preset family ("agent" for the
+  demo presets, base's qwen3-8b for the paper's), with this config's coreact, data, retrieval,
+  judge sections and seed. Any other config is the agent's already and is returned as it is.
+  (launch/collect_branches.py and launch/eval.py --agent=coreact|best_of_n call it, so every
+  stage runs from configs/coreact.py:demo.)"""
+  if config.trainer != "rubric":
+    return config
+  demo = config.preset in ("demo", "collect", "rubric_sft", "agent")
+  agent = get_config("agent") if demo else base.get_config("qwen3-8b")
+  with agent.unlocked():
+    for section in SHARED_SECTIONS:
+      agent[section] = copy.deepcopy(config[section])
+    agent.seed = config.seed
+  return agent

@@ -54,7 +54,8 @@ flags.mark_flag_as_required("config")
 
 def main(_):
   logging.getLogger().setLevel(logging.INFO)
-  config = _CONFIG.value
+  from configs.coreact import agent_config
+  config = agent_config(_CONFIG.value)  # a rubric-trainer config (:demo): its agent's settings
   split = _SPLIT.value or config.coreact.collect_split
   questions = config.coreact.collect_questions if _QUESTIONS.value is None else _QUESTIONS.value
   if questions < 0 or _BATCH.value < 1:

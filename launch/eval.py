@@ -9,8 +9,11 @@ r"""EM, F1 and accuracy per benchmark, from a run's checkpoint or a Hugging Face
   # DAC: the searcher then the generator (both adapters of the run); an abstention is wrong
   python launch/eval.py --config=configs/dac.py:demo --workdir=runs/demo/dac
   # Co-ReAct: the policy guided by a rubric generator's rubrics (shadow suffix, verify, retry)
-  python launch/eval.py --config=configs/coreact.py:agent --hf_path=runs/demo/sft/hf_export \
+  python launch/eval.py --config=configs/coreact.py:demo --hf_path=runs/demo/sft/hf_export \
       --agent=coreact --rubric_generator=runs/demo/coreact/rubric/hf_export
+  # the rubric generator itself: held-out Spearman of its rubrics (greedy, or sampled)
+  python launch/eval.py --config=configs/coreact.py:demo --hf_path=runs/demo/coreact/rubric/hf_export \
+      --temperature=1.0 --samples=4
   # Best-of-N: 4 sampled actions per step, the one the rubric scores highest (or --select=self:
   # the policy's own mean log-prob)
   python launch/eval.py --config=configs/coreact.py:agent --hf_path=runs/demo/sft/hf_export \
@@ -114,6 +117,12 @@ def main(_):
     raise app.UsageError(f"--samples={_SAMPLES.value} needs --temperature: greedy samples are "
                          f"identical")
   config, agent = _CONFIG.value, _AGENT.value
+  if agent != "react" and config.trainer == "rubric":
+    # A rubric-trainer config (configs/coreact.py:demo): the guided agent is its search agent.
+    # (--agent=react with such a config evaluates the rubric generator on its held-out branch
+    # points instead.)
+    from configs.coreact import agent_config
+    config = agent_config(config)
   if agent != "react" and config.trainer == "dac":
     raise app.UsageError(f"--agent={agent}: a DAC run is evaluated as its two roles (react)")
   if agent == "react" and (_GENERATOR.value or _SELECT.value):

@@ -324,3 +324,22 @@ def test_evaluate_rubrics_scores_every_sample_of_every_branch_point():
   rho = [r["spearman"] for r in out["per_question"]]
   assert rho == [1.0, -1.0] * 3 and out["spearman"] == pytest.approx(0.0)
   assert "im_end" not in out["per_question"][0]["rubric"]
+
+
+def test_a_rubric_config_gives_its_agent_config():
+  """Collection and guided eval run from configs/coreact.py:demo: its agent's settings are the
+  agent preset's, with the demo's coreact / data / retrieval sections (overrides included)."""
+  from configs import coreact
+  demo = coreact.get_config("demo")
+  demo.coreact.num_candidates = 3
+  demo.data.eval_size = 7
+  demo.seed = 5
+  agent = coreact.agent_config(demo)
+  reference = coreact.get_config("agent")
+  assert agent.trainer == "rl" and agent.rollout.to_dict() == reference.rollout.to_dict()
+  assert agent.model.hf_path == reference.model.hf_path != demo.model.hf_path
+  assert agent.coreact.num_candidates == 3 and agent.data.eval_size == 7 and agent.seed == 5
+  validate(agent)
+  assert coreact.agent_config(reference) is reference
+  demo.coreact.num_candidates = 4  # a copy, not shared
+  assert agent.coreact.num_candidates == 3
