@@ -75,6 +75,20 @@ def branch_records(path: str, field: str, count_tokens: Callable[[str], int] | N
   return out
 
 
+def fitted_branch_records(config: Any, tokenizer: Any, field: str) -> list[dict[str, Any]]:
+  """branch_records of config.<field> ("coreact.branches_train" / "coreact.branches_dev") with
+  each prompt fitted to what the rubric rollout leaves for it (rollout.max_total_tokens -
+  rollout.max_new_tokens - 1), counted as the rollout encodes it (protocol "rubric", the chat
+  template per rollout.use_chat_template)."""
+  from agentjax.agent.protocol import RUBRIC
+  from agentjax.agent.rollout import prompt_ids
+  r = config.rollout
+  section, key = field.split(".")
+  return branch_records(config[section][key], field,
+                        lambda text: len(prompt_ids(tokenizer, RUBRIC, text, r.use_chat_template)),
+                        r.max_total_tokens - r.max_new_tokens - 1)
+
+
 @dataclasses.dataclass
 class RubricRewards:
   """The rubric reward of each rollout row, applier calls batched per step.
@@ -89,9 +103,13 @@ class RubricRewards:
   eos_texts: tuple[str, ...] = ()
 
   @classmethod
-  def from_config(cls, config: Any, mesh: Any = None) -> "RubricRewards":
+  def from_config(cls, config: Any, mesh: Any = None, engine: Any = None) -> "RubricRewards":
+    """The applier and settings of config.coreact; with the generator's rollout `engine`, its EOS
+    texts."""
     from agentjax.coreact.appliers import build_applier
-    return cls(build_applier(config, mesh=mesh), RewardSettings.from_config(config.coreact))
+    eos = () if engine is None else tuple(engine.decode([int(i)])
+                                          for i in np.asarray(engine.eos_ids))
+    return cls(build_applier(config, mesh=mesh), RewardSettings.from_config(config.coreact), eos)
 
   def score(self, texts: Sequence[str], branches: Sequence[Mapping[str, Any]]
             ) -> tuple[list[Any], list[Any]]:

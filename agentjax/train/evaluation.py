@@ -252,18 +252,12 @@ def _eval_rubric_generator(config: Any, engine: Any, params: Any, tokenizer: Any
   """Co-ReAct's rubric generator on config.coreact.branches_dev (agentjax/coreact/task.py
   evaluate_rubrics; prompts fitted as the trainer fits them). {"source", "split": the file,
   "samples", "temperature", "seed", "rubric": evaluate_rubrics' result}."""
-  from agentjax.agent.protocol import RUBRIC
-  from agentjax.agent.rollout import prompt_ids
-  from agentjax.coreact.task import RubricRewards, branch_records, evaluate_rubrics
+  from agentjax.coreact.task import RubricRewards, evaluate_rubrics, fitted_branch_records
   from agentjax.parallel import use_mesh
-  r = config.rollout
-  count = lambda text: len(prompt_ids(tokenizer, RUBRIC, text, r.use_chat_template))  # noqa: E731
-  records = branch_records(config.coreact.branches_dev, "coreact.branches_dev", count,
-                           r.max_total_tokens - r.max_new_tokens - 1)
+  records = fitted_branch_records(config, tokenizer, "coreact.branches_dev")
   if config.data.eval_size:
     records = records[:config.data.eval_size]
-  rewards = RubricRewards.from_config(config, mesh=mesh)
-  rewards.eos_texts = tuple(engine.decode([int(i)]) for i in np.asarray(engine.eos_ids))
+  rewards = RubricRewards.from_config(config, mesh=mesh, engine=engine)
   with use_mesh(mesh):
     result = evaluate_rubrics(engine, params, records, config.train.eval_batch, rewards,
                               samples=samples, seed=config.seed)

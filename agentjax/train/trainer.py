@@ -508,21 +508,14 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
   rubric_task = None
   if config.trainer == "rubric":  # Co-ReAct's rubric generator on branch points, not questions
-    from agentjax.coreact.task import RubricRewards, branch_records
-    from agentjax.agent.protocol import RUBRIC
-    from agentjax.agent.rollout import prompt_ids
-    count = lambda text: len(prompt_ids(  # noqa: E731 - the generator's prompt, as the rollout's
-        tokenizer, RUBRIC, text, config.rollout.use_chat_template))
-    room = config.rollout.max_total_tokens - config.rollout.max_new_tokens - 1
+    from agentjax.coreact.task import fitted_branch_records
     try:
-      train_records = branch_records(config.coreact.branches_train, "coreact.branches_train",
-                                     count, room)
-      dev = branch_records(config.coreact.branches_dev, "coreact.branches_dev", count, room)
+      train_records = fitted_branch_records(config, tokenizer, "coreact.branches_train")
+      dev = fitted_branch_records(config, tokenizer, "coreact.branches_dev")
     except ValueError as e:
       raise config_lib.ConfigError(str(e)) from None
     stream = QuestionStream(train_records, config.seed)
     eval_name = "branches"
-    rubric_task = RubricRewards.from_config(config, mesh=mesh)
   else:
     train_names = config_lib.benchmark_list(config.data.train, "data.train")
     eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
@@ -532,8 +525,9 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
     dev = dev[:config.data.eval_size]
   backend = make_search_backend(config)
   engine, eval_engine = make_agents(config, cfg, tokenizer, backend, mesh, target.spec)
-  if rubric_task is not None:  # the rubric scored is the response without its final EOS
-    rubric_task.eos_texts = tuple(engine.decode([int(i)]) for i in np.asarray(engine.eos_ids))
+  if config.trainer == "rubric":  # the applier; the rubric scored is the text without its EOS
+    from agentjax.coreact.task import RubricRewards
+    rubric_task = RubricRewards.from_config(config, mesh=mesh, engine=engine)
   searcher = engine.searcher if config.trainer == "dac" else engine
   longest = max(len(searcher.prompt_ids(r["question"])) for r in stream.records + dev)
   if longest + config.rollout.max_new_tokens >= config.rollout.max_total_tokens:
