@@ -265,7 +265,8 @@ class GuidedEngine(RolloutEngine):
     self.trace = []
     self._stats = dict.fromkeys(
         ("rubrics", "rubric_missing", "rubric_dropped", "verify_checks", "verify_retries",
-         "verify_score_sum", "applier_failures", "proposals", "proposal_tokens"), 0.0)
+         "retry_no_room", "verify_score_sum", "applier_failures", "proposals",
+         "proposal_tokens"), 0.0)
     batch, metrics = super().run(params, questions, rng, policy_for_turn=policy_for_turn)
     st = self._stats
     for k, v in st.items():
@@ -377,6 +378,7 @@ class GuidedEngine(RolloutEngine):
           failed = self._failed(g, text)
           shown = g.suffix + self.encode(retry_suffix(g.rubric, failed))
           if int(length[b]) + len(shown) + self.config.max_new_tokens > rows.budget:
+            self._stats["retry_no_room"] += 1
             continue  # no room for the feedback and a new action: the action stands
           g.shown = shown
           low.append(b)
