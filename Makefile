@@ -21,7 +21,7 @@ $(STAMP): setup.py
 	touch $(STAMP)
 
 # The default suite (~10 minutes on 2 cores); test-all adds the slow end-to-end checks
-# (two-process multi-host training, the notebooks executed end to end).
+# (two-process multi-host training, the notebooks executed end to end, Co-ReAct's stages chained).
 test: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" tests
 
