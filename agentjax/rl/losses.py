@@ -234,3 +234,51 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
                             norm_length=norm_length)
+
+
+# ---------------------------------------------------------------------------------------------
+# The critic (PPO with a learned value model)
+# ---------------------------------------------------------------------------------------------
+
+
+def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
+               value_clip: float | None = 0.2, aggregation: str = "token-mean"
+               ) -> tuple[Array, dict[str, Array]]:
+  """The critic's clipped value loss (verl's compute_value_loss) over the masked slots.
+
+    v_clip = old_v + clip(v - old_v, -value_clip, value_clip)
+    loss   = 0.5 * max((v - R)^2, (v_clip - R)^2)        (value_clip None: 0.5 (v - R)^2)
+
+  aggregated by `aggregate_loss`. Masked slots may hold garbage: they are selected away first.
+
+  Args:
+    values: [B, N] the critic's values now (N token slots, or turns for a turn-level critic).
+    old_values: [B, N] its values when the batch was scored (the clip's anchor).
+    returns: [B, N] the GAE returns (agentjax/rl/gae.py), the regression target.
+    mask: [B, N] bool, the slots that count (sampled tokens, or turns).
+  Returns:
+    (loss, {"critic/value_loss", "critic/value_clip_fraction", "critic/value_mean",
+    "critic/return_mean", "critic/explained_variance"}) — explained variance 1 - Var(R - v) /
+    Var(R) over the masked slots (0 when Var(R) is 0).
+  """
+  mask = jnp.asarray(mask).astype(bool)
+  v = jnp.where(mask, values, 0.0).astype(_F32)
+  old = jnp.where(mask, old_values, 0.0).astype(_F32)
+  ret = jnp.where(mask, returns, 0.0).astype(_F32)
+  unclipped = jnp.square(v - ret)
+  if value_clip is None:
+    per_slot, clipped_frac = 0.5 * unclipped, jnp.zeros((), _F32)
+  else:
+    v_clip = old + jnp.clip(v - old, -value_clip, value_clip)
+    clipped = jnp.square(v_clip - ret)
+    per_slot = 0.5 * jnp.maximum(unclipped, clipped)
+    clipped_frac = _masked_mean((clipped > unclipped).astype(_F32), mask)
+  loss = aggregate_loss(per_slot, mask, aggregation)
+  ret_mean = _masked_mean(ret, mask)
+  var_ret = _masked_mean(jnp.square(ret - ret_mean), mask)
+  err = ret - v
+  var_err = _masked_mean(jnp.square(err - _masked_mean(err, mask)), mask)
+  explained = jnp.where(var_ret > 0, 1.0 - var_err / jnp.where(var_ret > 0, var_ret, 1.0), 0.0)
+  return loss, {"critic/value_loss": loss, "critic/value_clip_fraction": clipped_frac,
+                "critic/value_mean": _masked_mean(v, mask), "critic/return_mean": ret_mean,
+                "critic/explained_variance": explained}
