@@ -289,10 +289,6 @@ def _nan_mean(xs: Sequence[float]) -> float:
   return sum(xs) / len(xs) if xs else float("nan")
 
 
-def _norm(text: str) -> str:
-  return " ".join(text.lower().split())
-
-
 def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
   """Tie-aware Spearman of two rankings (agentjax.rl.ranking.spearman: the study's one
   definition); nan when one is constant."""
@@ -312,7 +308,8 @@ def branch_stats(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return {"rows": 0}
   questions = {str(r.get("id", "")).rsplit("/", 1)[0] for r in rows}
   k = [len(r["candidates"]) for r in rows]
-  distinct = [len({_norm(c) for c in r["candidates"]}) for r in rows]
+  from agentjax.rl.ranking import normalize_text  # the collector's dedup comparison
+  distinct = [len({normalize_text(c) for c in r["candidates"]}) for r in rows]
   agreement, undefined, pairs = [], 0, 0
   judge_ties, judge_n = 0, 0
   for r in rows:
@@ -400,12 +397,14 @@ def _before_after(per_seed: Mapping[int, Sequence[float | None]]) -> dict[str, A
 
 def redundant_query_rate(queries: Sequence[Sequence[str]]) -> float:
   """Share of search queries (pooled over trajectories) that repeat an earlier query of the same
-  trajectory (case and whitespace normalized); nan with no query."""
+  trajectory (normalized as rollout.search_stats normalizes them: protocol.normalize_text);
+  nan with no query."""
+  from agentjax.agent.protocol import normalize_text
   total = repeats = 0
   for qs in queries:
     seen: set[str] = set()
     for q in qs:
-      q = _norm(q)
+      q = normalize_text(q)
       total += 1
       repeats += q in seen
       seen.add(q)
@@ -420,8 +419,8 @@ def _queries(row: Mapping[str, Any]) -> list[str] | None:
   texts = row.get("texts") or row.get("turn_texts")
   if texts is None:
     return None
-  return [m.group(1).strip() for t in texts for m in re.finditer(r"<search>(.*?)</search>", t,
-                                                                 re.S)]
+  from agentjax.agent.protocol import SEARCH, SEARCH_R1, parse_action  # the rollout's parser
+  return [a.content for a in (parse_action(SEARCH_R1, t) for t in texts) if a.kind == SEARCH]
 
 
 def guided_scores(result: Mapping[str, Any]) -> dict[str, float]:
