@@ -69,8 +69,6 @@ from agentjax.rl import ranking
 # ---------------------------------------------------------------------------------------------
 
 
-# A name, query, answer or document as entity matching compares them (the one normalization).
-normalize = normalize_text
 
 
 def load_entities(path: str) -> frozenset[str]:
@@ -84,7 +82,7 @@ def load_entities(path: str) -> frozenset[str]:
                                        what="entities file"):
     if not isinstance(row["name"], str):
       raise ValueError(f"{path}:{lineno}: 'name' must be a string, got {row['name']!r}")
-    name = normalize(row["name"])
+    name = normalize_text(row["name"])
     if name:
       names.add(name)
   return frozenset(names)
@@ -97,7 +95,7 @@ def _max_words(entities: frozenset[str]) -> int:
 
 def entities_in(text: str, entities: frozenset[str]) -> frozenset[str]:
   """The entities (normalized names) that `text` mentions as whole words."""
-  words = normalize(text).split()
+  words = normalize_text(text).split()
   found = set()
   for n in range(1, min(_max_words(entities), len(words)) + 1):
     for i in range(len(words) - n + 1):
@@ -125,7 +123,7 @@ class Facts:
 
 def _compute_facts(ctx: BranchContext, entities: frozenset[str]) -> Facts:
   question = entities_in(str(ctx.question.get("question", "")), entities)
-  queries = frozenset(normalize(t.action.content) for t in ctx.turns if t.action.kind == SEARCH)
+  queries = frozenset(normalize_text(t.action.content) for t in ctx.turns if t.action.kind == SEARCH)
   with_docs = [t for t in ctx.turns if t.documents]
   latest = frozenset()
   if with_docs:
@@ -160,12 +158,12 @@ Predicate = Callable[[BranchContext, Action, frozenset], bool]
 
 def _query_is_new(ctx, action, entities):
   return (action.kind == SEARCH and
-          normalize(action.content) not in facts_of(ctx, entities).earlier_queries)
+          normalize_text(action.content) not in facts_of(ctx, entities).earlier_queries)
 
 
 def _query_repeats(ctx, action, entities):
   return (action.kind == SEARCH and
-          normalize(action.content) in facts_of(ctx, entities).earlier_queries)
+          normalize_text(action.content) in facts_of(ctx, entities).earlier_queries)
 
 
 def _query_names_question_entity(ctx, action, entities):

@@ -52,7 +52,6 @@ ORACLE_IDENTITY = {"backend": "oracle", "model": "synthworld-gold-chain", "promp
 MISSING_CHAIN = "oracle needs a SynthWorld question (chain)"
 
 
-_norm = normalize_text  # names and queries compared as the executor and the eval compare them
 
 
 def title_key(title: str) -> str:
@@ -60,7 +59,7 @@ def title_key(title: str) -> str:
   title = title.strip()
   if len(title) >= 2 and title[0] == title[-1] == '"':
     title = title[1:-1]
-  return _norm(title)
+  return normalize_text(title)
 
 
 def gold_chain(question: Mapping[str, Any]) -> tuple[list[str], str | None]:
@@ -75,10 +74,10 @@ def gold_chain(question: Mapping[str, Any]) -> tuple[list[str], str | None]:
     hops = int(hops)
   except (TypeError, ValueError):
     return [], f"{MISSING_CHAIN}: 'hops' must be an int, got {hops!r}"
-  if not 1 <= hops <= len(chain) or not all(_norm(n) for n in chain[:hops]):
+  if not 1 <= hops <= len(chain) or not all(normalize_text(n) for n in chain[:hops]):
     return [], (f"{MISSING_CHAIN}: 'hops'={hops} needs {hops} non-empty names in 'chain', "
                 f"got {chain!r}")
-  return [_norm(n) for n in chain[:hops]], None
+  return [normalize_text(n) for n in chain[:hops]], None
 
 
 def hop_index(gold: Sequence[str]) -> dict[str, int]:
@@ -126,7 +125,7 @@ def oracle_verdicts(question: Mapping[str, Any], turns: Sequence[TurnRecord]) ->
   for k, turn in enumerate(turns):
     kind = turn.action.kind
     if kind == SEARCH:
-      query = _norm(turn.action.content)
+      query = normalize_text(turn.action.content)
       targets = [h for h, name in enumerate(gold) if not resolved[h] and _mentions(query, name)]
       new = resolve(hop_of, resolved, turn.documents)
       retrieval, thinking = int(bool(new)), int(bool(targets))

@@ -26,7 +26,6 @@ TRAINERS = ("rl", "sft", "dac", "rubric")
 # Estimators of per-trajectory outcome advantages (no probes, no judge): what DAC's roles and the
 # rubric generator (one reward per rubric) can use.
 OUTCOME_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "reinforce++", "reinforce++_baseline")
-DAC_ALGORITHMS = OUTCOME_ALGORITHMS
 # Estimators that compare the rollouts of one question: a group of one gives no signal.
 GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
 # Estimators that read per-round judge verdicts (retrieval_scores / thinking_scores).
@@ -314,9 +313,9 @@ def _validate_dac(config: Any) -> None:
     _fail("rollout.protocol", protocol, "is the searcher's protocol: it must be able to search "
           "(the generator's answer_only protocol is DAC's own)")
   algorithm = _get(config, "algorithm")
-  if algorithm not in DAC_ALGORITHMS:
+  if algorithm not in OUTCOME_ALGORITHMS:
     _fail("algorithm", algorithm, f"DAC's roles take per-trajectory outcome advantages: one of "
-          f"{list(DAC_ALGORITHMS)}")
+          f"{list(OUTCOME_ALGORITHMS)}")
   for f in ("dac.generator_samples", "dac.max_evidence_docs", "dac.generator_max_new_tokens",
             "dac.generator_max_total_tokens", "dac.augment_depth"):
     v = _get(config, f)
