@@ -69,8 +69,6 @@ from agentjax.rl import ranking
 # ---------------------------------------------------------------------------------------------
 
 
-
-
 def load_entities(path: str) -> frozenset[str]:
   """The normalized entity names of an entities.jsonl file (one {"name": ...} object a line).
 
