@@ -349,6 +349,24 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   return c
 
 
+def warm_start_sft(c, protocol: str, demos: str, steps: int, max_len: int) -> None:
+  """A demo role's warm start (DAC's generator, Co-ReAct's rubric generator): SFT of `steps`
+  batches of 16 demonstrations in the role's one-turn `protocol` (its prompt built elsewhere),
+  no corpus text, lr 1e-3, one micro-batch of fixed shape, a checkpoint every 100 steps."""
+  c.trainer = "sft"
+  c.rollout.protocol = protocol
+  c.rollout.max_turns = 1
+  c.sft.demos = demos
+  c.sft.corpus_path = ""
+  c.sft.steps = steps
+  c.sft.batch_size = 16
+  c.sft.max_len = max_len
+  c.sft.lr = 1e-3
+  c.sft.micro_batches = 1
+  c.sft.length_buckets = ()
+  c.sft.checkpoint_every = 100
+
+
 def _demo(c):
   """A small Qwen trained from scratch on SynthWorld in minutes on a laptop CPU. `make demo` runs
   sft.py:demo into runs/demo/sft (demonstrations + the corpus as plain text), then this from its

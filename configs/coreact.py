@@ -97,18 +97,7 @@ def get_config(arg: str = "demo"):
     # cannot train them, so a LoRA-tuned generator writes rubrics greedily but sampled ones at
     # temperature 1 (GRPO's rollouts) come out as byte garbage that never parses (measured:
     # docs/results/coreact). The generator is then its own model, started from the agent's.
-    c.trainer = "sft"
-    c.rollout.protocol = "rubric"
-    c.rollout.max_turns = 1
-    c.sft.demos = RUBRIC_DEMOS
-    c.sft.corpus_path = ""
-    c.sft.steps = 200
-    c.sft.batch_size = 16
-    c.sft.max_len = 1024
-    c.sft.lr = 1e-3
-    c.sft.micro_batches = 1
-    c.sft.length_buckets = ()
-    c.sft.checkpoint_every = 100
+    base.warm_start_sft(c, "rubric", RUBRIC_DEMOS, steps=200, max_len=1024)
     return config
   if arg == "demo":
     _rubric_rollout(c, max_new_tokens=96, max_total_tokens=1024)

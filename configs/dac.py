@@ -65,18 +65,8 @@ def get_config(arg: str = "demo"):
   if arg == "generator_sft":
     # LoRA SFT of the generator alone (trainer sft trains the first adapter) on prompts the DAC
     # rollout builds (protocol answer_only: the prompt is the generator's whole instruction).
-    c.trainer = "sft"
+    base.warm_start_sft(c, "answer_only", GENERATOR_DEMOS, steps=400, max_len=512)
     c.model.lora.adapters = "generator"
-    c.rollout.protocol = "answer_only"
-    c.sft.demos = GENERATOR_DEMOS
-    c.sft.corpus_path = ""
-    c.sft.steps = 400
-    c.sft.batch_size = 16
-    c.sft.max_len = 512
-    c.sft.lr = 1e-3
-    c.sft.micro_batches = 1
-    c.sft.length_buckets = ()
-    c.sft.checkpoint_every = 100
     return config
   if arg == "demo":
     c.optimizer.lr = LORA_LR
