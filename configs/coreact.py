@@ -36,14 +36,13 @@ Presets:
   qwen3-14b   the code's 14B trainer: 32 prompts x 8, lr 2e-6 constant after 10 warm-up steps,
               KL 0.005 low_var_kl, clip 0.2, no entropy bonus, temperature 1.0, prompt 8192 /
               response 2048, 2 epochs (train.steps: set it to 2 x rows / 32 of your branch set;
-              125 is the eval config's checkpoint). Full fine-tuning, as verl's. The code's rollout
-              repetition penalty 1.1 has no counterpart in agentjax's sampler (not done).
+              125 is the eval config's checkpoint). Full fine-tuning, as verl's.
   qwen3-8b    the code's 8B trainer: 64 prompts x 8, lr 3e-6, KL 0.005, clip 0.2 (verl's
               default); the code's 8B script does not state the rest: ours, copied from
               qwen3-14b (10 warm-up steps, low_var_kl, temperature 1.0, 8192 / 2048; train.steps
               = 2 x rows / 64 for 2 epochs).
-  Not implemented for either: the rollout's repetition penalty 1.1 (agentjax's sampler has
-  none) and, at eval, the generator's max_think_tokens 1500. One PPO update per step
+  Not implemented for either: the code's repetition penalty 1.1 in rollouts and at eval
+  (agentjax's sampler has none) and, at eval, the generator's max_think_tokens 1500. One PPO update per step
   (minibatch = the step's batch) is ours.
 """
 
