@@ -343,3 +343,16 @@ def test_a_rubric_config_gives_its_agent_config():
   assert coreact.agent_config(reference) is reference
   demo.coreact.num_candidates = 4  # a copy, not shared
   assert agent.coreact.num_candidates == 3
+
+
+@pytest.mark.parametrize("temperature,distinct", [(0.0, 1), (0.7, 3)])
+def test_sampled_llm_judges_of_one_model_are_each_asked(temperature, distinct):
+  """Greedy judges of one model give one reply (asked once, shared); sampled judges (the code's
+  0.7) are J draws, each its own backend: sharing one would make the Borda a single ranking."""
+  from configs import coreact
+  from agentjax.coreact.rankers import build_ranker
+  c = coreact.get_config("demo")
+  c.coreact.judge_backend = "openai"
+  c.judge.temperature = temperature
+  ranker = build_ranker(c)
+  assert len(ranker.backends) == 3 and len({id(b) for b in ranker.backends}) == distinct
