@@ -135,6 +135,65 @@ def ref_reinforce(outcome, group_ids, mask, subtract, eps=1e-8, ddof=0):
   return out
 
 
+def ref_ppo(d, mode, gamma=1.0, lam=1.0, ig_weight=0.0, outcome_weight=1.0, whiten=True):
+  """NumPy loops for the critic estimators. mode: "token" (verl's gae with observation tokens
+  skipped), "round" (verl's gae-round: the recursion reset at every non-sampled slot), "turn"
+  (one step per turn, its value at the turn's first sampled token). Returns (adv, returns,
+  value_mask), all [B, L]. ("round" also resets where a turn follows another with no
+  observation slot between them, which verl's mask-only loop would merge: our rollouts always
+  have one, this layout sometimes not.)"""
+  m, tid, nt, v = d["loss_mask"].astype(bool), d["turn_id"], d["num_turns"], d["values"]
+  b, length = m.shape
+  rewards = np.zeros((b, length))
+  turn_r = {}
+  for i in range(b):
+    for k in range(nt[i]):
+      r = outcome_weight * d["outcome"][i] if k == nt[i] - 1 else ig_weight * d["ig"][i, k]
+      turn_r[i, k] = r
+      slots = [l for l in range(length) if m[i, l] and tid[i, l] == k]
+      if slots:
+        rewards[i, slots[-1]] = r
+  adv, ret, vmask = np.zeros((b, length)), np.zeros((b, length)), np.zeros((b, length), bool)
+  for i in range(b):
+    if mode in ("token", "round"):
+      next_v = last = 0.0
+      after = None  # the turn of the next sampled slot
+      for l in reversed(range(length)):  # verl's loop over every slot, masks as weights
+        if mode == "round" and m[i, l] and after is not None and after != tid[i, l]:
+          next_v = last = 0.0
+        after = tid[i, l] if m[i, l] else after
+        delta = rewards[i, l] + gamma * next_v - v[i, l]
+        a = delta + gamma * lam * last
+        if mode == "token":
+          next_v = v[i, l] if m[i, l] else next_v
+          last = a if m[i, l] else last
+        else:
+          next_v, last = (v[i, l], a) if m[i, l] else (0.0, 0.0)
+        if m[i, l]:
+          adv[i, l], ret[i, l], vmask[i, l] = a, a + v[i, l], True
+    else:
+      steps = []  # (turn, first slot)
+      for k in range(nt[i]):
+        slots = [l for l in range(length) if m[i, l] and tid[i, l] == k]
+        if slots:
+          steps.append((k, slots[0]))
+      next_v = last = 0.0
+      turn_adv = {}
+      for k, first in reversed(steps):
+        delta = turn_r[i, k] + gamma * next_v - v[i, first]
+        last = delta + gamma * lam * last
+        next_v = v[i, first]
+        turn_adv[k] = last
+        ret[i, first], vmask[i, first] = last + v[i, first], True
+      for l in range(length):
+        if m[i, l] and tid[i, l] in turn_adv:
+          adv[i, l] = turn_adv[tid[i, l]]
+  if whiten:
+    toks = adv[m]
+    adv = np.where(m, (adv - toks.mean()) / np.sqrt(toks.var(ddof=1) + 1e-8), 0.0)
+  return adv, ret, vmask
+
+
 def ref_igpo_turns(ig, outcome, num_turns, group_ids, gamma, mode, eps=1e-6, w_ig=1.0, w_out=1.0,
                    std_estimator="population"):
   b, num_t = ig.shape
@@ -643,6 +702,8 @@ EQUAL_VALUES = (0.7, 2 / 3, 0.9, 0.1, 1e3 + 0.1, 0.3, 1 / 3, -0.7, 0.2, 5 / 7, 0
 # Estimators that whiten over the whole batch after (or without) a group baseline: an all-equal
 # group is zero only when the whole batch is (verl / OpenRLHF semantics).
 WHITENED = ("reinforce++", "reinforce++_baseline")
+# The critic estimators and their reference's mode; a critic is their baseline (no group one).
+CRITIC = {"ppo": "token", "ppo_turn": "turn", "ppo_round": "round"}
 
 
 def make_collapsed_batch(seed, ig_shift=0.0, num_t=3, length=16):
@@ -686,8 +747,9 @@ def make_collapsed_batch(seed, ig_shift=0.0, num_t=3, length=16):
   ig[np.arange(num_t)[None, :] >= num_turns[:, None] - 1] = np.nan
   ret = rng.uniform(size=(b, num_t)).astype(np.float32)
   think = rng.uniform(size=(b, num_t)).astype(np.float32)
+  values = rng.normal(size=mask.shape).astype(np.float32)
   d = dict(outcome=outcome, group_ids=ids, num_turns=num_turns, turn_id=turn_id, loss_mask=mask,
-           ig=ig, retrieval_scores=ret, thinking_scores=think)
+           ig=ig, retrieval_scores=ret, thinking_scores=think, values=values)
   assert set(d) == adv_lib.BATCH_FIELDS
   return d, collapsed
 
@@ -712,6 +774,8 @@ def ref_estimator(name, d, kw):
   if name == "cw_grpo":
     return ref_cw_grpo(d, kw.get("gamma", 100.0), kw.get("all_zero_fallback", "zero"),
                        **std)[0]
+  if name in CRITIC:
+    return ref_ppo(d, CRITIC[name], **kw)[0]
   raise AssertionError(f"no NumPy reference for the registered estimator {name!r}: add one")
 
 
@@ -742,8 +806,8 @@ class CollapsedGroupsTest(absltest.TestCase):
             adv, stats = adv_lib.get_advantage_estimator(name)(**batch, **kw)
             adv = np.asarray(adv)
             assert_close(adv, ref_estimator(name, batch, kw))
-            if name in WHITENED:
-              continue  # see test_whitened_all_equal_batch
+            if name in WHITENED or name in CRITIC:
+              continue  # see test_whitened_all_equal_batch; a critic is the critic's baseline
             np.testing.assert_array_equal(adv[collapsed], 0.0)
             self.assertTrue(np.all(np.abs(adv[~collapsed]).max(axis=1) > 1e-3))
             want = ref_collapse(batch["outcome"], batch["group_ids"])
@@ -884,3 +948,24 @@ def test_registry():
     assert adv.shape == d["loss_mask"].shape
   finally:
     del adv_lib.ADVANTAGE_ESTIMATORS["test_zero"]
+
+
+@pytest.mark.parametrize("name", sorted(CRITIC))
+@pytest.mark.parametrize("kw", [dict(gamma=0.9, lam=0.95), dict(gamma=0.8, lam=0.0, whiten=False),
+                                dict(ig_weight=0.5, outcome_weight=2.0, lam=0.7)])
+def test_critic_estimators_match_numpy_loops(name, kw):
+  """ppo / ppo_turn / ppo_round against NumPy loops (ref_ppo) on ragged trajectories: gamma,
+  lam, IG turn rewards, whitening; the critic's targets and the slots they sit on too."""
+  for seed in range(2):
+    d = make_batch(seed)
+    rng = np.random.default_rng(seed + 10)
+    d["values"] = rng.normal(size=d["loss_mask"].shape).astype(np.float32)
+    adv, stats = adv_lib.get_advantage_estimator(name)(**d, **kw)
+    ref_adv, ref_ret, ref_vmask = ref_ppo(d, CRITIC[name], **kw)
+    assert_close(adv, ref_adv, atol=2e-5)
+    np.testing.assert_array_equal(np.asarray(stats["value_mask"]), ref_vmask)
+    assert_close(np.where(ref_vmask, stats["returns"], 0.0), ref_ret, atol=2e-5)
+    # Values off the steps never matter (observations, prompt, padding).
+    d["values"] = np.where(d["loss_mask"] > 0, d["values"], 50.0).astype(np.float32)
+    adv2, _ = adv_lib.get_advantage_estimator(name)(**d, **kw)
+    assert_close(adv2, adv, atol=1e-6)

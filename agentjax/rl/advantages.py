@@ -44,6 +44,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from agentjax.rl import gae as gae_lib
+
 Array = jax.Array
 _F32 = jnp.float32
 
@@ -51,7 +53,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
 
 # Per-batch inputs an estimator may or may not consume; the registry drops the unused ones.
 BATCH_FIELDS = frozenset({"outcome", "group_ids", "loss_mask", "turn_id", "num_turns", "ig",
-                          "retrieval_scores", "thinking_scores"})
+                          "retrieval_scores", "thinking_scores", "values"})
 
 
 def register_advantage(name: str):
@@ -206,6 +208,22 @@ def _masked_mean_std(x: Array, mask: Array) -> tuple[Array, Array]:
   of one pool (`_pool_moments`), so equal values give exactly their value and std 0."""
   m = _pool_moments(jnp.asarray(x).astype(_F32), jnp.asarray(mask).astype(bool)[None], 0)
   return m["ref"][0] + m["mean_dev"][0], jnp.sqrt(m["var"][0])
+
+
+def masked_whiten(x: Array, mask: Array, ddof: int = 1, eps: float = 1e-8) -> Array:
+  """(x - mean) * rsqrt(var + eps) over the masked entries of the whole batch (verl's
+  masked_whiten: its variance is unbiased, ddof 1); 0 off mask, and 0 everywhere when the masked
+  entries are all equal (the pool moments of `_pool_moments`).
+
+  Args:
+    x: [B, L] float; mask: [B, L] bool.
+  """
+  mask = jnp.asarray(mask).astype(bool)
+  x = jnp.where(mask, jnp.asarray(x).astype(_F32), 0.0)
+  m = _pool_moments(x, mask[None], ddof)
+  centred = (x - m["ref"][0]) - m["mean_dev"][0]
+  white = jnp.where(m["collapsed"][0], 0.0, centred * jax.lax.rsqrt(m["var"][0] + eps))
+  return jnp.where(mask, white, 0.0)
 
 
 def turn_mask_from(num_turns: Array, num_t: int) -> Array:
@@ -380,13 +398,9 @@ def _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, std_estima
   base = (grpo_outcome_advantages(outcome, group_ids, scale_by_std=False)
           if subtract_group_mean else outcome)
   mask = jnp.asarray(loss_mask).astype(bool)
-  tok = _broadcast_to_tokens(base, mask)
   # Whitening over every sampled token of the batch: long answers weigh more, as in
-  # OpenRLHF/verl's masked_whiten, (a - mean) * rsqrt(var + eps); verl's var is unbiased.
-  m = _pool_moments(tok, mask[None], _ddof(std_estimator))
-  centred = (tok - m["ref"][0]) - m["mean_dev"][0]
-  white = jnp.where(m["collapsed"][0], 0.0, centred * jax.lax.rsqrt(m["var"][0] + eps))
-  adv = jnp.where(mask, white, 0.0)
+  # OpenRLHF/verl's masked_whiten.
+  adv = masked_whiten(_broadcast_to_tokens(base, mask), mask, _ddof(std_estimator), eps)
   return adv, _outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
 
 
@@ -446,11 +460,15 @@ def discounted_turn_returns(turn_rewards: Array, turn_mask: Array, gamma: float 
   return jnp.where(turn_mask, out, 0.0)
 
 
-def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, *,
-                         gamma: float | Array = 1.0, norm_mode: str = "joint",
-                         ig_weight: float = 1.0, outcome_weight: float = 1.0,
-                         std_estimator: str = "population", eps: float = 1e-6) -> Array:
-  """IGPO turn-level advantages [B, T] (see `igpo_advantages`)."""
+def igpo_turn_rewards(ig: Array, outcome: Array, num_turns: Array, *, ig_weight: float = 1.0,
+                      outcome_weight: float = 1.0) -> tuple[Array, Array, Array, Array]:
+  """IGPO's turn rewards: r[b, k] = ig_weight * ig[b, k] on the non-answer turns
+  k < num_turns[b] - 1, outcome_weight * outcome[b] on the answer turn k = num_turns[b] - 1.
+
+  Returns:
+    (rewards [B, T] float32 (0 past a row's turns), valid [B, T], is_answer [B, T], is_ig [B, T]
+    bool masks).
+  """
   num_t = ig.shape[1]
   num_turns = jnp.asarray(num_turns).astype(jnp.int32)
   k = jnp.arange(num_t)[None, :]
@@ -460,7 +478,18 @@ def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids:
   is_ig = k < last
   outcome = jnp.asarray(outcome).astype(_F32)
   rewards = jnp.where(is_answer, outcome_weight * outcome[:, None],
-                      ig_weight * ig.astype(_F32))
+                      jnp.where(is_ig, ig_weight * ig.astype(_F32), 0.0))
+  return rewards, valid, is_answer, is_ig
+
+
+def igpo_turn_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array, *,
+                         gamma: float | Array = 1.0, norm_mode: str = "joint",
+                         ig_weight: float = 1.0, outcome_weight: float = 1.0,
+                         std_estimator: str = "population", eps: float = 1e-6) -> Array:
+  """IGPO turn-level advantages [B, T] (see `igpo_advantages`)."""
+  rewards, valid, is_answer, is_ig = igpo_turn_rewards(ig, outcome, num_turns,
+                                                       ig_weight=ig_weight,
+                                                       outcome_weight=outcome_weight)
   norm = functools.partial(group_normalize, group_ids=group_ids, std_estimator=std_estimator,
                            eps=eps)
   if norm_mode == "joint":
@@ -632,3 +661,121 @@ def cw_grpo_advantages(outcome: Array, group_ids: Array, retrieval_scores: Array
   stats["cw_fallback_count"] = jnp.sum(fired).astype(_F32)
   stats["cw_judged_positive"] = jnp.sum(positive).astype(_F32)
   return adv, stats
+
+
+# ---------------------------------------------------------------------------------------------
+# Critic-based estimators (PPO with a learned value model; agentjax/train/critic.py).
+# ---------------------------------------------------------------------------------------------
+
+
+def _ppo_stats(outcome, group_ids, adv, loss_mask, returns, value_mask, collapse_tol):
+  """The outcome statistics of every estimator plus the critic's regression targets: "returns"
+  [B, L] and "value_mask" [B, L] (the slots whose value the critic is trained on). RLStep pops
+  these two arrays; every other entry is a scalar."""
+  stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  stats["returns"] = returns
+  stats["value_mask"] = value_mask
+  return stats
+
+
+@register_advantage("ppo")
+def ppo_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids: Array,
+                   turn_id: Array, loss_mask: Array, values: Array, *, gamma: float = 1.0,
+                   lam: float = 1.0, ig_weight: float = 0.0, outcome_weight: float = 1.0,
+                   whiten: bool = True, collapse_tol: float = 1e-6
+                   ) -> tuple[Array, dict[str, Array]]:
+  """PPO, token-level GAE over the sampled tokens (verl's "gae" estimator, observations skipped).
+
+  Turn rewards (`igpo_turn_rewards`): the outcome on the answer turn and, with ig_weight > 0,
+  IGPO's information gain on the earlier turns ("PPO + IG turn rewards"); each on its turn's last
+  sampled token (gae.rewards_at_turn_ends). No group normalization: the critic is the baseline.
+  GAE with (gamma, lam) over the sampled tokens (gae.token_gae), then, with whiten, the
+  advantages whitened over every sampled token of the batch (verl's masked_whiten: unbiased
+  variance, eps 1e-8). The critic regresses every sampled token's value on its GAE return.
+
+  Args:
+    values: [B, L] the critic's value of the state in which each token is sampled (0 off
+      loss_mask; agentjax/models/qwen/value.py sequence_values).
+    other batch fields: see the module docstring.
+  Returns:
+    advantages [B, L] and stats (`_ppo_stats`: returns [B, L], value_mask = loss_mask).
+  """
+  mask = jnp.asarray(loss_mask).astype(bool)
+  turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
+                             outcome_weight=outcome_weight)[0]
+  rewards = gae_lib.rewards_at_turn_ends(turn_r, turn_id, mask)
+  adv, returns = gae_lib.token_gae(rewards, values, mask, gamma, lam)
+  if whiten:
+    adv = masked_whiten(adv, mask)
+  return adv, _ppo_stats(outcome, group_ids, adv, mask, returns, mask, collapse_tol)
+
+
+@register_advantage("ppo_turn")
+def ppo_turn_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids: Array,
+                        turn_id: Array, loss_mask: Array, values: Array, *,
+                        gamma: float = 1.0, lam: float = 1.0, ig_weight: float = 0.0,
+                        outcome_weight: float = 1.0, whiten: bool = True,
+                        collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """Multi-turn PPO with turn-level GAE (CW-GRPO's MT-PPO baseline,
+  compute_gae_round_advantage_return; AReaL's gae_timestep_unit="turn").
+
+  One step per turn: turn k's value is the critic's value at the turn's first sampled token (the
+  state after the previous turn's observation, before the turn's action); its reward as in
+  `ppo_advantages`; GAE over the turns (gae.turn_gae); every sampled token of turn k takes turn
+  k's advantage (whitened over the batch's sampled tokens with whiten). The critic regresses the
+  value at each turn's first sampled token on the turn's return. A turn with no sampled token
+  (cut off before its first) is not a step.
+
+  Returns:
+    advantages [B, L] and stats (`_ppo_stats`: returns on the turns' first sampled tokens,
+    value_mask those slots).
+  """
+  mask = jnp.asarray(loss_mask).astype(bool)
+  num_t = ig.shape[1]
+  first = gae_lib.turn_first_slots(turn_id, mask, num_t)                     # [B, T]
+  has = first >= 0
+  turn_values = jnp.where(has, jnp.take_along_axis(values.astype(_F32), jnp.maximum(first, 0),
+                                                   axis=1), 0.0)
+  turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
+                             outcome_weight=outcome_weight)[0]
+  steps = has & turn_mask_from(num_turns, num_t)
+  turn_adv, turn_ret = gae_lib.turn_gae(turn_r, turn_values, steps, gamma, lam)
+  adv = turn_to_token(turn_adv, turn_id, mask)
+  if whiten:
+    adv = masked_whiten(adv, mask)
+  # The turn returns back on the slots whose values they regress.
+  slots = jnp.arange(mask.shape[1])[None, :, None]
+  at_first = (slots == first[:, None, :]) & steps[:, None, :]                 # [B, L, T]
+  returns = jnp.sum(jnp.where(at_first, turn_ret[:, None, :], 0.0), axis=-1)
+  value_mask = jnp.any(at_first, axis=-1)
+  return adv, _ppo_stats(outcome, group_ids, adv, mask, returns, value_mask, collapse_tol)
+
+
+@register_advantage("ppo_round")
+def ppo_round_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids: Array,
+                         turn_id: Array, loss_mask: Array, values: Array, *,
+                         gamma: float = 1.0, lam: float = 1.0, ig_weight: float = 0.0,
+                         outcome_weight: float = 1.0, whiten: bool = True,
+                         collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
+  """PPO with the CW-GRPO code's round-level GAE ("gae-round", compute_gae_round_advantage_return):
+  token-level GAE inside each turn, each turn an episode of its own (its last sampled token
+  bootstraps from 0: gae.token_gae with turn_id). With gamma = lam = 1 a token of turn k gets
+  r_k - V_t and the critic regresses every sampled token of turn k on r_k. Rewards, whitening and
+  targets as `ppo_advantages` (with outcome-only rewards every non-answer turn's reward is 0:
+  the official code pairs it with per-round rewards, here ig_weight > 0).
+
+  Returns:
+    advantages [B, L] and stats (`_ppo_stats`: returns [B, L], value_mask = loss_mask).
+  """
+  mask = jnp.asarray(loss_mask).astype(bool)
+  turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
+                             outcome_weight=outcome_weight)[0]
+  rewards = gae_lib.rewards_at_turn_ends(turn_r, turn_id, mask)
+  adv, returns = gae_lib.token_gae(rewards, values, mask, gamma, lam, turn_id)
+  if whiten:
+    adv = masked_whiten(adv, mask)
+  return adv, _ppo_stats(outcome, group_ids, adv, mask, returns, mask, collapse_tol)
+
+
+# The estimators that need a critic (RLStep scores the batch with the value model and trains it).
+CRITIC_ESTIMATORS = ("ppo", "ppo_turn", "ppo_round")

@@ -23,7 +23,13 @@ same recursion over turns 0..num_turns-1, one reward and one value per turn (the
 turn's boundary), v = 0 after the last turn; every token of a turn then takes its turn's
 advantage (advantages.turn_to_token).
 
-Both run as one reverse `lax.scan`, jittable; outputs are 0 off loss_mask / turn_mask.
+Round level (the CW-GRPO code's "gae-round", compute_gae_round_advantage_return): token level
+with each turn an episode of its own (token_gae with turn_id): a turn's last sampled token
+bootstraps from 0, so no credit flows back from later turns. (Its README calls its MT-PPO baseline
+"round-level GAE"; its mt-ppo script runs the token-level "gae" on per-round rewards, and
+"gae-round" appears in its R3-RAG script.)
+
+All run as one reverse `lax.scan`, jittable; outputs are 0 off loss_mask / turn_mask.
 """
 
 from __future__ import annotations
@@ -34,28 +40,55 @@ import jax.numpy as jnp
 Array = jax.Array
 
 
-def _reverse_gae(rewards: Array, values: Array, step: Array, gamma, lam
-                 ) -> tuple[Array, Array]:
+def _reverse_gae(rewards: Array, values: Array, step: Array, gamma, lam,
+                 episode: Array | None = None) -> tuple[Array, Array]:
   """The GAE recursion over the last axis of [B, N] arrays, backwards, through the positions
-  where `step` is true only (the others are skipped: they carry nothing and get 0)."""
+  where `step` is true only (the others are skipped: they carry nothing and get 0).
+
+  episode: [B, N] int ids (None: one episode per row); a step whose next step lies in another
+  episode bootstraps from 0, as at the end of the row."""
   gamma = jnp.asarray(gamma, jnp.float32)
   lam = jnp.asarray(lam, jnp.float32)
+  if episode is None:
+    episode = jnp.zeros(step.shape, jnp.int32)
 
   def body(carry, xs):
-    next_value, next_adv = carry                     # of the next step (0 after the last)
-    r, v, is_step = xs
+    next_value, next_adv, next_episode = carry       # of the next step (0 after the last)
+    r, v, is_step, ep = xs
+    same = ep == next_episode
+    next_value = jnp.where(same, next_value, 0.0)
+    next_adv = jnp.where(same, next_adv, 0.0)
     delta = r + gamma * next_value - v
     adv = delta + gamma * lam * next_adv
-    carry = (jnp.where(is_step, v, next_value), jnp.where(is_step, adv, next_adv))
+    carry = (jnp.where(is_step, v, next_value), jnp.where(is_step, adv, next_adv),
+             jnp.where(is_step, ep, next_episode))
     return carry, jnp.where(is_step, adv, 0.0)
 
   b = rewards.shape[0]
   zeros = jnp.zeros((b,), jnp.float32)
-  xs = (rewards.astype(jnp.float32).T, values.astype(jnp.float32).T, step.T)
-  _, adv = jax.lax.scan(body, (zeros, zeros), xs, reverse=True)
+  xs = (rewards.astype(jnp.float32).T, values.astype(jnp.float32).T, step.T,
+        episode.astype(jnp.int32).T)
+  _, adv = jax.lax.scan(body, (zeros, zeros, episode[:, -1].astype(jnp.int32)), xs,
+                        reverse=True)
   adv = adv.T
   returns = jnp.where(step, adv + values.astype(jnp.float32), 0.0)
   return adv, returns
+
+
+def _turn_slots(turn_id: Array, loss_mask: Array, num_t: int) -> tuple[Array, Array]:
+  """([B, L, T] one-hot of each sampled token's turn, [1, L, 1] slot numbers)."""
+  mask = loss_mask.astype(bool)
+  slots = jnp.arange(mask.shape[1])[None, :, None]
+  onehot = (turn_id[..., None] == jnp.arange(num_t)) & mask[..., None]
+  return onehot, slots
+
+
+def turn_first_slots(turn_id: Array, loss_mask: Array, num_t: int) -> Array:
+  """[B, T] int32: the slot of turn k's first sampled token (-1 for a turn with none)."""
+  onehot, slots = _turn_slots(turn_id, loss_mask, num_t)
+  length = loss_mask.shape[1]
+  first = jnp.min(jnp.where(onehot, slots, length), axis=1)
+  return jnp.where(first < length, first, -1).astype(jnp.int32)
 
 
 @jax.jit
@@ -69,20 +102,16 @@ def rewards_at_turn_ends(turn_rewards: Array, turn_id: Array, loss_mask: Array) 
     turn_id: [B, L] int32, the turn of each slot (-1 on prompt and padding).
     loss_mask: [B, L] bool, sampled tokens.
   """
-  mask = loss_mask.astype(bool)
-  length = mask.shape[1]
+  onehot, slots = _turn_slots(turn_id, loss_mask, turn_rewards.shape[1])        # [B, L, T]
   # A sampled token is its turn's last when no later sampled token has the same turn.
-  slots = jnp.arange(length)[None, :]
-  t = turn_rewards.shape[1]
-  onehot = (turn_id[..., None] == jnp.arange(t)) & mask[..., None]            # [B, L, T]
-  last_slot = jnp.max(jnp.where(onehot, slots[..., None], -1), axis=1)        # [B, T]
-  is_last = onehot & (slots[..., None] == last_slot[:, None, :])               # [B, L, T]
+  last_slot = jnp.max(jnp.where(onehot, slots, -1), axis=1)                    # [B, T]
+  is_last = onehot & (slots == last_slot[:, None, :])                           # [B, L, T]
   return jnp.sum(jnp.where(is_last, turn_rewards[:, None, :].astype(jnp.float32), 0.0), axis=-1)
 
 
 @jax.jit
-def token_gae(rewards: Array, values: Array, loss_mask: Array, gamma=1.0, lam=1.0
-              ) -> tuple[Array, Array]:
+def token_gae(rewards: Array, values: Array, loss_mask: Array, gamma=1.0, lam=1.0,
+              turn_id: Array | None = None) -> tuple[Array, Array]:
   """(advantages [B, L], returns [B, L]) of token-level GAE over the sampled tokens (module
   docstring); 0 off loss_mask.
 
@@ -91,8 +120,12 @@ def token_gae(rewards: Array, values: Array, loss_mask: Array, gamma=1.0, lam=1.
     values: [B, L] float, the critic's value at each slot (read on sampled tokens only).
     loss_mask: [B, L] bool, the steps.
     gamma, lam: discount and GAE lambda (scalars, may be traced).
+    turn_id: [B, L] int32 (None: the trajectory is one episode). Given, each turn is an episode
+      of its own: its last sampled token bootstraps from 0, not from the next turn's first (the
+      CW-GRPO code's "gae-round", compute_gae_round_advantage_return, which resets the recursion
+      at observation tokens; a turn's credit then comes from its own reward alone).
   """
-  return _reverse_gae(rewards, values, loss_mask.astype(bool), gamma, lam)
+  return _reverse_gae(rewards, values, loss_mask.astype(bool), gamma, lam, turn_id)
 
 
 @jax.jit
@@ -108,4 +141,4 @@ def turn_gae(turn_rewards: Array, turn_values: Array, turn_mask: Array, gamma=1.
   return _reverse_gae(turn_rewards, turn_values, turn_mask.astype(bool), gamma, lam)
 
 
-__all__ = ["rewards_at_turn_ends", "token_gae", "turn_gae"]
+__all__ = ["rewards_at_turn_ends", "token_gae", "turn_first_slots", "turn_gae"]
