@@ -3,7 +3,8 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python -m tests.sharded_forward_check DIR
 
 Loads the checkpoint in DIR onto a 2x2x2 (data, fsdp, tensor) mesh, checks every parameter's
-sharding against the rules table, and checks the sharded forward against one device.
+sharding against the rules table, and checks the sharded forward against one device; then the
+same for the value model (PPO's critic) built from it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from agentjax.models import masks
-from agentjax.models.qwen import Qwen
+from agentjax.models.qwen import (Qwen, QwenValue, load_value_hf, sequence_values,
+                                  value_params_from_policy, value_shardings)
 from agentjax.models.qwen.checkpoint import load_hf
 from agentjax.parallel import make_mesh, use_mesh
 
@@ -76,7 +78,35 @@ def main(folder: str) -> None:
   with use_mesh(mesh):
     out3 = np.asarray(jax.jit(fwd)(params, jnp.asarray(ids[:3]), positions[:3], mask[:3]))
   assert np.abs(out3 - ref[:3])[valid[:3]].max() < 1e-5 * np.abs(ref[valid]).max()
+  _check_value_model(folder, mesh, cfg, params, ids, valid)
   print("SHARDED_FORWARD_OK", err)
+
+
+def _check_value_model(folder, mesh, cfg, params, ids, valid):
+  """The critic loaded from the causal-LM folder and copied from the policy's params: trunk
+  sharded like the policy's, head kernel over fsdp by ("embed", None); sharded values equal one
+  device's."""
+  _, loaded = load_value_hf(folder, mesh=mesh, rng=jax.random.key(1))
+  copied = value_params_from_policy(cfg, params, jax.random.key(1), mesh)
+  want = value_shardings(cfg, mesh)
+  for tree in (loaded, copied):
+    assert jax.tree.structure(tree) == jax.tree.structure(want)
+    for arr, sharding in zip(jax.tree.leaves(tree), jax.tree.leaves(want)):
+      assert arr.sharding == sharding, (arr.sharding, sharding)
+    assert tree["score"]["kernel"].sharding.spec == P("fsdp", None)
+    for path, spec in EXPECTED_SPECS.items():
+      if path != ("lm_head",):
+        assert _get(tree["model"], path).sharding.spec == spec, path
+  jax.tree.map(np.testing.assert_array_equal, copied, loaded)
+  values = jax.jit(lambda p, t, v: sequence_values(QwenValue(cfg), p, t, v))
+  ref = np.asarray(values(jax.device_put(loaded, jax.devices()[0]), jnp.asarray(ids),
+                          jnp.asarray(valid)))
+  with use_mesh(mesh):
+    batch = NamedSharding(mesh, P(("data", "fsdp")))
+    out = values(loaded, *(jax.device_put(jnp.asarray(x), batch) for x in (ids, valid)))
+  assert len(out.sharding.device_set) == 8
+  assert np.abs(np.asarray(out) - ref).max() < 1e-5 * np.abs(ref).max()
+  assert np.abs(ref).max() > 0
 
 
 if __name__ == "__main__":

@@ -344,11 +344,15 @@ class Qwen(nn.Module):
   the params then also hold the stacked lora_a / lora_b leaves and the scalar int32
   `lora_index`, the adapter every call uses (-1: the bare backbone). Build them with
   `lora.attach(backbone, adapters, spec, name)`.
+
+  with_lm_head=False: the decoder alone (no `lm_head` param, `logits` refused), the trunk of a
+  value model (agentjax/models/qwen/value.py) that reads only the hidden states.
   """
 
   cfg: QwenConfig
   out_major: bool = False
   lora: LoraSpec | None = None
+  with_lm_head: bool = True
 
   def setup(self):
     cfg = self.cfg
@@ -364,10 +368,12 @@ class Qwen(nn.Module):
     self.layers = [layer_cls(cfg, self.out_major, self.lora, name=f"layers_{i}")
                    for i in range(cfg.num_layers)]
     self.norm = RMSNorm(cfg.rms_norm_eps, "norm", pdtype)
-    if not cfg.tie_word_embeddings and self.out_major:
+    if not self.with_lm_head or cfg.tie_word_embeddings:
+      return  # no head matrix: a trunk, or a tied model whose head is the embedding
+    if self.out_major:
       self.lm_head = self.param("lm_head", _init(0.02, ("vocab", "embed")),
                                 (cfg.vocab_size, cfg.hidden_size), pdtype)
-    elif not cfg.tie_word_embeddings:
+    else:
       self.lm_head = self.param("lm_head", _init(0.02, ("embed", "vocab")),
                                 (cfg.hidden_size, cfg.vocab_size), pdtype)
 
@@ -420,6 +426,9 @@ class Qwen(nn.Module):
   def _head(self) -> tuple[Array, str]:
     """The LM head matrix and its einsum letters: "ve" for [V, E] (tied embeddings, or the
     out-major lm_head), "ev" for the checkpoint's untied [E, V]."""
+    if not self.with_lm_head:
+      raise ValueError("Qwen(with_lm_head=False) has no LM head: it returns hidden states only "
+                       "(call it with return_hidden=True)")
     if self.cfg.tie_word_embeddings:
       return self.embed_tokens, "ve"
     return self.lm_head, "ve" if self.out_major else "ev"
