@@ -133,6 +133,38 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rl.aggregation = "token-mean"
   c.rl.chunk = 256                   # vocab-chunked log-prob computation (tokens per chunk)
 
+  # ---- PPO with a learned critic (algorithm = ppo | ppo_turn | ppo_round; configs/ppo.py,
+  # agentjax/train/critic.py). Defaults are verl's, which the CW-GRPO and IGPO code run.
+  c.ppo = ml_collections.ConfigDict()
+  c.ppo.gamma = 1.0                  # GAE discount (verl / CW-GRPO / IGPO code: 1.0)
+  c.ppo.lam = 1.0                    # GAE lambda (the same)
+  c.ppo.whiten = True                # advantages whitened over the batch's sampled tokens (verl)
+  # Turn rewards: the outcome on the answer turn (outcome_weight) and IGPO's information gain on
+  # the earlier turns (ig_weight > 0 runs the ground-truth probes): "PPO + IG turn rewards".
+  c.ppo.ig_weight = 0.0
+  c.ppo.outcome_weight = 1.0
+  # Value loss 0.5 * max((V - R)^2, (V_clip - R)^2), V_clip = V_old +- value_clip (verl's
+  # critic.cliprange_value 0.5; 0: unclipped), aggregated by rl.aggregation, times value_coef.
+  # The critic has its own parameters and optimizer, so value_coef only scales its gradient
+  # against critic.clip_norm and Adam's eps (verl has none: 1.0).
+  c.ppo.value_clip = 0.5
+  c.ppo.value_coef = 1.0
+
+  # ---- the critic of the PPO estimators: a Qwen trunk + scalar head (agentjax/models/qwen/value.py)
+  c.critic = ml_collections.ConfigDict()
+  # "policy": the policy's initial weights and a fresh head (verl's critic path = the actor's);
+  # with model.lora.adapters a "value" LoRA adapter + head on the shared frozen backbone instead.
+  # Or a Hugging Face folder: a *ForTokenClassification (num_labels 1) checkpoint loads its head,
+  # a causal LM gets a fresh one (full fine-tuning of the critic).
+  c.critic.init = "policy"
+  c.critic.lr = 1e-5                 # verl's critic.optim.lr (the CW-GRPO scripts')
+  c.critic.lr_warmup_steps = 0       # RL steps of linear lr warm-up
+  c.critic.final_lr_ratio = 1.0      # 1: constant after warm-up (verl's critic schedule)
+  c.critic.weight_decay = 0.01
+  c.critic.clip_norm = 1.0
+  # RL steps at the start in which only the critic trains (verl's trainer.critic_warmup, 0).
+  c.critic.warmup_steps = 0
+
   # ---- CW-GRPO's contribution weights (agentjax.rl.advantages.contribution_weighted_advantages)
   c.cw = ml_collections.ConfigDict()
   # Weights over a judged trajectory's rounds: softmax(gamma * c) over its non-answer rounds when

@@ -14,6 +14,15 @@ Every method starts from the same SFT warm start of its model size and runs the 
                 normalization and gamma 1 its advantages are exactly GRPO's, see METHODS)
   ig_only       the same with rl.igpo_outcome_weight=0 (IGPO's IG-only ablation)
   grpo, rloo, reinforcepp   configs/{grpo,rloo,reinforcepp}.py:demo
+  ppo           configs/ppo.py:demo (a critic from the SFT start, token-level GAE)
+  ppo_turn      the same with turn-level GAE (algorithm ppo_turn)
+  ppo_ig        the same as ppo with IGPO's information gain as turn rewards (ppo.ig_weight=1)
+
+The PPO rows (issue 20) were run on the base size beside GRPO and IGPO from the current base SFT
+start (the CW-GRPO and DAC studies' one), reported in docs/results/ppo:
+
+    python launch/compare.py --sizes=base --methods=grpo,igpo,ppo,ppo_turn,ppo_ig \
+        --root=runs/ppo --sft_from=runs/cw_grpo --out=docs/results/ppo
 
 Every run computes the ground-truth probes (rl.probe_all) so that the IG and ground-truth entropy
 of GRPO-family policies are measured the same way as IGPO's. Sizes (trained from scratch by SFT on
@@ -90,6 +99,11 @@ METHODS = {
     "ig_only": ("igpo", {"rl.igpo_outcome_weight": 0.0}),
     "rloo": ("rloo", {}),
     "reinforcepp": ("reinforcepp", {}),
+    # PPO with a learned critic (configs/ppo.py:demo): token-level GAE, turn-level GAE, and
+    # token-level GAE with IGPO's information gain as turn rewards.
+    "ppo": ("ppo", {}),
+    "ppo_turn": ("ppo", {"algorithm": "ppo_turn"}),
+    "ppo_ig": ("ppo", {"ppo.ig_weight": 1.0}),
 }
 # CW-GRPO's study: the oracle judge (configs/cw_grpo.py:demo) and its controls. "random" draws
 # each bit with the judge's own marginal rate in the step; "flip" flips each bit with noise_p.

@@ -19,7 +19,8 @@ from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigE
 from agentjax.judge.base import BUILTIN_JUDGES, JUDGES
 from agentjax.models.lora import ALL_TARGETS, DECODE_MODES, LoraSpec
 from agentjax.judge.controls import NOISE_MODES
-from agentjax.rl.advantages import ADVANTAGE_ESTIMATORS, CW_FALLBACKS, STD_ESTIMATORS
+from agentjax.rl.advantages import (ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS, CW_FALLBACKS,
+                                    STD_ESTIMATORS)
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 TRAINERS = ("rl", "sft", "dac", "rubric")
@@ -256,6 +257,8 @@ def _validate_rl(config: Any) -> None:
                 "rollout.top_k", "data.eval_size")
   if not 0.0 <= _get(config, "rl.gamma") <= 1.0:
     _fail("rl.gamma", _get(config, "rl.gamma"), "must be in [0, 1]")
+  if algorithm in CRITIC_ESTIMATORS:
+    _validate_critic(config)
   if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
     _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
   group = _get(config, "rollout.group_size")
@@ -286,6 +289,32 @@ def _validate_rl(config: Any) -> None:
     _fail("retrieval.backend", backend, "must be 'bm25' or 'http'")
   benchmark_list(_get(config, "data.train"), "data.train")
   benchmark_list(_get(config, "data.eval"), "data.eval")
+
+
+def _validate_critic(config: Any) -> None:
+  """The PPO estimators' settings (ppo.*, critic.*)."""
+  trainer = _get(config, "trainer")
+  if trainer != "rl":
+    _fail("algorithm", _get(config, "algorithm"), f"the critic estimators {CRITIC_ESTIMATORS} "
+          f"train with trainer 'rl', not {trainer!r}")
+  for f in ("ppo.gamma", "ppo.lam"):
+    if not 0.0 <= _get(config, f) <= 1.0:
+      _fail(f, _get(config, f), "must be in [0, 1]")
+  _non_negative(config, "ppo.ig_weight", "ppo.outcome_weight", "ppo.value_clip",
+                "critic.lr_warmup_steps", "critic.weight_decay", "critic.clip_norm",
+                "critic.final_lr_ratio")
+  if not (_get(config, "ppo.ig_weight") or _get(config, "ppo.outcome_weight")):
+    _fail("ppo.outcome_weight", _get(config, "ppo.outcome_weight"),
+          "with ppo.ig_weight=0 the critic estimators have no reward at all")
+  _positive(config, "critic.lr", "ppo.value_coef")
+  for f in ("critic.warmup_steps", "critic.lr_warmup_steps"):
+    if isinstance(_get(config, f), bool) or not isinstance(_get(config, f), int):
+      _fail(f, _get(config, f), "must be an int (RL steps)")
+  if _get(config, "critic.warmup_steps") < 0:
+    _fail("critic.warmup_steps", _get(config, "critic.warmup_steps"), "must be >= 0")
+  init = _get(config, "critic.init")
+  if init != "policy" and not os.path.isdir(os.path.expanduser(str(init))):
+    _fail("critic.init", init, "must be 'policy' or a Hugging Face folder")
 
 
 def trained_roles(config: Any) -> tuple[str, ...] | None:

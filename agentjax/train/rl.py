@@ -28,7 +28,7 @@ from agentjax.models.logprobs import sequence_logprobs
 from agentjax.models.lora import attach, frozen_backbone
 from agentjax.models.qwen import Qwen
 from agentjax.parallel.host import to_host
-from agentjax.rl.advantages import get_advantage_estimator
+from agentjax.rl.advantages import CRITIC_ESTIMATORS, get_advantage_estimator
 from agentjax.rl.info_gain import Probes, score_packed
 from agentjax.rl.losses import get_policy_loss
 from agentjax.train.optim import make_guarded_step
@@ -115,7 +115,8 @@ def advantage_kwargs(config: Any) -> dict[str, Any]:
   cw.inf_threshold, cw.all_zero_fallback. Every estimator that divides
   by a group std (grpo, gspo, igpo, cw_grpo) gets rl.std_estimator and rl.std_eps (its `eps`);
   REINFORCE++ gets rl.std_estimator only, choosing the variance of its batch whitening, which
-  keeps its own eps (1e-8, verl's). drgrpo and rloo use no std and get nothing (nor does an
+  keeps its own eps (1e-8, verl's). The critic estimators (ppo, ppo_turn, ppo_round) get ppo.gamma,
+  ppo.lam, ppo.ig_weight, ppo.outcome_weight and ppo.whiten. drgrpo and rloo use no std and get nothing (nor does an
   estimator registered outside this list: add it here).
   """
   rl = config.rl
@@ -128,6 +129,10 @@ def advantage_kwargs(config: Any) -> dict[str, Any]:
     cw = config.cw
     return dict(gamma=float(cw.gamma), inf_threshold=float(cw.inf_threshold),
                 all_zero_fallback=cw.all_zero_fallback, **std)
+  if name in CRITIC_ESTIMATORS:
+    p = config.ppo
+    return dict(gamma=float(p.gamma), lam=float(p.lam), ig_weight=float(p.ig_weight),
+                outcome_weight=float(p.outcome_weight), whiten=bool(p.whiten))
   if name in ("grpo", "gspo"):
     return std
   if name in ("reinforce++", "reinforce++_baseline"):
@@ -220,10 +225,14 @@ def make_roles_update(model: Qwen, optimizer: optax.GradientTransformation,
 
 
 def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Array,
-                size: int, rng: np.random.Generator) -> list[dict[str, jax.Array]]:
-  """Shuffled minibatches of `size` trajectories (the last partial one is dropped)."""
+                size: int, rng: np.random.Generator,
+                extra: Mapping[str, jax.Array] | None = None) -> list[dict[str, jax.Array]]:
+  """Shuffled minibatches of `size` trajectories (the last partial one is dropped).
+
+  extra: more [B, ...] arrays cut the same way (the critic's old_values, returns, value_mask)."""
   arrays = dict(tokens=batch.tokens, valid=batch.valid, loss_mask=batch.loss_mask,
-                old_logp=scored.old_logp, ref_logp=scored.ref_logp, advantages=advantages)
+                old_logp=scored.old_logp, ref_logp=scored.ref_logp, advantages=advantages,
+                **(extra or {}))
   order = rng.permutation(batch.tokens.shape[0])
   out = []
   for start in range(0, len(order) - size + 1, size):

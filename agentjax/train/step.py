@@ -12,6 +12,7 @@ and advantages, a second role's rollout) without touching the loop.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,9 +31,15 @@ from agentjax.rl import build_probes, outcome_rewards
 from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.train.adapters import TrainTarget
+from agentjax.train.critic import Critic, needs_critic
 from agentjax.train.optim import make_schedule
 from agentjax.train.rl import (PolicyLossConfig, advantage_kwargs, compute_advantages,
                                make_policy_update, minibatches, summarize, score_batch, trim)
+
+
+# What each update reads of a minibatch (minibatches() cuts every array of the step).
+POLICY_MINIBATCH = ("tokens", "valid", "loss_mask", "old_logp", "ref_logp", "advantages")
+CRITIC_MINIBATCH = ("tokens", "valid", "old_values", "returns", "value_mask")
 
 
 def updates_per_step(config: Any) -> int:
@@ -86,6 +93,8 @@ class RLStep:
   # A task's own reward in place of EM/F1 against gold answers: rewards(batch, questions) ->
   # ([B] rewards, metrics). Co-ReAct's rubric generator (agentjax/coreact/task.py).
   rewards: Callable[..., tuple[np.ndarray, dict[str, float]]] | None = None
+  # PPO's value model (algorithm ppo | ppo_turn | ppo_round; its state is state["critic"]).
+  critic: Critic | None = None
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
@@ -104,17 +113,23 @@ class RLStep:
     update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
         name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
     judge = build_judge(config.judge, mesh=mesh)
+    target = target or TrainTarget(engine.cfg, None, None, None)
+    critic = Critic.build(config, target, updates_per_step(config)) \
+        if needs_critic(config) else None
     return cls(config=config, mesh=mesh, engine=engine, update=update, ref_params=ref_params,
                schedule=make_schedule(*schedule_args(config)),  # the optimizer's, for logging
-               with_probes=config.algorithm == "igpo" or rl.probe_all,
+               with_probes=(config.algorithm == "igpo" or rl.probe_all
+                            or (critic is not None and config.ppo.ig_weight > 0)),
                adv_kwargs=advantage_kwargs(config),
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
-               target=target or TrainTarget(engine.cfg, None, None, None),
-               ref_model=ref_model, rewards=rewards)
+               target=target, ref_model=ref_model, rewards=rewards, critic=critic)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
-    """Step `step` (0-based: the number of steps done before it) on `questions`."""
+    """Step `step` (0-based: the number of steps done before it) on `questions`.
+
+    state: {"params", "opt_state", "rng"}, and {"critic": {"params", "opt_state"}} with a
+    critic."""
     config, rl, mesh = self.config, self.config.rl, self.mesh
     t_step = time.perf_counter()
     golds = [q["golden_answers"] for q in questions]
@@ -162,26 +177,50 @@ class RLStep:
     with use_mesh(mesh):
       scored = score_batch(self.engine.model, policy, self.ref_params, batch, probes,
                            mode=rl.ig_mode, chunk=rl.chunk, ref_model=self.ref_model)
+      critic_fields = {}
+      if self.critic is not None:  # PPO: the critic's values of the states tokens are sampled in
+        critic_fields["values"] = self.critic.values(state["critic"]["params"], batch.tokens,
+                                                     batch.valid)
       # 4. advantages
       adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
-                                          extra=judge_fields, **self.adv_kwargs)
+                                          extra={**judge_fields, **critic_fields},
+                                          **self.adv_kwargs)
+      value_targets = {}
+      if self.critic is not None:  # the critic's regression targets and the slots they are on
+        value_targets = dict(old_values=critic_fields["values"],
+                             returns=adv_stats.pop("returns"),
+                             value_mask=adv_stats.pop("value_mask"))
       jax.block_until_ready(adv)
     t_score = time.perf_counter() - t0
 
-    # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable)
+    # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable); with a
+    # critic, its update on the same minibatch (during critic.warmup_steps only the critic's)
     t0 = time.perf_counter()
     params, opt_state = state["params"], state["opt_state"]
+    critic_state = dict(state["critic"]) if self.critic is not None else None
+    train_policy = self.critic is None or step >= self.critic.warmup_steps
     frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
-    update_metrics = []
+    update_metrics, critic_metrics = [], []
     shuffle = np.random.default_rng([config.seed, step])
     with use_mesh(mesh):
       for _ in range(rl.ppo_epochs):
-        for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle):
-          params, opt_state, m = self.update(params, opt_state, mb, *frozen)
-          update_metrics.append(m)
-    update_metrics = to_host(update_metrics)  # one transfer for the step's update metrics
+        for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle, value_targets):
+          if train_policy:
+            params, opt_state, m = self.update(params, opt_state,
+                                               {k: mb[k] for k in POLICY_MINIBATCH}, *frozen)
+            update_metrics.append(m)
+          if critic_state is not None:
+            critic_state["params"], critic_state["opt_state"], m = self.critic.update(
+                critic_state["params"], critic_state["opt_state"],
+                {k: mb[k] for k in CRITIC_MINIBATCH})
+            critic_metrics.append(m)
+    update_metrics, critic_metrics = to_host((update_metrics, critic_metrics))  # one transfer
     upd = summarize(update_metrics)
-    skipped = [int(m["skipped"]) for m in update_metrics]
+    crit = summarize(critic_metrics)
+    # One entry per minibatch: skipped when the policy's or the critic's update was not applied.
+    skipped = [int(max(a, b)) for a, b in itertools.zip_longest(
+        [m["skipped"] for m in update_metrics], [m["skipped"] for m in critic_metrics],
+        fillvalue=0)]
     t_update = time.perf_counter() - t0
 
     # 6. metrics
@@ -218,11 +257,19 @@ class RLStep:
         "tokens_per_s": valid_tokens / max(step_s, 1e-9),
         "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
         "search_s": rollout_metrics["search_s"], **judge_metrics, **task_metrics}
+    if self.critic is not None:
+      metrics.update({k: v for k, v in crit.items() if k.startswith("critic/")})
+      metrics["critic/grad_norm"] = crit.get("grad_norm", 0.0)
+      metrics["critic/skipped_updates"] = float(sum(int(m["skipped"]) for m in critic_metrics))
+      metrics["critic/policy_frozen"] = float(not train_policy)
     if "cw_fallback_count" in adv_stats:  # CW-GRPO: how often the all-zero fallback fired
       count = float(adv_stats["cw_fallback_count"])
       metrics["cw/fallback_count"] = count
       metrics["cw/fallback_rate"] = count / max(float(adv_stats["cw_judged_positive"]), 1.0)
-    return StepOutput(state={"params": params, "opt_state": opt_state, "rng": rng},
+    new_state = {"params": params, "opt_state": opt_state, "rng": rng}
+    if critic_state is not None:
+      new_state["critic"] = critic_state
+    return StepOutput(state=new_state,
                       metrics=metrics, update_skipped=skipped, search_queries=queries,
                       search_failed=failed,
                       search_last_error=rollout_metrics.get("search_last_error"))

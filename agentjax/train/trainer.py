@@ -62,16 +62,17 @@ from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.checkpoint import Checkpointer, abstract_state
-from agentjax.train.step import RLStep, StepOutput, schedule_args
+from agentjax.train.critic import CRITIC_EXPORT_DIR, Critic, needs_critic
+from agentjax.train.step import RLStep, StepOutput, schedule_args, updates_per_step
 
 log = logging.getLogger(__name__)
 
 # Config fields whose change makes a workdir's checkpoints unusable (compared at restore).
 COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
-               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora")
+               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora", "critic.init")
 # A compat key's value in a workdir written before the key existed.
-COMPAT_DEFAULTS = {"lora": None}
+COMPAT_DEFAULTS = {"lora": None, "critic.init": "policy"}
 # What a run's config.json records beside its config fields (make_checkpointer): readers that
 # rebuild the config from it (serve, eval) drop these.
 RECORDED_EXTRAS = ("judge_identity", "lora", "lora_backbone")
@@ -212,7 +213,8 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
                      target: TrainTarget | None = None
                      ) -> tuple[optax.GradientTransformation, dict[str, Any]]:
   """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
-  (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated).
+  (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated);
+  a PPO run's state also holds {"critic": {"params", "opt_state"}} (Critic.init_state).
 
   target: what is trained (agentjax/train/adapters.py); default: built from config (the whole
   model, or LoRA adapters on `params` when config.model.lora.adapters is set)."""
@@ -226,7 +228,11 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
   # Created under jit: device_put cannot target devices of other processes.
   rng = jax.jit(lambda: jax.random.key(config.seed),
                 out_shardings=NamedSharding(mesh, PartitionSpec()))()
-  return optimizer, {"params": trainable, "opt_state": opt_state, "rng": rng}
+  state = {"params": trainable, "opt_state": opt_state, "rng": rng}
+  if needs_critic(config):  # PPO: the value model and its optimizer state (agentjax/train/critic.py)
+    critic = Critic.build(config, target, updates_per_step(config))
+    state["critic"] = critic.init_state(config, params, mesh)
+  return optimizer, state
 
 
 def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = None
@@ -658,6 +664,10 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   writer.close()
   export = None
   if step >= steps and not (restored is not None and restored[2] == steps and exported):
+    critic = getattr(rl_step, "critic", None)
+    if critic is not None and config.train.export_hf:  # before hf_export, which marks the end
+      log.info("export critic: %s", critic.export(os.path.join(workdir, CRITIC_EXPORT_DIR),
+                                                 state["critic"]["params"], tokenizer))
     # Each adapter as a PEFT folder (LoRA), and the HF model with the policy adapter merged.
     written = target.export(workdir, state["params"], tokenizer,
                             os.path.join(workdir, EXPORT_DIR) if config.train.export_hf else None)
@@ -671,7 +681,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
           "evals": {k: {key: v[key] for key in (
               RUBRIC_EVAL_SCORES if rubric_task is not None else ("f1", "em")) + ("n",)}
               for k, v in evals.items()},
-          "params": state["params"], "cfg": cfg}
+          "params": state["params"], "cfg": cfg,
+          "critic_params": state["critic"]["params"] if "critic" in state else None}
 
 # ============================================================================ eval
 

@@ -1,0 +1,189 @@
+"""The critic of a PPO run (algorithm ppo | ppo_turn | ppo_round): its value model, optimizer and
+the two jitted programs the RL step calls.
+
+    critic = Critic.build(config, target)                 # no arrays
+    state["critic"] = critic.init_state(config, mesh)     # {"params", "opt_state"}
+    values = critic.values(state["critic"]["params"], tokens, valid)            # [B, L]
+    params, opt_state, m = critic.update(params, opt_state, minibatch)          # one minibatch
+
+The value model is agentjax/models/qwen/value.py's QwenValue (the Qwen trunk and a scalar head on
+its final hidden state, verl's critic). What it trains (critic.init):
+  full    {"model": trunk params, "score": head}: the policy's initial weights copied (the
+          default) or a Hugging Face folder; its own AdamW (critic.lr, critic.weight_decay, ...).
+  LoRA    with model.lora.adapters and critic.init "policy": {"adapter": a "value" LoRA adapter,
+          "score": head} on the policy's frozen backbone (shared, not copied): the critic then
+          costs an adapter and a head, not a second model and its Adam moments.
+
+The critic's updates run on the policy's minibatches (same shuffles), after the policy's; its
+loss is agentjax/rl/losses.py's clipped value loss over the slots the estimator gives targets for
+(every sampled token, or each turn's first sampled token for ppo_turn). A non-finite loss or
+gradient skips the update and keeps the critic (optim.make_guarded_step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+from typing import Any
+
+import jax
+import optax
+
+from agentjax.models import lora as lora_lib
+from agentjax.models.lora import LoraSpec
+from agentjax.models.qwen import QwenConfig, init_adapters
+from agentjax.models.qwen.value import (QwenValue, init_value_head, load_value_hf,
+                                        save_value_hf, sequence_values, value_params_from_policy,
+                                        value_params_with_adapter, value_shardings)
+from agentjax.rl.advantages import CRITIC_ESTIMATORS
+from agentjax.rl.losses import value_loss
+from agentjax.train.adapters import TrainTarget
+from agentjax.train.optim import make_guarded_step, make_optimizer
+
+log = logging.getLogger(__name__)
+
+VALUE_ADAPTER = "value"   # the critic's LoRA adapter name
+CRITIC_EXPORT_DIR = "critic_export"  # {workdir}/critic_export: a *ForTokenClassification folder
+
+
+def needs_critic(config: Any) -> bool:
+  """Whether the run's estimator trains a critic."""
+  return config.trainer == "rl" and config.algorithm in CRITIC_ESTIMATORS
+
+
+@dataclasses.dataclass
+class Critic:
+  """A run's critic: its module, what is trained, its optimizer and loss settings."""
+  cfg: QwenConfig
+  module: QwenValue
+  spec: LoraSpec | None        # the value adapter's spec (LoRA critic), else None
+  backbone: Any                # LoRA critic: the policy's frozen backbone; else None
+  optimizer: optax.GradientTransformation
+  value_clip: float | None
+  value_coef: float
+  aggregation: str
+  warmup_steps: int            # RL steps in which only the critic trains
+
+  @classmethod
+  def build(cls, config: Any, target: TrainTarget, updates_per_step: int) -> "Critic":
+    """The critic of `config` beside the policy `target` (its cfg and, with LoRA, its backbone).
+    updates_per_step: optimizer updates per RL step (the schedule counts updates)."""
+    c, p = config.critic, config.ppo
+    spec = None
+    if target.spec is not None and c.init == "policy":
+      spec = LoraSpec(names=(VALUE_ADAPTER,), rank=target.spec.rank, alpha=target.spec.alpha,
+                      targets=target.spec.targets, decode=target.spec.decode)
+    k = updates_per_step
+    optimizer = make_optimizer(c.lr, c.lr_warmup_steps * k, config.train.steps * k,
+                               c.weight_decay, c.clip_norm or None, c.final_lr_ratio,
+                               config.optimizer.b2)
+    return cls(cfg=target.cfg, module=QwenValue(target.cfg, lora=spec), spec=spec,
+               backbone=target.backbone if spec is not None else None, optimizer=optimizer,
+               value_clip=float(p.value_clip) or None, value_coef=float(p.value_coef),
+               aggregation=config.rl.aggregation, warmup_steps=int(c.warmup_steps))
+
+  # ------------------------------------------------------------------ state
+
+  def init_params(self, config: Any, policy_params: Any, mesh: jax.sharding.Mesh) -> Any:
+    """The critic's initial trainable params. policy_params: the policy's initial full params
+    (ignored with a LoRA critic, which starts from a fresh adapter on the backbone)."""
+    rng = jax.random.fold_in(jax.random.key(config.seed), 2)
+    head_rng, adapter_rng = jax.random.split(rng)
+    if self.spec is not None:
+      adapter = init_adapters(self.cfg, self.spec, adapter_rng, mesh)[VALUE_ADAPTER]
+      return {"adapter": adapter, "score": init_value_head(self.cfg, head_rng, mesh)}
+    init = config.critic.init
+    if init == "policy":
+      return value_params_from_policy(self.cfg, policy_params, head_rng, mesh)
+    cfg, params = load_value_hf(os.path.expanduser(init), mesh, rng=head_rng,
+                                param_dtype=self.cfg.param_dtype, dtype=self.cfg.dtype,
+                                remat_policy=self.cfg.remat_policy)
+    if _shape(cfg) != _shape(self.cfg):
+      from agentjax.train.config import ConfigError
+      raise ConfigError(f"config.critic.init={init!r}: its model ({cfg.model_type}, hidden "
+                        f"{cfg.hidden_size}, {cfg.num_layers} layers, vocab {cfg.vocab_size}) "
+                        f"is not the policy's shape; the critic reads the policy's tokens")
+    log.info("critic from %s", init)
+    return params
+
+  def shardings(self, mesh: jax.sharding.Mesh) -> Any:
+    """NamedShardings of the trainable tree, by the rules table."""
+    if self.spec is None:
+      return value_shardings(self.cfg, mesh)
+    from agentjax.models.qwen import adapter_shardings
+    head = value_shardings(self.cfg, mesh)["score"]
+    return {"adapter": adapter_shardings(self.cfg, self.spec, mesh), "score": head}
+
+  def init_state(self, config: Any, policy_params: Any, mesh: jax.sharding.Mesh
+                 ) -> dict[str, Any]:
+    """{"params": trainable, "opt_state": AdamW state} placed like the params (moments FSDP-
+    sharded alike, counters replicated)."""
+    from agentjax.train.trainer import opt_state_shardings
+    params = self.init_params(config, policy_params, mesh)
+    opt_state = jax.jit(self.optimizer.init, out_shardings=opt_state_shardings(
+        self.optimizer, params, self.shardings(mesh), mesh))(params)
+    n = sum(x.size for x in jax.tree.leaves(params))
+    log.info("critic: %s trainable parameters (%s)", f"{n:,}",
+             "value adapter + head on the backbone" if self.spec is not None else "full model")
+    return {"params": params, "opt_state": opt_state}
+
+  # ------------------------------------------------------------------ programs
+
+  def model_params(self, trainable: Any, *backbone: Any) -> Any:
+    """The params QwenValue runs with (LoRA: the backbone with the value adapter attached)."""
+    if self.spec is None:
+      return trainable
+    frozen = lora_lib.frozen_backbone(backbone, "critic") if backbone else self.backbone
+    return value_params_with_adapter(frozen, trainable["adapter"], trainable["score"], self.spec)
+
+  @property
+  def frozen(self) -> tuple[Any, ...]:
+    return () if self.spec is None else (self.backbone,)
+
+  def values(self, trainable: Any, tokens: jax.Array, valid: jax.Array) -> jax.Array:
+    """[B, L] values of the states in which each token is sampled (value.sequence_values)."""
+    return self._values(trainable, tokens, valid, *self.frozen)
+
+  @functools.cached_property
+  def _values(self):
+    def run(trainable, tokens, valid, *backbone):
+      return sequence_values(self.module, self.model_params(trainable, *backbone), tokens, valid)
+    return jax.jit(run)
+
+  @functools.cached_property
+  def _update(self):
+    def objective(trainable, mb, *backbone):
+      v = sequence_values(self.module, self.model_params(trainable, *backbone), mb["tokens"],
+                          mb["valid"])
+      loss, metrics = value_loss(v, mb["old_values"], mb["returns"], mb["value_mask"],
+                                 value_clip=self.value_clip, aggregation=self.aggregation)
+      return self.value_coef * loss, metrics
+    return make_guarded_step(objective, self.optimizer)
+
+  def update(self, trainable: Any, opt_state: Any, minibatch: dict[str, jax.Array]
+             ) -> tuple[Any, Any, dict[str, jax.Array]]:
+    """One guarded AdamW step on the value loss of `minibatch` ([b, S] tokens, valid,
+    old_values, returns, value_mask). trainable and opt_state are donated."""
+    return self._update(trainable, opt_state, minibatch, *self.frozen)
+
+  # ------------------------------------------------------------------ export
+
+  def export(self, path: str, trainable: Any, tokenizer: Any = None) -> str:
+    """The critic as a Hugging Face *ForTokenClassification folder (num_labels 1; a LoRA
+    critic's adapter merged into a copy of the backbone)."""
+    params = trainable
+    if self.spec is not None:
+      merged = lora_lib.merge(self.backbone, trainable["adapter"], self.spec.scale)
+      params = {"model": {k: v for k, v in merged.items() if k != "lm_head"},
+                "score": trainable["score"]}
+    return save_value_hf(path, self.cfg, params, tokenizer)
+
+
+def _shape(cfg: QwenConfig) -> tuple:
+  return (cfg.model_type, cfg.hidden_size, cfg.num_layers, cfg.vocab_size, cfg.num_heads,
+          cfg.num_kv_heads, cfg.head_dim)
+
+
+__all__ = ["CRITIC_EXPORT_DIR", "Critic", "VALUE_ADAPTER", "needs_critic"]
