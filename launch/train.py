@@ -42,7 +42,7 @@ def main(_):
     logging.error("%s: %s", type(e).__name__, e)
     sys.exit(3)
   if jax.process_index() == 0:
-    out = {k: v for k, v in summary.items() if k not in ("params", "cfg")}
+    out = {k: v for k, v in summary.items() if k not in ("params", "cfg", "critic_params")}
     print(json.dumps({"train": _CONFIG.value.trainer, **out}, default=str))
 
 

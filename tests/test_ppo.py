@@ -263,3 +263,43 @@ def test_ppo_checkpoint_holds_the_critic_and_eval_restores_the_policy(ppo_runs):
   from agentjax.train.trainer import train
   with pytest.raises(CheckpointMismatchError, match="algorithm"):
     train(changed, os.path.join(tmp, "a"))
+
+
+def test_lora_ppo_trains_a_value_adapter_and_head_on_the_shared_backbone(world_dir, tokenizer,
+                                                                          tmp_path):
+  """With model.lora.adapters the critic is a "value" adapter + head on the policy's frozen
+  backbone: the checkpoint holds adapters and the head only (no second trunk), both adapters
+  train (B moves off 0), and the critic export is the backbone with the value adapter merged."""
+  import orbax.checkpoint as ocp
+  from agentjax.models import lora as lora_lib
+  from agentjax.models.qwen.value import load_value_hf
+  from agentjax.parallel import make_mesh
+  from agentjax.train.trainer import load_model, train
+  config = tiny_config(world_dir, tokenizer.name_or_path, str(tmp_path), algorithm="ppo",
+                       steps=2)
+  config.model.lora.adapters = "policy"
+  config.model.lora.rank = 4
+  config.model.lora.alpha = 8.0
+  config.model.lora.lr = "policy=1e-2"
+  config.critic.lr = 1e-2
+  config.train.eval_every = 0
+  out = train(config, str(tmp_path / "run"))
+  critic = out["critic_params"]
+  assert sorted(critic) == ["adapter", "score"] and sorted(out["params"]) == ["policy"]
+  moved = lambda tree: max(float(np.abs(np.asarray(x)).max())  # noqa: E731
+                           for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+                           if getattr(p[-1], "key", None) == "lora_b")
+  assert moved(critic["adapter"]) > 0 and moved(out["params"]["policy"]) > 0
+  meta = ocp.StandardCheckpointer().metadata(str(tmp_path / "run" / "checkpoints" / "2" / "state"))
+  tree = meta.item_metadata.tree if hasattr(meta, "item_metadata") else meta.tree
+  paths = [jax.tree_util.keystr(p, simple=True, separator="/")
+           for p, _ in jax.tree_util.tree_flatten_with_path(tree)[0]]
+  critic_paths = [p for p in paths if p.startswith("critic/params/")]
+  assert critic_paths and all(p.endswith(("/lora_a", "/lora_b")) or "/score/" in p
+                              for p in critic_paths), critic_paths[:5]
+  cfg, backbone, _ = load_model(config, make_mesh(-1, 1, 1))
+  _, exported = load_value_hf(str(tmp_path / "run" / "critic_export"))
+  merged = lora_lib.merge(backbone, critic["adapter"], 2.0)
+  merged.pop("lm_head", None)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), atol=1e-6),
+               exported, {"model": merged, "score": critic["score"]})
