@@ -700,11 +700,18 @@ def ppo_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids: Array
   Returns:
     advantages [B, L] and stats (`_ppo_stats`: returns [B, L], value_mask = loss_mask).
   """
+  return _token_ppo(outcome, ig, num_turns, group_ids, turn_id, loss_mask, values, gamma, lam,
+                    ig_weight, outcome_weight, whiten, collapse_tol, episodes=None)
+
+
+def _token_ppo(outcome, ig, num_turns, group_ids, turn_id, loss_mask, values, gamma, lam,
+               ig_weight, outcome_weight, whiten, collapse_tol, episodes):
+  """ppo / ppo_round: token-level GAE (episodes: None, or turn_id for one episode per turn)."""
   mask = jnp.asarray(loss_mask).astype(bool)
   turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
                              outcome_weight=outcome_weight)[0]
   rewards = gae_lib.rewards_at_turn_ends(turn_r, turn_id, mask)
-  adv, returns = gae_lib.token_gae(rewards, values, mask, gamma, lam)
+  adv, returns = gae_lib.token_gae(rewards, values, mask, gamma, lam, episodes)
   if whiten:
     adv = masked_whiten(adv, mask)
   return adv, _ppo_stats(outcome, group_ids, adv, mask, returns, mask, collapse_tol)
@@ -767,14 +774,8 @@ def ppo_round_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids:
   Returns:
     advantages [B, L] and stats (`_ppo_stats`: returns [B, L], value_mask = loss_mask).
   """
-  mask = jnp.asarray(loss_mask).astype(bool)
-  turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
-                             outcome_weight=outcome_weight)[0]
-  rewards = gae_lib.rewards_at_turn_ends(turn_r, turn_id, mask)
-  adv, returns = gae_lib.token_gae(rewards, values, mask, gamma, lam, turn_id)
-  if whiten:
-    adv = masked_whiten(adv, mask)
-  return adv, _ppo_stats(outcome, group_ids, adv, mask, returns, mask, collapse_tol)
+  return _token_ppo(outcome, ig, num_turns, group_ids, turn_id, loss_mask, values, gamma, lam,
+                    ig_weight, outcome_weight, whiten, collapse_tol, episodes=turn_id)
 
 
 # The estimators that need a critic (RLStep scores the batch with the value model and trains it).

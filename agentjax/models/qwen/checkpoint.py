@@ -132,25 +132,29 @@ def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
   tree[path[-1]] = value
 
 
-def validate_tensors(cfg: QwenConfig, folder: SafetensorsFolder) -> None:
-  """Checks that the folder holds exactly the model's tensors with the right shapes."""
-  mapping = _param_map(cfg)
+def expected_tensors(cfg: QwenConfig) -> dict[str, tuple[int, ...]]:
+  """{Hugging Face tensor name: shape} of the model's parameters."""
   abstract = abstract_params(cfg)
-  expected = {hf_name: _hf_shape(kind, _get(abstract, path).shape)
-              for path, (hf_name, kind) in mapping.items()}
+  return {hf_name: _hf_shape(kind, _get(abstract, path).shape)
+          for path, (hf_name, kind) in _param_map(cfg).items()}
+
+
+def check_tensors(folder: SafetensorsFolder, expected: Mapping[str, tuple[int, ...]],
+                  allowed_extra: set[str], what: str) -> None:
+  """The folder holds exactly the `expected` float tensors with their shapes (plus any of
+  `allowed_extra` and ignorable buffers); errors name the tensor and its file. what: the model
+  the tensors are checked against, for the unexpected-tensor error."""
   present = set(folder)
   missing = sorted(set(expected) - present)
   if missing:
     raise CheckpointError(f"{folder.path}: checkpoint is missing tensor {missing[0]!r}"
                           + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-  # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): harmless.
-  allowed_extra = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
   extra = sorted(n for n in present - set(expected) - allowed_extra
                  if not n.endswith(_IGNORABLE_SUFFIXES))
   if extra:
     raise CheckpointError(f"{folder.path}: checkpoint has unexpected tensor {extra[0]!r}"
                           + (f" and {len(extra) - 1} more" if len(extra) > 1 else "")
-                          + f" (not part of a {cfg.model_type} model with this config.json)")
+                          + f" (not part of a {what} with this config.json)")
   for name, shape in expected.items():
     if folder.shape(name) != shape:
       raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has shape "
@@ -158,6 +162,14 @@ def validate_tensors(cfg: QwenConfig, folder: SafetensorsFolder) -> None:
     if folder.dtype(name) not in FLOAT_DTYPES:
       raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has non-float dtype "
                             f"{folder.dtype(name)}")
+
+
+def validate_tensors(cfg: QwenConfig, folder: SafetensorsFolder) -> None:
+  """Checks that the folder holds exactly the model's tensors with the right shapes."""
+  # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): harmless.
+  check_tensors(folder, expected_tensors(cfg),
+                {"lm_head.weight"} if cfg.tie_word_embeddings else set(),
+                f"{cfg.model_type} model")
 
 
 def params_from_tensors(cfg: QwenConfig, tensors: Mapping[str, Any],

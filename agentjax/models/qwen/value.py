@@ -46,9 +46,8 @@ from agentjax.models import masks
 from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import checkpoint
 from agentjax.models.qwen.config import ConfigError, QwenConfig
-from agentjax.models.qwen.model import Linear, Qwen, _dummy_inputs, abstract_params
-from agentjax.models.safetensors_io import (FLOAT_DTYPES, CheckpointError, SafetensorsFolder,
-                                            write_safetensors_folder)
+from agentjax.models.qwen.model import Linear, Qwen, _dummy_inputs
+from agentjax.models.safetensors_io import SafetensorsFolder, write_safetensors_folder
 from agentjax.parallel import constrain, logical_to_sharding
 
 Array = jax.Array
@@ -252,33 +251,12 @@ def _is_token_classification(path: str, hf: Mapping[str, Any], folder: Safetenso
 def _validate(cfg: QwenConfig, folder: SafetensorsFolder, with_head: bool) -> None:
   """The folder holds the trunk's tensors (and the head's, with_head) with the config's shapes;
   a causal LM's lm_head.weight is allowed and ignored. Errors name the tensor and the file."""
-  trunk_cfg = _trunk_cfg(cfg)
-  abstract = abstract_params(trunk_cfg)
-  expected = {hf_name: checkpoint._hf_shape(kind, checkpoint._get(abstract, path).shape)
-              for path, (hf_name, kind) in checkpoint._param_map(trunk_cfg).items()}
-  allowed_extra = set()
+  expected = checkpoint.expected_tensors(_trunk_cfg(cfg))
   if with_head:
     expected.update({SCORE_WEIGHT: (1, cfg.hidden_size), SCORE_BIAS: (1,)})
-  else:
-    allowed_extra.add("lm_head.weight")
-  missing = [name for name in expected if name not in folder]
-  if missing:
-    raise CheckpointError(f"{folder.path}: checkpoint is missing tensor {missing[0]!r}"
-                          + (f" and {len(missing) - 1} more" if len(missing) > 1 else ""))
-  extra = sorted(n for n in set(folder) - set(expected) - allowed_extra
-                 if not n.endswith(checkpoint._IGNORABLE_SUFFIXES))
-  if extra:
-    kind = f"{cfg.model_type} value model" if with_head else f"{cfg.model_type} causal LM"
-    raise CheckpointError(f"{folder.path}: checkpoint has unexpected tensor {extra[0]!r}"
-                          + (f" and {len(extra) - 1} more" if len(extra) > 1 else "")
-                          + f" (not part of a {kind} with this config.json)")
-  for name, shape in expected.items():
-    if folder.shape(name) != shape:
-      raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has shape "
-                            f"{list(folder.shape(name))}, expected {list(shape)} from config.json")
-    if folder.dtype(name) not in FLOAT_DTYPES:
-      raise CheckpointError(f"{folder.file_of(name)}: tensor {name!r} has non-float dtype "
-                            f"{folder.dtype(name)}")
+  checkpoint.check_tensors(folder, expected, set() if with_head else {"lm_head.weight"},
+                           f"{cfg.model_type} value model" if with_head
+                           else f"{cfg.model_type} causal LM")
 
 
 def load_value_hf(path: str, mesh: jax.sharding.Mesh | None = None, rng: Array | None = None,
