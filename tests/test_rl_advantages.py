@@ -145,14 +145,21 @@ def ref_ppo(d, mode, gamma=1.0, lam=1.0, ig_weight=0.0, outcome_weight=1.0, whit
   m, tid, nt, v = d["loss_mask"].astype(bool), d["turn_id"], d["num_turns"], d["values"]
   b, length = m.shape
   rewards = np.zeros((b, length))
-  turn_r = {}
+  turn_r = {}  # (row, step turn) -> its reward, a cut-off turn's added to the previous step's
   for i in range(b):
+    prev = None  # the last turn so far with a sampled token
     for k in range(nt[i]):
       r = outcome_weight * d["outcome"][i] if k == nt[i] - 1 else ig_weight * d["ig"][i, k]
-      turn_r[i, k] = r
       slots = [l for l in range(length) if m[i, l] and tid[i, l] == k]
       if slots:
-        rewards[i, slots[-1]] = r
+        prev = k
+        turn_r[i, k] = r
+      elif prev is not None:  # no action in this turn: the previous action gets its reward
+        turn_r[i, prev] += r
+    for k in range(nt[i]):
+      slots = [l for l in range(length) if m[i, l] and tid[i, l] == k]
+      if slots:
+        rewards[i, slots[-1]] = turn_r[i, k]
   adv, ret, vmask = np.zeros((b, length)), np.zeros((b, length)), np.zeros((b, length), bool)
   for i in range(b):
     if mode in ("token", "round"):
@@ -955,9 +962,11 @@ def test_registry():
                                 dict(ig_weight=0.5, outcome_weight=2.0, lam=0.7)])
 def test_critic_estimators_match_numpy_loops(name, kw):
   """ppo / ppo_turn / ppo_round against NumPy loops (ref_ppo) on ragged trajectories: gamma,
-  lam, IG turn rewards, whitening; the critic's targets and the slots they sit on too."""
-  for seed in range(2):
-    d = make_batch(seed)
+  lam, IG turn rewards, whitening; the critic's targets and the slots they sit on too. The
+  second batch has turns cut off before their first sampled token (also a last one, whose
+  outcome goes to the previous action) and an all-padding row."""
+  for seed in range(3):
+    d = make_batch(seed) if seed < 2 else make_cut_off_batch(seed)
     rng = np.random.default_rng(seed + 10)
     d["values"] = rng.normal(size=d["loss_mask"].shape).astype(np.float32)
     adv, stats = adv_lib.get_advantage_estimator(name)(**d, **kw)
@@ -969,3 +978,52 @@ def test_critic_estimators_match_numpy_loops(name, kw):
     d["values"] = np.where(d["loss_mask"] > 0, d["values"], 50.0).astype(np.float32)
     adv2, _ = adv_lib.get_advantage_estimator(name)(**d, **kw)
     assert_close(adv2, adv, atol=1e-6)
+
+
+def make_cut_off_batch(seed, b=8, num_t=4, length=30):
+  """Like make_batch, with some turns cut off before their first sampled token (the last turn
+  of rows 1 and 4, a middle one of row 2), row 5 with no sampled token at all, row 6 all
+  padding (turn_id -1, no turns sampled)."""
+  d = make_batch(seed, b=b, num_t=num_t, length=length)
+  rng = np.random.default_rng(seed)
+  num_turns = np.array([3, 2, 4, 1, 3, 2, 1, 4], np.int32)
+  turn_id = np.full((b, length), -1, np.int32)
+  mask = np.zeros((b, length), np.float32)
+  cut = {(1, 1), (4, 2), (2, 1), (5, 0), (5, 1)}
+  for i in range(b):
+    if i == 6:
+      continue
+    pos = 2
+    for k in range(num_turns[i]):
+      n_gen = 0 if (i, k) in cut else int(rng.integers(1, 4))
+      turn_id[i, pos:pos + n_gen] = k
+      mask[i, pos:pos + n_gen] = 1.0
+      pos += n_gen
+      if k < num_turns[i] - 1:
+        turn_id[i, pos:pos + 2] = k
+        pos += 2
+  d.update(num_turns=num_turns, turn_id=turn_id, loss_mask=mask)
+  d["ig"] = rng.normal(size=(b, num_t)).astype(np.float32)
+  return d
+
+
+def test_turn_first_slots_and_carry_back_match_numpy():
+  from agentjax.rl import gae as gae_lib
+  d = make_cut_off_batch(0)
+  m, tid, nt = d["loss_mask"] > 0, d["turn_id"], d["num_turns"]
+  first = np.asarray(gae_lib.turn_first_slots(jnp.asarray(tid), jnp.asarray(m), 4))
+  rewards = np.random.default_rng(1).normal(size=(8, 4)).astype(np.float32)
+  rewards[np.arange(4)[None] >= nt[:, None]] = 0.0
+  steps = first >= 0
+  carried = np.asarray(gae_lib.carry_back(jnp.asarray(rewards), jnp.asarray(steps)))
+  for i in range(8):
+    prev = None
+    want = np.zeros(4)
+    for k in range(4):
+      slots = [l for l in range(m.shape[1]) if m[i, l] and tid[i, l] == k]
+      assert first[i, k] == (slots[0] if slots else -1)
+      if slots:
+        prev = k
+      if prev is not None:
+        want[prev] += rewards[i, k]
+    np.testing.assert_allclose(carried[i], want, atol=1e-6)

@@ -678,6 +678,18 @@ def _ppo_stats(outcome, group_ids, adv, loss_mask, returns, value_mask, collapse
   return stats
 
 
+def _ppo_turn_rewards(outcome, ig, num_turns, turn_id, mask, ig_weight, outcome_weight):
+  """(turn rewards [B, T] on the step turns (gae.carry_back: a turn cut off before its first
+  sampled token gives its reward to the previous action), each turn's first sampled slot
+  [B, T] (-1: none), the step turns [B, T] bool)."""
+  num_t = ig.shape[1]
+  turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
+                             outcome_weight=outcome_weight)[0]
+  first = gae_lib.turn_first_slots(turn_id, mask, num_t)
+  steps = (first >= 0) & turn_mask_from(num_turns, num_t)
+  return gae_lib.carry_back(turn_r, steps), first, steps
+
+
 @register_advantage("ppo")
 def ppo_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids: Array,
                    turn_id: Array, loss_mask: Array, values: Array, *, gamma: float = 1.0,
@@ -688,14 +700,16 @@ def ppo_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids: Array
 
   Turn rewards (`igpo_turn_rewards`): the outcome on the answer turn and, with ig_weight > 0,
   IGPO's information gain on the earlier turns ("PPO + IG turn rewards"); each on its turn's last
-  sampled token (gae.rewards_at_turn_ends). No group normalization: the critic is the baseline.
+  sampled token (gae.rewards_at_turn_ends; a turn cut off before its first sampled token gives its
+  reward to the previous action, gae.carry_back). No group normalization: the critic is the
+  baseline.
   GAE with (gamma, lam) over the sampled tokens (gae.token_gae), then, with whiten, the
   advantages whitened over every sampled token of the batch (verl's masked_whiten: unbiased
   variance, eps 1e-8). The critic regresses every sampled token's value on its GAE return.
 
   Args:
-    values: [B, L] the critic's value of the state in which each token is sampled (0 off
-      loss_mask; agentjax/models/qwen/value.py sequence_values).
+    values: [B, L] the critic's value of the state in which each token is sampled
+      (agentjax/models/qwen/value.py sequence_values); read on sampled tokens only.
     other batch fields: see the module docstring.
   Returns:
     advantages [B, L] and stats (`_ppo_stats`: returns [B, L], value_mask = loss_mask).
@@ -708,8 +722,7 @@ def _token_ppo(outcome, ig, num_turns, group_ids, turn_id, loss_mask, values, ga
                ig_weight, outcome_weight, whiten, collapse_tol, episodes):
   """ppo / ppo_round: token-level GAE (episodes: None, or turn_id for one episode per turn)."""
   mask = jnp.asarray(loss_mask).astype(bool)
-  turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
-                             outcome_weight=outcome_weight)[0]
+  turn_r = _ppo_turn_rewards(outcome, ig, num_turns, turn_id, mask, ig_weight, outcome_weight)[0]
   rewards = gae_lib.rewards_at_turn_ends(turn_r, turn_id, mask)
   adv, returns = gae_lib.token_gae(rewards, values, mask, gamma, lam, episodes)
   if whiten:
@@ -723,29 +736,26 @@ def ppo_turn_advantages(outcome: Array, ig: Array, num_turns: Array, group_ids: 
                         gamma: float = 1.0, lam: float = 1.0, ig_weight: float = 0.0,
                         outcome_weight: float = 1.0, whiten: bool = True,
                         collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
-  """Multi-turn PPO with turn-level GAE (CW-GRPO's MT-PPO baseline,
-  compute_gae_round_advantage_return; AReaL's gae_timestep_unit="turn").
+  """Multi-turn PPO with turn-level GAE: one step per turn (AReaL's gae_timestep_unit="turn").
+  (The CW-GRPO code's compute_gae_round_advantage_return is `ppo_round`, per token.)
 
   One step per turn: turn k's value is the critic's value at the turn's first sampled token (the
   state after the previous turn's observation, before the turn's action); its reward as in
   `ppo_advantages`; GAE over the turns (gae.turn_gae); every sampled token of turn k takes turn
   k's advantage (whitened over the batch's sampled tokens with whiten). The critic regresses the
   value at each turn's first sampled token on the turn's return. A turn with no sampled token
-  (cut off before its first) is not a step.
+  (cut off before its first) is not a step: its reward goes to the previous step
+  (gae.carry_back).
 
   Returns:
     advantages [B, L] and stats (`_ppo_stats`: returns on the turns' first sampled tokens,
     value_mask those slots).
   """
   mask = jnp.asarray(loss_mask).astype(bool)
-  num_t = ig.shape[1]
-  first = gae_lib.turn_first_slots(turn_id, mask, num_t)                     # [B, T]
-  has = first >= 0
-  turn_values = jnp.where(has, jnp.take_along_axis(values.astype(_F32), jnp.maximum(first, 0),
-                                                   axis=1), 0.0)
-  turn_r = igpo_turn_rewards(ig, outcome, num_turns, ig_weight=ig_weight,
-                             outcome_weight=outcome_weight)[0]
-  steps = has & turn_mask_from(num_turns, num_t)
+  turn_r, first, steps = _ppo_turn_rewards(outcome, ig, num_turns, turn_id, mask, ig_weight,
+                                           outcome_weight)
+  turn_values = jnp.where(steps, jnp.take_along_axis(values.astype(_F32), jnp.maximum(first, 0),
+                                                     axis=1), 0.0)
   turn_adv, turn_ret = gae_lib.turn_gae(turn_r, turn_values, steps, gamma, lam)
   adv = turn_to_token(turn_adv, turn_id, mask)
   if whiten:

@@ -18,10 +18,12 @@ Rewards sit on sampled tokens: a turn's reward (the outcome on the answer turn, 
 information gain on earlier turns, or both) on the turn's last sampled token
 (`rewards_at_turn_ends`), 0 on the others.
 
-Turn level (CW-GRPO's compute_gae_round_advantage_return, AReaL's gae_timestep_unit="turn"): the
-same recursion over turns 0..num_turns-1, one reward and one value per turn (the value at the
-turn's boundary), v = 0 after the last turn; every token of a turn then takes its turn's
-advantage (advantages.turn_to_token).
+A turn cut off before its first sampled token is no action: `carry_back` moves its reward to the
+previous action (the advantages' estimators do this first).
+
+Turn level (AReaL's gae_timestep_unit="turn"): the same recursion over turns 0..num_turns-1, one
+reward and one value per turn (the value at the turn's boundary), v = 0 after the last turn;
+every token of a turn then takes its turn's advantage (advantages.turn_to_token).
 
 Round level (the CW-GRPO code's "gae-round", compute_gae_round_advantage_return): token level
 with each turn an episode of its own (token_gae with turn_id): a turn's last sampled token
@@ -91,11 +93,31 @@ def turn_first_slots(turn_id: Array, loss_mask: Array, num_t: int) -> Array:
   return jnp.where(first < length, first, -1).astype(jnp.int32)
 
 
+def carry_back(turn_rewards: Array, steps: Array) -> Array:
+  """[B, T] turn rewards with each turn's reward moved to the last step turn at or before it.
+
+  A turn with no sampled token (a trajectory cut off by the token budget right after an
+  observation) is not an action; its reward (the outcome, or a format penalty, of a truncated
+  trajectory) belongs to the last action taken, the previous turn's. (verl drops it: its reward
+  sits on an observation token that its GAE skips.) A reward with no step at or before it is
+  dropped.
+
+  Args:
+    turn_rewards: [B, T] float, 0 on the turns a trajectory does not have.
+    steps: [B, T] bool, the turns with a sampled token (turn_first_slots >= 0).
+  """
+  num_t = turn_rewards.shape[1]
+  k = jnp.arange(num_t)
+  last_step = jax.lax.cummax(jnp.where(steps, k[None, :], -1), axis=1)        # [B, T]
+  moved = (last_step[:, None, :] == k[None, :, None])                           # [B, T(to), T(from)]
+  return jnp.sum(jnp.where(moved, turn_rewards[:, None, :].astype(jnp.float32), 0.0), axis=-1)
+
+
 @jax.jit
 def rewards_at_turn_ends(turn_rewards: Array, turn_id: Array, loss_mask: Array) -> Array:
   """[B, L] rewards: turn k's reward turn_rewards[b, k] on that turn's last sampled token. A turn
-  with no sampled token (one cut off before its first) has no action to credit: its reward is
-  dropped.
+  with no sampled token (one cut off before its first) has no action to credit here: its reward
+  is dropped (`carry_back` first moves it to the previous action).
 
   Args:
     turn_rewards: [B, T] float, one reward per turn (entries past a row's turns are ignored).
@@ -141,4 +163,4 @@ def turn_gae(turn_rewards: Array, turn_values: Array, turn_mask: Array, gamma=1.
   return _reverse_gae(turn_rewards, turn_values, turn_mask.astype(bool), gamma, lam)
 
 
-__all__ = ["rewards_at_turn_ends", "token_gae", "turn_first_slots", "turn_gae"]
+__all__ = ["carry_back", "rewards_at_turn_ends", "token_gae", "turn_first_slots", "turn_gae"]
