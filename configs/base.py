@@ -153,7 +153,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # ---- the critic of the PPO estimators: a Qwen trunk + scalar head (agentjax/models/qwen/value.py)
   c.critic = ml_collections.ConfigDict()
   # "policy": the policy's initial weights and a fresh head (verl's critic path = the actor's);
-  # with model.lora.adapters a "value" LoRA adapter + head on the shared frozen backbone instead.
+  # with model.lora.adapters a fresh "value" LoRA adapter + head on the shared frozen backbone
+  # instead (the bare backbone: a policy adapter started from model.lora.init is not copied).
   # Or a Hugging Face folder: a *ForTokenClassification (num_labels 1) checkpoint loads its head,
   # a causal LM gets a fresh one (full fine-tuning of the critic).
   c.critic.init = "policy"
@@ -162,7 +163,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.critic.final_lr_ratio = 1.0      # 1: constant after warm-up (verl's critic schedule)
   c.critic.weight_decay = 0.01
   c.critic.clip_norm = 1.0
-  # RL steps at the start in which only the critic trains (verl's trainer.critic_warmup, 0).
+  # RL steps at the start in which only the critic trains. verl's trainer.critic_warmup = N
+  # gives N - 1 such steps (it compares N with a 1-based step); its default 0 is none in both.
   c.critic.warmup_steps = 0
 
   # ---- CW-GRPO's contribution weights (agentjax.rl.advantages.contribution_weighted_advantages)

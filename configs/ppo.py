@@ -6,13 +6,19 @@ r"""PPO with a learned critic: a value model (Qwen trunk + scalar head) and GAE 
 
 The estimator (config.algorithm, agentjax/rl/advantages.py):
   ppo         token-level GAE over the sampled tokens (observations skipped, not counted as
-              steps), each turn's reward on its last sampled token (verl's "gae", which the IGPO
-              paper's Table 2 PPO and the CW-GRPO code's PPO and MT-PPO scripts run)
+              steps), each turn's reward on its last sampled token (verl's "gae": the CW-GRPO
+              code's PPO script; its MT-PPO script runs it on its judge's per-round rewards,
+              which agentjax does not compute: ppo.ig_weight puts IGPO's IG there instead. The
+              IGPO code has no PPO script: its paper's Table 2 PPO ran in its verl, whose GAE
+              is this one)
   ppo_turn    turn-level GAE: one value per turn (at its first sampled token), every token of a
               turn takes the turn's advantage (AReaL's gae_timestep_unit="turn")
-  ppo_round   the CW-GRPO code's "gae-round": token-level GAE with each turn its own episode
+  ppo_round   the CW-GRPO code's "gae-round" (compute_gae_round_advantage_return, which its
+              R3-RAG script runs): token-level GAE with each turn its own episode
 Turn rewards: the outcome on the answer turn; with ppo.ig_weight > 0 also IGPO's information
-gain on the earlier turns ("PPO + IG turn rewards": the `-ig` presets). The critic
+gain on the earlier turns ("PPO + IG turn rewards": demo-ig, and demo-round, whose turns learn
+from their own rewards only). A turn cut off before its first sampled token gives its reward to
+the previous action (verl drops it). The critic
 (agentjax/train/critic.py): the policy's initial weights and a fresh head, its own AdamW
 (critic.lr), verl's clipped value loss (ppo.value_clip 0.5); with LoRA a "value" adapter + head
 on the shared backbone. Checkpoints hold both models; the KL reference is the frozen initial
@@ -20,6 +26,7 @@ policy; a finished run also writes {workdir}/critic_export (a Qwen2ForTokenClass
 
 Presets:
   demo, demo-turn, demo-round, demo-ig   the demo RL settings of every method (configs/base.py),
+      the critic from the policy's start (the demo's SFT export),
       critic lr 1e-4 (ours: 10x verl's 1e-5 for a from-scratch 1M-parameter model that trains 30
       steps; the policy's demo lr is 3e-5), no critic-only warm-up (verl's 0: every method of
       the comparison updates its policy at every step).
@@ -28,6 +35,7 @@ Presets:
       preset's group std settings are unused by PPO); the critic as verl's defaults, which the
       IGPO code's config carries (critic lr 1e-5, cliprange_value 0.5, gamma = lam = 1,
       critic_warmup 0). The paper states no critic setting: these are the code's defaults.
+      The turn-level variants are one override away (--config.algorithm=ppo_turn).
   cw-qwen3-8b   the CW-GRPO code's PPO script (run_qwen3-8b_search_multiturn_ppo.sh): 128
       prompts x 1 rollout, minibatch 32, actor lr 1e-6 (warm-up int(0.285 * 200) = 56 steps),
       critic lr 1e-5 (warm-up int(0.015 * 200) = 3 steps), both constant after it, KL loss 0.001
@@ -49,7 +57,7 @@ def get_config(arg: str = "demo"):
     config = base.get_config("demo")
     config.algorithm = DEMO[arg]
     config.critic.lr = 1e-4
-    if arg == "demo-ig":
+    if arg in ("demo-ig", "demo-round"):  # gae-round's turns learn from their own rewards only
       config.ppo.ig_weight = 1.0
   elif arg in PAPER:
     config = igpo.get_config(arg)

@@ -82,8 +82,8 @@ def test_bad_critic_settings_name_the_field(override, message):
 
 def _critic(cfg, value_clip=0.5, optimizer=None):
   return Critic(cfg=cfg, module=QwenValue(cfg), spec=None, backbone=None,
-                optimizer=optimizer or optax.sgd(1.0), value_clip=value_clip, value_coef=1.0,
-                aggregation="token-mean", warmup_steps=0)
+                optimizer=optimizer or optax.sgd(1.0), schedule=optax.constant_schedule(1.0),
+                value_clip=value_clip, value_coef=1.0, aggregation="token-mean", warmup_steps=0)
 
 
 def test_value_head_gradient_is_the_value_loss_s_and_the_policy_update_never_touches_it():
@@ -249,10 +249,16 @@ def test_ppo_trains_policy_and_critic_resumes_exactly_and_exports_both(ppo_runs)
                jax.device_get(a["critic_params"]))
 
 
-def test_ppo_checkpoint_holds_the_critic_and_eval_restores_the_policy(ppo_runs):
+def test_ppo_checkpoint_holds_the_critic_and_eval_restores_the_policy(ppo_runs, monkeypatch):
   config, tmp, a, _, _ = ppo_runs
   from agentjax.parallel import make_mesh
   from agentjax.train.trainer import restore_policy
+
+  def no_critic(*args, **kwargs):
+    raise AssertionError("eval built the critic")
+
+  # Eval and serving restore the checkpoint without building (copying, initializing) a critic.
+  monkeypatch.setattr(Critic, "init_state", no_critic)
   mesh = make_mesh(1, 1, 1)
   _, params, _, _ = restore_policy(config, os.path.join(tmp, "a"), mesh)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(params), jax.device_get(a["params"]))
@@ -266,7 +272,7 @@ def test_ppo_checkpoint_holds_the_critic_and_eval_restores_the_policy(ppo_runs):
 
 
 def test_lora_ppo_trains_a_value_adapter_and_head_on_the_shared_backbone(world_dir, tokenizer,
-                                                                          tmp_path):
+                                                                          tmp_path, monkeypatch):
   """With model.lora.adapters the critic is a "value" adapter + head on the policy's frozen
   backbone: the checkpoint holds adapters and the head only (no second trunk), both adapters
   train (B moves off 0), and the critic export is the backbone with the value adapter merged."""
@@ -277,13 +283,30 @@ def test_lora_ppo_trains_a_value_adapter_and_head_on_the_shared_backbone(world_d
   from agentjax.train.trainer import load_model, train
   config = tiny_config(world_dir, tokenizer.name_or_path, str(tmp_path), algorithm="ppo",
                        steps=2)
+  config.algorithm = "ppo_turn"  # and the turn-level critic's targets as the step wires them
   config.model.lora.adapters = "policy"
   config.model.lora.rank = 4
   config.model.lora.alpha = 8.0
   config.model.lora.lr = "policy=1e-2"
   config.critic.lr = 1e-2
   config.train.eval_every = 0
+  seen = []
+  update = Critic.update
+
+  def spy(self, trainable, opt_state, minibatch):
+    seen.append(jax.device_get({k: minibatch[k] for k in ("valid", "value_mask", "returns")}))
+    return update(self, trainable, opt_state, minibatch)
+
+  monkeypatch.setattr(Critic, "update", spy)
   out = train(config, str(tmp_path / "run"))
+  # ppo_turn regresses one value per turn: at most max_turns target slots a row, each a real
+  # slot, every trajectory with at least one (its first turn's first sampled token).
+  assert seen
+  for mb in seen:
+    per_row = mb["value_mask"].sum(axis=1)
+    assert (per_row >= 1).all() and (per_row <= config.rollout.max_turns).all(), per_row
+    assert not (mb["value_mask"] & ~mb["valid"]).any()
+    assert not mb["returns"][~mb["value_mask"]].any()
   critic = out["critic_params"]
   assert sorted(critic) == ["adapter", "score"] and sorted(out["params"]) == ["policy"]
   moved = lambda tree: max(float(np.abs(np.asarray(x)).max())  # noqa: E731

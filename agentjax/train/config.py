@@ -310,8 +310,10 @@ def _validate_critic(config: Any) -> None:
   for f in ("critic.warmup_steps", "critic.lr_warmup_steps"):
     if isinstance(_get(config, f), bool) or not isinstance(_get(config, f), int):
       _fail(f, _get(config, f), "must be an int (RL steps)")
-  if _get(config, "critic.warmup_steps") < 0:
-    _fail("critic.warmup_steps", _get(config, "critic.warmup_steps"), "must be >= 0")
+  warmup = _get(config, "critic.warmup_steps")
+  if not 0 <= warmup < _get(config, "train.steps"):
+    _fail("critic.warmup_steps", warmup, f"must be >= 0 and below train.steps="
+          f"{_get(config, 'train.steps')} (the policy trains only after it)")
   init = _get(config, "critic.init")
   if init != "policy" and not os.path.isdir(os.path.expanduser(str(init))):
     _fail("critic.init", init, "must be 'policy' or a Hugging Face folder")

@@ -1,8 +1,8 @@
 """The critic of a PPO run (algorithm ppo | ppo_turn | ppo_round): its value model, optimizer and
 the two jitted programs the RL step calls.
 
-    critic = Critic.build(config, target)                 # no arrays
-    state["critic"] = critic.init_state(config, mesh)     # {"params", "opt_state"}
+    critic = Critic.build(config, target, updates_per_step)          # no arrays
+    state["critic"] = critic.init_state(config, policy_params, mesh) # {"params", "opt_state"}
     values = critic.values(state["critic"]["params"], tokens, valid)            # [B, L]
     params, opt_state, m = critic.update(params, opt_state, minibatch)          # one minibatch
 
@@ -33,14 +33,15 @@ import optax
 
 from agentjax.models import lora as lora_lib
 from agentjax.models.lora import LoraSpec
-from agentjax.models.qwen import QwenConfig, init_adapters
+from agentjax.models.qwen import QwenConfig, adapter_abstract, init_adapters
 from agentjax.models.qwen.value import (QwenValue, init_value_head, load_value_hf,
-                                        save_value_hf, sequence_values, value_params_from_policy,
-                                        value_params_with_adapter, value_shardings)
+                                        save_value_hf, sequence_values, value_abstract,
+                                        value_params_from_policy, value_params_with_adapter,
+                                        value_shardings)
 from agentjax.rl.advantages import CRITIC_ESTIMATORS
 from agentjax.rl.losses import value_loss
 from agentjax.train.adapters import TrainTarget
-from agentjax.train.optim import make_guarded_step, make_optimizer
+from agentjax.train.optim import make_guarded_step, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +62,7 @@ class Critic:
   spec: LoraSpec | None        # the value adapter's spec (LoRA critic), else None
   backbone: Any                # LoRA critic: the policy's frozen backbone; else None
   optimizer: optax.GradientTransformation
+  schedule: optax.Schedule     # the optimizer's learning rate per update (for logging)
   value_clip: float | None
   value_coef: float
   aggregation: str
@@ -76,11 +78,12 @@ class Critic:
       spec = LoraSpec(names=(VALUE_ADAPTER,), rank=target.spec.rank, alpha=target.spec.alpha,
                       targets=target.spec.targets, decode=target.spec.decode)
     k = updates_per_step
-    optimizer = make_optimizer(c.lr, c.lr_warmup_steps * k, config.train.steps * k,
-                               c.weight_decay, c.clip_norm or None, c.final_lr_ratio,
-                               config.optimizer.b2)
+    lr, warmup, total = c.lr, c.lr_warmup_steps * k, config.train.steps * k
+    optimizer = make_optimizer(lr, warmup, total, c.weight_decay, c.clip_norm or None,
+                               c.final_lr_ratio, config.optimizer.b2)
     return cls(cfg=target.cfg, module=QwenValue(target.cfg, lora=spec), spec=spec,
                backbone=target.backbone if spec is not None else None, optimizer=optimizer,
+               schedule=make_schedule(lr, warmup, total, c.final_lr_ratio),
                value_clip=float(p.value_clip) or None, value_coef=float(p.value_coef),
                aggregation=config.rl.aggregation, warmup_steps=int(c.warmup_steps))
 
@@ -129,6 +132,22 @@ class Critic:
              "value adapter + head on the backbone" if self.spec is not None else "full model")
     return {"params": params, "opt_state": opt_state}
 
+  def abstract_state(self, mesh: jax.sharding.Mesh) -> dict[str, Any]:
+    """The critic's state as ShapeDtypeStructs with their shardings: a restore target that
+    reads a PPO checkpoint (eval, serving) without building and initializing a critic first."""
+    from agentjax.train.trainer import opt_state_shardings
+    shardings = self.shardings(mesh)
+    if self.spec is None:
+      params = value_abstract(self.cfg)
+    else:
+      params = {"adapter": adapter_abstract(self.cfg, self.spec),
+                "score": value_abstract(self.cfg)["score"]}
+    place = lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s)  # noqa: E731
+    params = jax.tree.map(place, params, shardings)
+    opt_state = jax.tree.map(place, jax.eval_shape(self.optimizer.init, params),
+                             opt_state_shardings(self.optimizer, params, shardings, mesh))
+    return {"params": params, "opt_state": opt_state}
+
   # ------------------------------------------------------------------ programs
 
   def model_params(self, trainable: Any, *backbone: Any) -> Any:
@@ -161,6 +180,21 @@ class Critic:
                                  value_clip=self.value_clip, aggregation=self.aggregation)
       return self.value_coef * loss, metrics
     return make_guarded_step(objective, self.optimizer)
+
+  def batch_metrics(self, old_values: jax.Array, returns: jax.Array, value_mask: jax.Array
+                    ) -> dict[str, jax.Array]:
+    """critic/explained_variance, critic/value_mean, critic/return_mean of the values the batch
+    was scored with, over every slot with a target (verl's critic data metrics; the update's
+    value_loss and clip fraction come from the minibatches)."""
+    return self._batch_metrics(old_values, returns, value_mask)
+
+  @functools.cached_property
+  def _batch_metrics(self):
+    def run(old, returns, mask):
+      m = value_loss(old, old, returns, mask, value_clip=None, aggregation=self.aggregation)[1]
+      return {k: m[k] for k in ("critic/explained_variance", "critic/value_mean",
+                                "critic/return_mean")}
+    return jax.jit(run)
 
   def update(self, trainable: Any, opt_state: Any, minibatch: dict[str, jax.Array]
              ) -> tuple[Any, Any, dict[str, jax.Array]]:

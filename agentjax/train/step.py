@@ -61,7 +61,8 @@ def schedule_args(config: Any) -> tuple[float, int, int, float]:
 class StepOutput:
   """What one step hands back to the loop.
 
-  state: the new {"params", "opt_state", "rng"}.
+  state: the new {"params", "opt_state", "rng"} (and "critic": {"params", "opt_state"} of a PPO
+    run).
   metrics: host floats, logged as they are (metrics.jsonl, TensorBoard).
   update_skipped: one 0/1 per optimizer update of the step, in order (1: non-finite loss or
     gradient, the update was not applied); the loop counts consecutive ones across steps.
@@ -258,8 +259,13 @@ class RLStep:
         "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
         "search_s": rollout_metrics["search_s"], **judge_metrics, **task_metrics}
     if self.critic is not None:
-      metrics.update({k: v for k, v in crit.items() if k.startswith("critic/")})
+      # The update's loss and clip fraction (mean over minibatches); the values' fit as scored.
+      metrics["critic/value_loss"] = crit.get("critic/value_loss", 0.0)
+      metrics["critic/value_clip_fraction"] = crit.get("critic/value_clip_fraction", 0.0)
+      metrics.update({k: float(v) for k, v in to_host(self.critic.batch_metrics(
+          **value_targets)).items()})
       metrics["critic/grad_norm"] = crit.get("grad_norm", 0.0)
+      metrics["critic/lr"] = float(self.critic.schedule(step * updates_per_step(config)))
       metrics["critic/skipped_updates"] = float(sum(int(m["skipped"]) for m in critic_metrics))
       metrics["critic/policy_frozen"] = float(not train_policy)
     if "cw_fallback_count" in adv_stats:  # CW-GRPO: how often the all-zero fallback fired

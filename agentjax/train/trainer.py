@@ -70,9 +70,11 @@ log = logging.getLogger(__name__)
 # Config fields whose change makes a workdir's checkpoints unusable (compared at restore).
 COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
-               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora", "critic.init")
+               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora", "critic.init",
+               "critic.weight_decay", "critic.clip_norm")
 # A compat key's value in a workdir written before the key existed.
-COMPAT_DEFAULTS = {"lora": None, "critic.init": "policy"}
+COMPAT_DEFAULTS = {"lora": None, "critic.init": "policy", "critic.weight_decay": 0.01,
+                   "critic.clip_norm": 1.0}
 # What a run's config.json records beside its config fields (make_checkpointer): readers that
 # rebuild the config from it (serve, eval) drop these.
 RECORDED_EXTRAS = ("judge_identity", "lora", "lora_backbone")
@@ -210,11 +212,12 @@ def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any,
 
 
 def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.sharding.Mesh,
-                     target: TrainTarget | None = None
+                     target: TrainTarget | None = None, with_critic: bool = True
                      ) -> tuple[optax.GradientTransformation, dict[str, Any]]:
   """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
   (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated);
-  a PPO run's state also holds {"critic": {"params", "opt_state"}} (Critic.init_state).
+  a PPO run's state also holds {"critic": {"params", "opt_state"}} (Critic.init_state) unless
+  with_critic is False.
 
   target: what is trained (agentjax/train/adapters.py); default: built from config (the whole
   model, or LoRA adapters on `params` when config.model.lora.adapters is set)."""
@@ -229,7 +232,7 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
   rng = jax.jit(lambda: jax.random.key(config.seed),
                 out_shardings=NamedSharding(mesh, PartitionSpec()))()
   state = {"params": trainable, "opt_state": opt_state, "rng": rng}
-  if needs_critic(config):  # PPO: the value model and its optimizer state (agentjax/train/critic.py)
+  if with_critic and needs_critic(config):  # PPO: the value model and its optimizer state
     critic = Critic.build(config, target, updates_per_step(config))
     state["critic"] = critic.init_state(config, params, mesh)
   return optimizer, state
@@ -263,14 +266,19 @@ def restore_trainable(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
   """(cfg, target, trained params, tokenizer, checkpoint dir) of a run at `step` (default: the
   latest): the full train state is the restore target (orbax reads it shard by shard into
   place, FSDP included); only its params are kept (with LoRA: {name: adapter}, on
-  target.backbone). FileNotFoundError without a checkpoint."""
+  target.backbone). FileNotFoundError without a checkpoint. A PPO run's critic is not built:
+  its part of the target is abstract (orbax reads it, and it is dropped)."""
   cfg, params, tokenizer = load_model(config, mesh)
   target = TrainTarget.build(config, cfg, params, mesh)
-  _, state = init_train_state(config, cfg, params, mesh, target)
+  _, state = init_train_state(config, cfg, params, mesh, target, with_critic=False)
+  restore_target = abstract_state(state)
+  if needs_critic(config):
+    critic = Critic.build(config, target, updates_per_step(config))
+    restore_target["critic"] = critic.abstract_state(mesh)
   workdir = os.path.expanduser(workdir)
   ckpt = make_checkpointer(config, workdir, target)
   try:
-    restored = ckpt.restore_or_none(abstract_state(state), step=step)
+    restored = ckpt.restore_or_none(restore_target, step=step)
   finally:
     ckpt.close()
   if restored is None:
