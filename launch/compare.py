@@ -547,7 +547,8 @@ def train_state_bytes(config) -> dict:
   """What a run of `config` trains and keeps between steps, counted from the arrays the trainer
   builds (TrainTarget, init_train_state): the trained params (the whole model, or the adapters),
   the optimizer state (AdamW's two moments + counters), and the frozen backbone a LoRA run reads
-  (0 for full fine-tuning, whose params are the trained ones). Bytes as held (float32 here)."""
+  (0 for full fine-tuning, whose params are the trained ones), and a PPO run's critic (its
+  params and optimizer state; 0 without one). Bytes as held (float32 here)."""
   import jax
   from agentjax.parallel import make_mesh
   from agentjax.train.trainer import TrainTarget, init_train_state, load_model
@@ -558,7 +559,8 @@ def train_state_bytes(config) -> dict:
   nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
   return {"trained_params": sum(x.size for x in jax.tree.leaves(state["params"])),
           "trained_bytes": nbytes(state["params"]), "opt_state_bytes": nbytes(state["opt_state"]),
-          "frozen_bytes": 0 if target.spec is None else nbytes(target.backbone)}
+          "frozen_bytes": 0 if target.spec is None else nbytes(target.backbone),
+          "critic_bytes": nbytes(state.get("critic", {}))}
 
 
 def _tree_bytes(folder: str) -> int | None:
