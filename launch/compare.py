@@ -873,6 +873,13 @@ def summarize(study: dict, target_gain: float) -> dict:
             [sum(m["gt_entropy_reduction"] for m in r["curve"][window])
              / len(r["curve"][window]) for r in rs])
       row["minutes"] = _mean_std([r.get("minutes", 0.0) for r in rs])
+      # PPO's critic: how much of the returns' variance its values explain, as scored.
+      if all("critic/explained_variance" in m for r in rs for m in r["curve"]):
+        for name, window in (("first", slice(0, WINDOW)), ("last", slice(-WINDOW, None))):
+          for key in ("explained_variance", "value_loss"):
+            row[f"critic_{key}_{name}"] = _mean_std(
+                [sum(m[f"critic/{key}"] for m in r["curve"][window]) / len(r["curve"][window])
+                 for r in rs])
       table[size]["methods"][method] = row
   return table
 
@@ -916,6 +923,17 @@ def markdown(table: dict, steps: int, hardware: str) -> str:
           f"{_pm(r['zero_adv_fraction'])} | "
           f"{r['gt_entropy_reduction_first'][0]:.3f} → {r['gt_entropy_reduction_last'][0]:.3f} |")
     lines.append("")
+    if any("critic_explained_variance_first" in r for r in t["methods"].values()):
+      lines += [f"The critics (mean ± std over seeds of each run's first / last {WINDOW} steps; "
+                "explained variance of the returns by the values the batch was scored with):", "",
+                f"| method | critic explained variance, first {WINDOW} → last {WINDOW} steps | "
+                f"critic value loss, first {WINDOW} → last {WINDOW} steps |", "| --- " * 3 + "|"]
+      for method, r in t["methods"].items():
+        if "critic_explained_variance_first" in r:
+          lines.append(f"| {method} | " + " | ".join(
+              f"{_pm(r[f'critic_{k}_first'])} → {_pm(r[f'critic_{k}_last'])}"
+              for k in ("explained_variance", "value_loss")) + " |")
+      lines.append("")
   return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ import importlib.util
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -29,7 +30,7 @@ def compare():
 
 
 @pytest.mark.parametrize("method", ["igpo", "grpo", "outcome_only", "ig_only", "rloo",
-                                    "reinforcepp"])
+                                    "reinforcepp", "ppo", "ppo_turn", "ppo_ig"])
 @pytest.mark.parametrize("size", ["base", "wide"])
 def test_every_run_config_validates_and_differs_only_in_the_method(compare, method, size):
   config = compare.rl_config("/r", size, method, seed=2, steps=7)
@@ -38,11 +39,16 @@ def test_every_run_config_validates_and_differs_only_in_the_method(compare, meth
   assert config.seed == 2 and config.train.steps == 7 and config.rl.probe_all
   assert config.model.hf_path == f"/r/{size}/sft/hf_export"
   assert config.data.manual_dir == "/r/synthworld"
-  # Identical hyperparameters: everything but the estimator and IGPO's own settings.
+  # Identical hyperparameters: everything but the estimator, IGPO's own settings and the
+  # critic's (PPO's, which the other methods do not read).
   flat = lambda c: {k: v for k, v in compare._flat(c.to_dict()).items()  # noqa: E731
                     if k not in ("algorithm", "rl.igpo_ig_weight", "rl.igpo_outcome_weight",
-                                 "rl.igpo_norm")}
+                                 "rl.igpo_norm", "critic.lr", "ppo.ig_weight")}
   assert flat(config) == flat(reference)
+  if method.startswith("ppo"):
+    assert config.algorithm == ("ppo_turn" if method == "ppo_turn" else "ppo")
+    assert config.critic.lr == 1e-4 and config.critic.warmup_steps == 0
+    assert config.ppo.ig_weight == (1.0 if method == "ppo_ig" else 0.0)
   weights = (config.rl.igpo_ig_weight, config.rl.igpo_outcome_weight)
   assert weights == {"outcome_only": (0.0, 1.0), "ig_only": (1.0, 0.0)}.get(method, (1.0, 1.0))
   if size == "wide":
@@ -145,6 +151,37 @@ def test_report_figures_against_a_direct_computation(compare, tmp_path):
   assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
   # Runs of another length are left out of a report of `steps` steps.
   assert compare.collect(root, ["base"], ["igpo"], ["0"], steps=30)["base"]["runs"] == {}
+
+
+def test_report_critic_figures_against_a_direct_computation(compare, tmp_path):
+  """A PPO method's runs log critic/* metrics: the report's critic columns are their first and
+  last 5-step means, averaged over seeds; methods without a critic get none."""
+  rng = np.random.default_rng(3)
+  root = str(tmp_path / "runs")
+  _write_study(root, rng)
+  curves = {}
+  for seed in ("0", "1"):
+    wd = os.path.join(root, "base", "ppo", f"seed{seed}")
+    shutil.copytree(os.path.join(root, "base", "grpo", f"seed{seed}"), wd)
+    rows = [json.loads(line) for line in open(os.path.join(wd, "metrics.jsonl"))]
+    curve = []
+    for row in rows:
+      if "f1" in row:
+        row["critic/explained_variance"] = float(rng.uniform(-1, 1))
+        row["critic/value_loss"] = float(rng.uniform(0, 1))
+        curve.append(row)
+    with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
+      f.writelines(json.dumps(r) + "\n" for r in rows)
+    curves[seed] = curve
+  study = compare.collect(root, ["base"], ["grpo", "ppo"], ["0", "1"], steps=12)
+  table = compare.summarize(study, target_gain=0.05)["base"]["methods"]
+  assert "critic_explained_variance_first" not in table["grpo"]
+  for key in ("explained_variance", "value_loss"):
+    for name, window in (("first", slice(0, 5)), ("last", slice(-5, None))):
+      want = np.mean([np.mean([r[f"critic/{key}"] for r in curves[s][window]]) for s in "01"])
+      assert table["ppo"][f"critic_{key}_{name}"][0] == pytest.approx(want)
+  text = compare.markdown(compare.summarize(study, 0.05), 12, "cpu")
+  assert "critic explained variance" in text and "| ppo | " in text
 
 
 def test_steps_to_target_needs_a_full_window(compare):
