@@ -870,15 +870,11 @@ def bench_train_step() -> dict:
   from agentjax.models.qwen import (Qwen, QwenConfig, abstract_params, adapter_abstract,
                                     init_adapters, init_params)
   from agentjax.train.optim import make_adapter_optimizer, make_optimizer
-  from agentjax.train.rl import PolicyLossConfig, make_policy_update
+  from agentjax.train.rl import make_policy_update, policy_loss_config
 
   config = base_config.get_config("qwen2.5-3b")
-  rl, o = config.rl, config.optimizer
-  loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
-                     kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
-                     aggregation=rl.aggregation, norm_length=config.rollout.max_total_tokens)
-  loss = PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True,
-                          chunk=rl.chunk)
+  o = config.optimizer
+  loss = policy_loss_config(config)
   total = 1000
   opt_args = (o.warmup_steps, total, o.weight_decay, o.clip_norm or None, o.final_lr_ratio, o.b2)
   rank = FLAGS.lora_rank or 32
@@ -919,7 +915,7 @@ def bench_train_step() -> dict:
   cfg = QwenConfig.preset(FLAGS.preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
   result = {"bench": "train_step", "preset": FLAGS.preset, "dtype": FLAGS.dtype, "batch": b,
             "length": length, "lora_rank": rank, "lora_alpha": alpha,
-            "targets": list(spec.targets), "loss": dict(loss_kwargs, name=rl.loss)}
+            "targets": list(spec.targets), "loss": dict(loss.as_kwargs(), name=loss.name)}
   if not FLAGS.memory:
     compiled = None
   else:
@@ -1364,15 +1360,11 @@ def bench_ppo_step() -> dict:
   from agentjax.train.adapters import TrainTarget
   from agentjax.train.critic import Critic
   from agentjax.train.optim import make_optimizer
-  from agentjax.train.rl import PolicyLossConfig, make_policy_update
+  from agentjax.train.rl import make_policy_update, policy_loss_config
 
   config = ppo_config.get_config("qwen2.5-3b")
   rl, o = config.rl, config.optimizer
-  loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
-                     kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
-                     aggregation=rl.aggregation, norm_length=config.rollout.max_total_tokens)
-  loss = PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True,
-                          chunk=rl.chunk)
+  loss = policy_loss_config(config)
   cfg = QwenConfig.preset(FLAGS.preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype)
   b, length = FLAGS.batch or 4, FLAGS.length or 256
   total = 1000

@@ -35,8 +35,8 @@ from agentjax.parallel.host import to_host
 from agentjax.rl import outcome_rewards
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.optim import make_schedule
-from agentjax.train.rl import (PolicyLossConfig, advantage_kwargs, compute_advantages,
-                               make_roles_update, minibatches, score_batch, summarize, trim)
+from agentjax.train.rl import (advantage_kwargs, compute_advantages, make_roles_update,
+                               minibatches, policy_loss_config, score_batch, summarize, trim)
 from agentjax.train.step import StepOutput, schedule_args, updates_per_step
 
 
@@ -94,18 +94,10 @@ class DacStep:
   def build(cls, config: Any, mesh: jax.sharding.Mesh, agent: DacAgent,
             optimizer: optax.GradientTransformation, ref_params: Any, target: TrainTarget,
             ref_model: Any = None) -> "DacStep":
-    rl = config.rl
-
-    def loss(budget):  # Dr.GRPO's constant normalizer: each role's own token budget
-      kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
-                    kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
-                    aggregation=rl.aggregation, norm_length=budget)
-      return PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(kwargs.items())), entropy=True,
-                              chunk=rl.chunk)
-
+    # Dr.GRPO's constant normalizer: each role's own token budget.
     update = make_roles_update(target.model, optimizer, {
-        "searcher": loss(config.rollout.max_total_tokens),
-        "generator": loss(config.dac.generator_max_total_tokens)})
+        "searcher": policy_loss_config(config, config.rollout.max_total_tokens),
+        "generator": policy_loss_config(config, config.dac.generator_max_total_tokens)})
     return cls(config=config, mesh=mesh, agent=agent, update=update, ref_params=ref_params,
                ref_model=ref_model, schedule=make_schedule(*schedule_args(config)),
                adv_kwargs=advantage_kwargs(config), target=target,

@@ -151,6 +151,19 @@ class PolicyLossConfig:
     return dict(self.kwargs)
 
 
+def policy_loss_config(config: Any, norm_length: int | None = None) -> PolicyLossConfig:
+  """The policy loss of config.rl (its clip range, KL, entropy bonus and aggregation), the
+  entropy computed. norm_length: Dr.GRPO's constant normalizer (default: the rollout budget
+  rollout.max_total_tokens, not a batch's trimmed width)."""
+  rl = config.rl
+  kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
+                kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
+                aggregation=rl.aggregation,
+                norm_length=norm_length or config.rollout.max_total_tokens)
+  return PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(kwargs.items())), entropy=True,
+                          chunk=rl.chunk)
+
+
 def _role_objective(model: Qwen, loss: PolicyLossConfig):
   """loss(params, minibatch) -> (value, metrics) of the policy loss on one minibatch; `params`
   are the model's (a LoRA model's with its adapter selected)."""

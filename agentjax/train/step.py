@@ -33,8 +33,8 @@ from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.critic import Critic, needs_critic
 from agentjax.train.optim import make_schedule
-from agentjax.train.rl import (PolicyLossConfig, advantage_kwargs, compute_advantages,
-                               make_policy_update, minibatches, summarize, score_batch, trim)
+from agentjax.train.rl import (advantage_kwargs, compute_advantages, make_policy_update,
+                               minibatches, policy_loss_config, summarize, score_batch, trim)
 
 
 # What each update reads of a minibatch (minibatches() cuts every array of the step).
@@ -106,13 +106,7 @@ class RLStep:
     params are the model's). ref_model: the reference's module when it is not engine.model.
     rewards: a task's reward in place of the outcome reward (see the field)."""
     rl = config.rl
-    loss_kwargs = dict(clip_low=rl.clip_low, clip_high=rl.clip_high, kl_coef=rl.kl_coef,
-                       kl_estimator=rl.kl_estimator, entropy_coef=rl.entropy_coef,
-                       aggregation=rl.aggregation,
-                       # Dr.GRPO's constant normalizer: the budget, not the batch's trimmed width.
-                       norm_length=config.rollout.max_total_tokens)
-    update = make_policy_update(engine.model, optimizer, PolicyLossConfig(
-        name=rl.loss, kwargs=tuple(sorted(loss_kwargs.items())), entropy=True, chunk=rl.chunk))
+    update = make_policy_update(engine.model, optimizer, policy_loss_config(config))
     judge = build_judge(config.judge, mesh=mesh)
     target = target or TrainTarget(engine.cfg, None, None, None)
     critic = Critic.build(config, target, updates_per_step(config)) \
