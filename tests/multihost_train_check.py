@@ -28,7 +28,8 @@ def main():
   p.add_argument("--process_id", type=int, default=0)
   p.add_argument("--port", type=int, default=0)
   # cw_grpo: process 0 judges, every host gets it; igpo_lora: IGPO training two LoRA adapters
-  # (the backbone fingerprinted and the PEFT folders exported from sharded arrays)
+  # (the backbone fingerprinted and the PEFT folders exported from sharded arrays); ppo: the
+  # policy and its critic
   p.add_argument("--algorithm", default="igpo")
   args = p.parse_args()
   os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count="
@@ -61,6 +62,8 @@ def main():
   second = train(config, args.workdir)   # restores step 1 from the checkpoint
   assert second["step"] == 2
   params = to_host(second["params"])
+  if second["critic_params"] is not None:  # ppo: the critic too (its own subtree)
+    params = dict(params, critic=to_host(second["critic_params"]))
   if lora and jax.process_index() == 0:  # the exported adapter is the trained one
     from agentjax.models.qwen.peft import load_peft
     from agentjax.train import config as config_lib

@@ -56,8 +56,9 @@ def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path,
 @pytest.mark.slow  # two jax processes compiling an RL step each: minutes on 2 cores
 # cw_grpo: the judge pass (SynthWorld's oracle) runs on process 0 and is broadcast.
 # igpo_lora: two LoRA adapters on a sharded backbone (fingerprint, adapters-only checkpoints,
-# PEFT and merged exports gathered from every host).
-@pytest.mark.parametrize("algorithm", ["igpo", "cw_grpo", "igpo_lora"])
+# PEFT and merged exports gathered from every host). ppo: a critic beside the policy (values,
+# its updates, its state in the checkpoint).
+@pytest.mark.parametrize("algorithm", ["igpo", "cw_grpo", "igpo_lora", "ppo"])
 def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path, algorithm):
   tokenizer_dir = tokenizer.name_or_path
   single = _run("single", 1, world_dir, tokenizer_dir, tmp_path, algorithm)
@@ -73,6 +74,8 @@ def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path, algorit
         np.testing.assert_allclose(rows_m[step][key], value, rtol=1e-4, atol=1e-6,
                                    err_msg=f"step {step} {key}")
   assert sorted(single["params"]) == sorted(multi["params"])
+  if algorithm == "ppo":
+    assert any(name.startswith("critic/") for name in single["params"])
   for name, value in single["params"].items():
     np.testing.assert_allclose(multi["params"][name], value, rtol=1e-4, atol=1e-6, err_msg=name)
 
