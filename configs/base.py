@@ -150,7 +150,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.ppo.value_clip = 0.5
   c.ppo.value_coef = 1.0
 
-  # ---- the critic of the PPO estimators: a Qwen trunk + scalar head (agentjax/models/qwen/value.py)
+  # ---- the critic of the PPO estimators: a Qwen trunk + a scalar head (models/qwen/value.py)
   c.critic = ml_collections.ConfigDict()
   # "policy": the policy's initial weights and a fresh head (verl's critic path = the actor's);
   # with model.lora.adapters a fresh "value" LoRA adapter + head on the shared frozen backbone

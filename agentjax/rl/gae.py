@@ -109,7 +109,7 @@ def carry_back(turn_rewards: Array, steps: Array) -> Array:
   num_t = turn_rewards.shape[1]
   k = jnp.arange(num_t)
   last_step = jax.lax.cummax(jnp.where(steps, k[None, :], -1), axis=1)        # [B, T]
-  moved = (last_step[:, None, :] == k[None, :, None])                           # [B, T(to), T(from)]
+  moved = last_step[:, None, :] == k[None, :, None]          # [B, T (to), T (from)]
   return jnp.sum(jnp.where(moved, turn_rewards[:, None, :].astype(jnp.float32), 0.0), axis=-1)
 
 

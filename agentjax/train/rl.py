@@ -115,9 +115,9 @@ def advantage_kwargs(config: Any) -> dict[str, Any]:
   cw.inf_threshold, cw.all_zero_fallback. Every estimator that divides
   by a group std (grpo, gspo, igpo, cw_grpo) gets rl.std_estimator and rl.std_eps (its `eps`);
   REINFORCE++ gets rl.std_estimator only, choosing the variance of its batch whitening, which
-  keeps its own eps (1e-8, verl's). The critic estimators (ppo, ppo_turn, ppo_round) get ppo.gamma,
-  ppo.lam, ppo.ig_weight, ppo.outcome_weight and ppo.whiten. drgrpo and rloo use no std and get nothing (nor does an
-  estimator registered outside this list: add it here).
+  keeps its own eps (1e-8, verl's). The critic estimators (ppo, ppo_turn, ppo_round) get
+  ppo.gamma, ppo.lam, ppo.ig_weight, ppo.outcome_weight and ppo.whiten. drgrpo and rloo use no
+  std and get nothing (nor does an estimator registered outside this list: add it here).
   """
   rl = config.rl
   std = dict(std_estimator=rl.std_estimator, eps=rl.std_eps)
