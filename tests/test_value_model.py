@@ -19,6 +19,7 @@ from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import (ConfigError, Qwen, QwenValue, init_value_head, load_value_hf,
                                   save_value_hf, sequence_values, value_abstract,
                                   value_params_from_policy, value_params_with_adapter)
+from agentjax.models.qwen import checkpoint as checkpoint_lib
 from agentjax.models.qwen import value as value_lib
 from agentjax.models.qwen.checkpoint import load_hf
 from agentjax.models.qwen.peft import peft_tensors
@@ -255,7 +256,7 @@ def test_failed_export_leaves_previous_export_intact(policy_critic, tmp_path, mo
       f.write(b"partial")
     raise OSError("disk full")
 
-  monkeypatch.setattr(value_lib, "write_safetensors_folder", crash)
+  monkeypatch.setattr(checkpoint_lib, "write_safetensors_folder", crash)
   changed = dict(params, score={"kernel": params["score"]["kernel"] + 1,
                                 "bias": params["score"]["bias"]})
   with pytest.raises(OSError, match="disk full"):

@@ -132,11 +132,16 @@ def _set(tree: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
   tree[path[-1]] = value
 
 
-def expected_tensors(cfg: QwenConfig) -> dict[str, tuple[int, ...]]:
-  """{Hugging Face tensor name: shape} of the model's parameters."""
-  abstract = abstract_params(cfg)
+# A param map: our param path -> (Hugging Face tensor name, layout kind), as `_param_map(cfg)`
+# gives for the causal LM; a model built on the trunk (agentjax/models/qwen/value.py) extends it.
+ParamMap = Mapping[tuple[str, ...], tuple[str, str]]
+
+
+def expected_tensors(mapping: ParamMap, abstract: Any) -> dict[str, tuple[int, ...]]:
+  """{Hugging Face tensor name: shape} of the parameters of `mapping` (shapes from `abstract`,
+  a tree of ShapeDtypeStructs like the params)."""
   return {hf_name: _hf_shape(kind, _get(abstract, path).shape)
-          for path, (hf_name, kind) in _param_map(cfg).items()}
+          for path, (hf_name, kind) in mapping.items()}
 
 
 def check_tensors(folder: SafetensorsFolder, expected: Mapping[str, tuple[int, ...]],
@@ -167,7 +172,7 @@ def check_tensors(folder: SafetensorsFolder, expected: Mapping[str, tuple[int, .
 def validate_tensors(cfg: QwenConfig, folder: SafetensorsFolder) -> None:
   """Checks that the folder holds exactly the model's tensors with the right shapes."""
   # A tied checkpoint may still carry lm_head.weight (a copy of the embedding): harmless.
-  check_tensors(folder, expected_tensors(cfg),
+  check_tensors(folder, expected_tensors(_param_map(cfg), abstract_params(cfg)),
                 {"lm_head.weight"} if cfg.tie_word_embeddings else set(),
                 f"{cfg.model_type} model")
 
@@ -180,10 +185,16 @@ def params_from_tensors(cfg: QwenConfig, tensors: Mapping[str, Any],
   dict of numpy arrays, e.g. a transformers state_dict converted to numpy. Each device's block is
   read and cast separately.
   """
-  abstract = abstract_params(cfg)
+  return arrays_from_tensors(_param_map(cfg), abstract_params(cfg), tensors, shardings)
+
+
+def arrays_from_tensors(mapping: ParamMap, abstract: Any, tensors: Mapping[str, Any],
+                        shardings: Any | None = None) -> Any:
+  """`params_from_tensors` for any param map: the params tree of `mapping`'s paths, shapes and
+  dtypes from `abstract`, placed by `shardings` (a tree like it; default: the first device)."""
   params: dict[str, Any] = {}
   default = SingleDeviceSharding(jax.local_devices()[0])
-  for path, (hf_name, kind) in _param_map(cfg).items():
+  for path, (hf_name, kind) in mapping.items():
     leaf = _get(abstract, path)
     sharding = _get(shardings, path) if shardings is not None else default
     hf = tensors[hf_name]
@@ -216,7 +227,13 @@ def load_hf(path: str, mesh: jax.sharding.Mesh | None = None, **config_overrides
 
 def hf_tensors(cfg: QwenConfig, params: Any, dtype: Any = None) -> Iterator[tuple[str, np.ndarray]]:
   """Yields (Hugging Face name, host array) one parameter at a time (gathered across hosts)."""
-  for path, (hf_name, kind) in _param_map(cfg).items():
+  return tensors_of(_param_map(cfg), params, dtype)
+
+
+def tensors_of(mapping: ParamMap, params: Any, dtype: Any = None
+               ) -> Iterator[tuple[str, np.ndarray]]:
+  """`hf_tensors` for any param map."""
+  for path, (hf_name, kind) in mapping.items():
     arr = _get(params, path)
     if isinstance(arr, jax.Array) and not arr.is_fully_addressable:
       arr = multihost_utils.process_allgather(arr, tiled=True)
@@ -311,7 +328,20 @@ def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
   crash never leaves a partial export under `path`. On multi-host runs every process must call
   this (parameters are gathered); only process 0 writes. Returns the absolute path.
   """
-  tensors = hf_tensors(cfg, params, dtype)
+  hf_config = cfg.to_hf_dict()
+  if dtype is not None:
+    hf_config["dtype"] = np.dtype(dtype).name
+  return write_hf_folder(path, hf_tensors(cfg, params, dtype), hf_config, tokenizer,
+                         max_shard_bytes, copy_files)
+
+
+def write_hf_folder(path: str, tensors: Iterator[tuple[str, np.ndarray]],
+                    hf_config: Mapping[str, Any], tokenizer: Any = None,
+                    max_shard_bytes: int = 4 << 30, copy_files: Sequence[str] = ()) -> str:
+  """A Hugging Face folder at `path`: the (name, host array) `tensors` as safetensors shards,
+  `hf_config` as config.json, the tokenizer and `copy_files` beside them; written with
+  `staged_folder` (see save_hf). Every process consumes `tensors` (their gathers); process 0
+  writes. Returns the absolute path."""
   if jax.process_index() != 0:
     for _ in tensors:  # take part in the gathers
       pass
@@ -319,11 +349,8 @@ def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
   path = os.path.abspath(path)
   with staged_folder(path) as staging:
     write_safetensors_folder(staging, tensors, max_shard_bytes)
-    hf_config = cfg.to_hf_dict()
-    if dtype is not None:
-      hf_config["dtype"] = np.dtype(dtype).name
     with open(os.path.join(staging, "config.json"), "w") as f:
-      json.dump(hf_config, f, indent=2)
+      json.dump(dict(hf_config), f, indent=2)
     if tokenizer is not None:
       tokenizer.save_pretrained(staging)
     for src in copy_files:

@@ -28,18 +28,14 @@ backbone's arrays with that adapter selected.
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import traverse_util
-from jax.experimental import multihost_utils
-from jax.sharding import SingleDeviceSharding
 
 from agentjax.models import lora as lora_lib
 from agentjax.models import masks
@@ -47,7 +43,7 @@ from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import checkpoint
 from agentjax.models.qwen.config import ConfigError, QwenConfig
 from agentjax.models.qwen.model import Linear, Qwen, _dummy_inputs
-from agentjax.models.safetensors_io import SafetensorsFolder, write_safetensors_folder
+from agentjax.models.safetensors_io import SafetensorsFolder
 from agentjax.parallel import constrain, logical_to_sharding
 
 Array = jax.Array
@@ -154,6 +150,17 @@ def _trunk_cfg(cfg: QwenConfig) -> QwenConfig:
   return cfg.replace(tie_word_embeddings=True)
 
 
+def _value_param_map(cfg: QwenConfig, with_head: bool = True) -> checkpoint.ParamMap:
+  """Our value param path -> (Hugging Face tensor name, layout kind): the causal LM's trunk
+  under "model" (the HF names are the same), and the head (score.weight [1, E] is our kernel
+  [E, 1] transposed, score.bias [1] as is)."""
+  out = {("model",) + path: hf for path, hf in checkpoint._param_map(_trunk_cfg(cfg)).items()}
+  if with_head:
+    out[("score", "kernel")] = (SCORE_WEIGHT, "T")
+    out[("score", "bias")] = (SCORE_BIAS, "copy")
+  return out
+
+
 def _paths(tree: Mapping[str, Any]) -> dict[tuple[str, ...], Any]:
   return traverse_util.flatten_dict(dict(tree))
 
@@ -248,17 +255,6 @@ def _is_token_classification(path: str, hf: Mapping[str, Any], folder: Safetenso
   return True
 
 
-def _validate(cfg: QwenConfig, folder: SafetensorsFolder, with_head: bool) -> None:
-  """The folder holds the trunk's tensors (and the head's, with_head) with the config's shapes;
-  a causal LM's lm_head.weight is allowed and ignored. Errors name the tensor and the file."""
-  expected = checkpoint.expected_tensors(_trunk_cfg(cfg))
-  if with_head:
-    expected.update({SCORE_WEIGHT: (1, cfg.hidden_size), SCORE_BIAS: (1,)})
-  checkpoint.check_tensors(folder, expected, set() if with_head else {"lm_head.weight"},
-                           f"{cfg.model_type} value model" if with_head
-                           else f"{cfg.model_type} causal LM")
-
-
 def load_value_hf(path: str, mesh: jax.sharding.Mesh | None = None, rng: Array | None = None,
                   **config_overrides: Any) -> tuple[QwenConfig, Any]:
   """Loads a value model from a Hugging Face folder (config.json + safetensors).
@@ -280,25 +276,17 @@ def load_value_hf(path: str, mesh: jax.sharding.Mesh | None = None, rng: Array |
   cfg = QwenConfig.from_hf_folder(path, **config_overrides)
   folder = SafetensorsFolder(path)
   with_head = _is_token_classification(path, _read_hf_config(path), folder)
-  _validate(cfg, folder, with_head)
+  mapping, abstract = _value_param_map(cfg, with_head), value_abstract(cfg)
+  # A causal LM's lm_head.weight is allowed and ignored.
+  checkpoint.check_tensors(folder, checkpoint.expected_tensors(mapping, abstract),
+                           set() if with_head else {"lm_head.weight"},
+                           f"{cfg.model_type} value model" if with_head
+                           else f"{cfg.model_type} causal LM")
   shardings = value_shardings(cfg, mesh) if mesh is not None else None
-  trunk = checkpoint.params_from_tensors(_trunk_cfg(cfg), folder,
-                                         shardings["model"] if shardings is not None else None)
+  params = checkpoint.arrays_from_tensors(mapping, abstract, folder, shardings)
   if not with_head:
-    rng = jax.random.key(0) if rng is None else rng
-    return cfg, {"model": trunk, "score": init_value_head(cfg, rng, mesh)}
-  abstract = value_abstract(cfg)["score"]
-  default = SingleDeviceSharding(jax.local_devices()[0])
-  head = {}
-  for leaf, hf_name, kind in (("kernel", SCORE_WEIGHT, "T"), ("bias", SCORE_BIAS, "copy")):
-    shape, dtype = tuple(abstract[leaf].shape), abstract[leaf].dtype
-
-    def callback(index, hf=folder[hf_name], kind=kind, shape=shape, dtype=dtype):
-      return checkpoint._read_slice(hf, kind, shape, index).astype(dtype)
-
-    sharding = shardings["score"][leaf] if shardings is not None else default
-    head[leaf] = jax.make_array_from_callback(shape, sharding, callback)
-  return cfg, {"model": trunk, "score": head}
+    params["score"] = init_value_head(cfg, jax.random.key(0) if rng is None else rng, mesh)
+  return cfg, params
 
 
 def value_hf_config(cfg: QwenConfig) -> dict[str, Any]:
@@ -310,16 +298,6 @@ def value_hf_config(cfg: QwenConfig) -> dict[str, Any]:
   hf["id2label"], hf["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
   hf["classifier_dropout"] = 0.0
   return hf
-
-
-def _head_tensors(head: Mapping[str, Any]) -> Iterator[tuple[str, np.ndarray]]:
-  """score.weight [1, E] and score.bias [1] as host arrays (gathered across hosts)."""
-  for leaf, hf_name in (("kernel", SCORE_WEIGHT), ("bias", SCORE_BIAS)):
-    arr = head[leaf]
-    if isinstance(arr, jax.Array) and not arr.is_fully_addressable:
-      arr = multihost_utils.process_allgather(arr, tiled=True)
-    host = np.asarray(jax.device_get(arr))
-    yield hf_name, np.ascontiguousarray(host.T if leaf == "kernel" else host)
 
 
 def save_value_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None) -> str:
@@ -336,17 +314,5 @@ def save_value_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None
   if lora_leaves:
     raise ValueError(f"save_value_hf: params['model'] holds LoRA leaves ({'/'.join(lora_leaves[0])}"
                      "); merge the adapter into the backbone first (lora.merge)")
-  tensors = itertools.chain(checkpoint.hf_tensors(_trunk_cfg(cfg), params["model"]),
-                            _head_tensors(params["score"]))
-  if jax.process_index() != 0:
-    for _ in tensors:  # take part in the gathers
-      pass
-    return path
-  path = os.path.abspath(path)
-  with checkpoint.staged_folder(path) as staging:
-    write_safetensors_folder(staging, tensors)
-    with open(os.path.join(staging, "config.json"), "w") as f:
-      json.dump(value_hf_config(cfg), f, indent=2)
-    if tokenizer is not None:
-      tokenizer.save_pretrained(staging)
-  return path
+  return checkpoint.write_hf_folder(path, checkpoint.tensors_of(_value_param_map(cfg), params),
+                                   value_hf_config(cfg), tokenizer)
