@@ -151,11 +151,12 @@ class Critic:
   # ------------------------------------------------------------------ programs
 
   def model_params(self, trainable: Any, *backbone: Any) -> Any:
-    """The params QwenValue runs with (LoRA: the backbone with the value adapter attached)."""
+    """The params QwenValue runs with (LoRA: the backbone, an argument of the jitted programs
+    rather than a constant baked into them, with the value adapter attached)."""
     if self.spec is None:
       return trainable
-    frozen = lora_lib.frozen_backbone(backbone, "critic") if backbone else self.backbone
-    return value_params_with_adapter(frozen, trainable["adapter"], trainable["score"], self.spec)
+    return value_params_with_adapter(lora_lib.frozen_backbone(backbone, "critic"),
+                                     trainable["adapter"], trainable["score"], self.spec)
 
   @property
   def frozen(self) -> tuple[Any, ...]:

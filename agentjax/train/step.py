@@ -180,11 +180,12 @@ class RLStep:
       adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
                                           extra={**judge_fields, **critic_fields},
                                           **self.adv_kwargs)
-      value_targets = {}
+      value_targets, critic_fit = {}, {}
       if self.critic is not None:  # the critic's regression targets and the slots they are on
         value_targets = dict(old_values=critic_fields["values"],
                              returns=adv_stats.pop("returns"),
                              value_mask=adv_stats.pop("value_mask"))
+        critic_fit = self.critic.batch_metrics(**value_targets)  # of the values as scored
       jax.block_until_ready(adv)
     t_score = time.perf_counter() - t0
 
@@ -209,7 +210,8 @@ class RLStep:
                 critic_state["params"], critic_state["opt_state"],
                 {k: mb[k] for k in CRITIC_MINIBATCH})
             critic_metrics.append(m)
-    update_metrics, critic_metrics = to_host((update_metrics, critic_metrics))  # one transfer
+    update_metrics, critic_metrics, critic_fit = to_host(  # one transfer
+        (update_metrics, critic_metrics, critic_fit))
     upd = summarize(update_metrics)
     crit = summarize(critic_metrics)
     # One entry per minibatch: skipped when the policy's or the critic's update was not applied.
@@ -256,8 +258,7 @@ class RLStep:
       # The update's loss and clip fraction (mean over minibatches); the values' fit as scored.
       metrics["critic/value_loss"] = crit.get("critic/value_loss", 0.0)
       metrics["critic/value_clip_fraction"] = crit.get("critic/value_clip_fraction", 0.0)
-      metrics.update({k: float(v) for k, v in to_host(self.critic.batch_metrics(
-          **value_targets)).items()})
+      metrics.update({k: float(v) for k, v in critic_fit.items()})
       metrics["critic/grad_norm"] = crit.get("grad_norm", 0.0)
       metrics["critic/lr"] = float(self.critic.schedule(step * updates_per_step(config)))
       metrics["critic/skipped_updates"] = float(sum(int(m["skipped"]) for m in critic_metrics))
