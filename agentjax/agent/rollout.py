@@ -101,6 +101,9 @@ def observation_ids(tokenizer: Any, prefix: str, body: str, suffix: str,
   return pre + ids + suf
 
 
+ENGINES = ("slots", "turns")
+
+
 @dataclasses.dataclass(frozen=True)
 class RolloutConfig:
   protocol: str = "search_r1"
@@ -112,13 +115,27 @@ class RolloutConfig:
   topk: int = 3
   sampling: SamplingParams = SamplingParams()
   use_chat_template: bool = True
+  # The engine (agentjax/agent/slots.py; docs/BENCHMARKS.md rollout_mix). "slots": continuous
+  # batching: each question's prompt prefilled once, a fixed set of decode slots refilled in
+  # flight as trajectories end, one lane's search overlapped with the other lanes' decoding.
+  # "turns": the turn-synchronous engine (every turn waits for the batch's slowest row).
+  engine: str = "turns"
+  slots: int = 0                 # decode slots (KV-cache rows) in all; 0: every trajectory
+  lanes: int = 2                 # slot groups that take turns on the device (1: no overlap)
+  refill_fraction: float = 0.125  # a lane's decode call returns once this share of it stopped
 
   def __post_init__(self):
     get_protocol(self.protocol)
     for name in ("group_size", "max_turns", "max_new_tokens", "max_obs_tokens",
-                 "max_total_tokens", "topk"):
+                 "max_total_tokens", "topk", "lanes"):
       if getattr(self, name) < 1:
         raise ValueError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+    if self.engine not in ENGINES:
+      raise ValueError(f"rollout.engine must be one of {ENGINES}, got {self.engine!r}")
+    if self.slots < 0:
+      raise ValueError(f"rollout.slots must be >= 0 (0: one per trajectory), got {self.slots}")
+    if not 0.0 < self.refill_fraction <= 1.0:
+      raise ValueError(f"rollout.refill_fraction must be in (0, 1], got {self.refill_fraction}")
 
 
 @dataclasses.dataclass
@@ -200,6 +217,140 @@ class TrajectoryBatch:
   turns: np.ndarray        # [B] object: tuple of num_turns[b] TurnRecords (host-side text)
 
 
+class _Book:
+  """The host-side bookkeeping of a rollout's trajectories (text, actions, outcomes, lengths),
+  shared by both engines: everything but the device calls. Trajectory i answers question
+  group_ids[i]; `length` mirrors each trajectory's context length on the device."""
+
+  def __init__(self, engine: "RolloutEngine", prompts: Sequence[Sequence[int]],
+               group_ids: np.ndarray, budget: int):
+    rows, turns = len(group_ids), engine.config.max_turns
+    self.engine, self.group_ids, self.budget = engine, group_ids, budget
+    self.length = np.array([len(prompts[g]) for g in group_ids], np.int64)
+    self.transcripts = [engine.decode(prompts[g]) for g in group_ids]
+    self.turn_ends = np.zeros((rows, turns + 1), np.int32)
+    self.turn_ends[:, 0] = self.length
+    self.num_turns = np.zeros(rows, np.int32)
+    self.done = np.zeros(rows, bool)
+    self.answered = np.zeros(rows, bool)
+    self.truncated = np.zeros(rows, bool)
+    self.format_errors = np.zeros(rows, np.int32)
+    self.search_failures = np.zeros(rows, np.int32)
+    self.answers = np.array([""] * rows, dtype=object)
+    self.actions: list[list[Action]] = [[] for _ in range(rows)]  # each row's parsed turns
+    self.records: list[list[dict[str, Any]]] = [[] for _ in range(rows)]  # TurnRecord fields
+    self.hook_texts = [""] * rows
+    self.search_queries, self.search_last_error = 0, None
+
+  def hook(self, turn: int, rows: Sequence[int]) -> list[list[int]]:
+    """before_turn's text for `rows` about to take `turn`, as ids cut to the budget (one list per
+    row, [] for none); the context lengths and transcripts count them as fed."""
+    engine = self.engine
+    inject: list[list[int]] = [[] for _ in rows]
+    if engine.before_turn is None or not len(rows):
+      return inject
+    texts = engine.before_turn(turn, list(rows), [self.transcripts[b] for b in rows])
+    for i, (b, text) in enumerate(zip(rows, texts)):
+      if text:
+        inject[i] = engine.encode(text)[:max(0, self.budget - 1 - int(self.length[b]))]
+        self.hook_texts[b] = engine.decode(inject[i])
+        self.transcripts[b] += self.hook_texts[b]
+        self.length[b] += len(inject[i])
+    return inject
+
+  def action(self, b: int, ids: Sequence[int], reason: int, context_added: int | None = None,
+             kept: str = "", shadow: str = "") -> tuple[str | None, list[int]]:
+    """Records trajectory b's generated turn (its sampled ids, stop reason) and decides what
+    follows: (query to search or None, ids of an observation to feed now). A finished
+    trajectory (answer, cut off by the budget) is marked done."""
+    engine = self.engine
+    self.length[b] += len(ids) if context_added is None else context_added
+    self.num_turns[b] += 1
+    text = engine.decode(ids)
+    self.hook_texts[b] += kept
+    self.transcripts[b] += kept + text
+    self.records[b].append(dict(text=text, hook_text=self.hook_texts[b], shadow_text=shadow))
+    self.hook_texts[b] = ""
+    if reason == STOP_BUDGET:  # cut off mid-turn: no room left for any action
+      self.records[b][-1]["action"] = Action(INVALID, "cut off by the token budget")
+      self.truncated[b] = self.done[b] = True
+      return None, []
+    action = engine.parse(text)
+    self.actions[b].append(action)
+    self.records[b][-1]["action"] = action
+    if action.kind == ANSWER:
+      self.answers[b], self.answered[b], self.done[b] = action.content, True, True
+    elif action.kind == SEARCH:
+      return action.content, []
+    else:  # malformed, or the turn ended (EOS / max_new_tokens) without an action
+      self.format_errors[b] += 1
+      return None, engine.encode(engine.protocol.invalid_observation())
+    return None, []
+
+  def search(self, searches: Sequence[tuple[int, str]]) -> dict[int, list[int]]:
+    """ONE batched retriever call for (trajectory, query) pairs -> each one's observation ids."""
+    engine, out = self.engine, {}
+    if not searches:
+      return out
+    response = engine.search([q for _, q in searches])
+    self.search_queries += len(searches)
+    for (b, _), docs, error in zip(searches, response.documents, response.errors):
+      if error is not None:
+        self.search_failures[b] += 1
+        self.search_last_error = str(error)
+        self.records[b][-1]["search_error"] = str(error)
+        out[b] = engine.observation_ids(*engine.protocol.error_observation(error))
+      else:
+        self.records[b][-1]["documents"] = tuple(docs)
+        out[b] = engine.observation_ids(*engine.protocol.observation(docs))
+    return out
+
+  def observe(self, b: int, ids: list[int]) -> list[int]:
+    """Ends trajectory b's turn with the observation `ids` ([] for none): cut to the room left
+    (a trajectory with no room to generate after it stops), recorded; returns the ids to feed."""
+    room = self.budget - int(self.length[b])
+    if ids and len(ids) >= room:  # no room to generate after this observation: keep what fits
+      ids = ids[:max(0, room)]
+      self.truncated[b] = self.done[b] = True
+    observation = self.engine.decode(ids)
+    self.transcripts[b] += observation
+    self.records[b][-1]["observation"] = observation
+    self.length[b] += len(ids)
+    self.turn_ends[b, self.num_turns[b]] = self.length[b]
+    if self.num_turns[b] >= self.engine.config.max_turns:
+      self.done[b] = True
+    return ids
+
+  def batch(self, arrays: dict[str, jax.Array]) -> TrajectoryBatch:
+    """The TrajectoryBatch of the finished rollout; arrays: the per-slot device arrays
+    (tokens, valid, sampled, logprobs, turn_id) [B, S]."""
+    cfg = self.engine.config
+    self.truncated |= ~self.answered  # ran out of turns (or budget) without answering
+    # Boundaries past a row's last turn repeat its final length (convenient for gathers).
+    for t in range(1, cfg.max_turns + 1):
+      stale = t > self.num_turns
+      self.turn_ends[stale, t] = self.turn_ends[stale, t - 1]
+    valid = arrays["valid"]
+    slots = jnp.arange(valid.shape[1], dtype=jnp.int32)[None]
+    return TrajectoryBatch(
+        tokens=arrays["tokens"], positions=jnp.where(valid, slots, 0), valid=valid,
+        loss_mask=arrays["sampled"], logprobs=arrays["logprobs"], turn_id=arrays["turn_id"],
+        turn_ends=self.turn_ends, num_turns=self.num_turns, answered=self.answered,
+        format_valid=np.array([trajectory_error(a) is None for a in self.actions], bool),
+        truncated=self.truncated & ~self.answered,
+        group_ids=self.group_ids, num_format_errors=self.format_errors,
+        num_search_failures=self.search_failures, answers=self.answers,
+        turns=_object_array([tuple(TurnRecord(**r) for r in row) for row in self.records]))
+
+  def metrics(self) -> dict[str, Any]:
+    return dict(turns_mean=float(self.num_turns.mean()), answered=float(self.answered.mean()),
+                format_errors=float(self.format_errors.sum()),
+                search_failures=float(self.search_failures.sum()),
+                search_queries=float(self.search_queries),
+                search_last_error=self.search_last_error,
+                truncated=float((self.truncated & ~self.answered).mean()))
+
+
 class RolloutEngine:
   """Runs batched multi-turn rollouts of one model against one search backend."""
 
@@ -246,15 +397,18 @@ class RolloutEngine:
 
   # ------------------------------------------------------------------ device calls
 
-  def _feed(self, params, state, rows_ids: Sequence[Sequence[int]], turn: np.ndarray):
-    """Feeds each row's ids (possibly none) through one `extend` call, shapes bucketed."""
+  def _feed(self, params, state, rows_ids: Sequence[Sequence[int]], turn: np.ndarray,
+            count: bool = False):
+    """Feeds each row's ids (possibly none) through one `extend` call, shapes bucketed.
+    count: also return the tokens the call computes (rows x bucketed width)."""
     lengths = np.array([len(x) for x in rows_ids], np.int32)
     width = bucket(int(lengths.max()) if len(lengths) else 1)
     block = np.zeros((len(rows_ids), width), np.int32)
     for b, ids in enumerate(rows_ids):
       block[b, :len(ids)] = ids
-    return extend(self.model, params, state, jnp.asarray(block), jnp.asarray(lengths),
-                  jnp.asarray(turn, jnp.int32))
+    state = extend(self.model, params, state, jnp.asarray(block), jnp.asarray(lengths),
+                   jnp.asarray(turn, jnp.int32))
+    return (state, block.size) if count else state
 
   def _generate_turn(self, policy: Any, decoder: tuple[Qwen, Any], state: DecodeState,
                      active: np.ndarray, turn_arr: np.ndarray, stop: tuple,
@@ -295,15 +449,27 @@ class RolloutEngine:
         observation). Default: the single `params` for every turn.
     Returns:
       (TrajectoryBatch, metrics): floats (seconds per phase, counts; "search_queries" is the
-      number of queries sent to the retriever) and "search_last_error", the last error the
-      retriever gave in this rollout (str), or None when it gave none.
+      number of queries sent to the retriever; the decode_* / prefill_tokens / extend_tokens /
+      search_wait_s work counts of docs/BENCHMARKS.md rollout_mix) and "search_last_error", the
+      last error the retriever gave in this rollout (str), or None when it gave none.
+
+    rollout.engine "slots" (agentjax/agent/slots.py: shared prompt prefill, in-flight slot
+    refill, search overlapped with decoding) runs it unless a subclass shapes the turn step
+    (`_generate_turn`), which the turn-synchronous engine below keeps.
     """
-    cfg = self.config
+    if self.config.engine == "slots" and \
+        type(self)._generate_turn is RolloutEngine._generate_turn:
+      from agentjax.agent.slots import SlotRollout
+      return SlotRollout(self, params, policy_for_turn).run(questions, rng)
+    return self._run_turns(params, questions, rng, policy_for_turn)
+
+  def _policies(self, params: Any, policy_for_turn: Callable[[int], str] | None):
+    """(turn -> params, turn -> (model, params) in the decode layout). The decode layout is made
+    once per policy and rollout: on CPU each holds a second copy of that policy's projection
+    kernels while the rollout runs (extend uses the checkpoint layout); the embedding and norms
+    are shared."""
     pick = (lambda turn: params) if policy_for_turn is None else \
         (lambda turn: params[policy_for_turn(turn)])
-    # policy name -> (model, params) in the decode layout, made once per rollout. On CPU each
-    # holds a second copy of that policy's projection kernels while the rollout runs (extend
-    # uses the checkpoint layout); the embedding and norms are shared.
     decoders = {}
 
     def decoder(turn):
@@ -311,155 +477,101 @@ class RolloutEngine:
       if name not in decoders:
         decoders[name] = decode_layout(self.model, pick(turn))
       return decoders[name]
+    return pick, decoder
 
-    group = cfg.group_size
-    rows = len(questions) * group
-    group_ids = np.repeat(np.arange(len(questions), dtype=np.int32), group)
-    budget = min(cfg.max_total_tokens, self.cache_len)
-
+  def _prompts(self, questions: Sequence[str]) -> tuple[list[list[int]], int]:
+    """Each question's prompt ids, and the slots a trajectory may fill (the token budget)."""
+    budget = min(self.config.max_total_tokens, self.cache_len)
     prompts = [self.prompt_ids(q) for q in questions]
     for i, ids in enumerate(prompts):
       if len(ids) >= budget:
         raise ValueError(f"question {i}: prompt of {len(ids)} tokens does not fit "
-                         f"rollout.max_total_tokens={cfg.max_total_tokens}")
-    transcripts = [self.decode(prompts[g]) for g in group_ids]
+                         f"rollout.max_total_tokens={self.config.max_total_tokens}")
+    return prompts, budget
+
+  def _run_turns(self, params: Any, questions: Sequence[str], rng: jax.Array,
+                 policy_for_turn: Callable[[int], str] | None = None
+                 ) -> tuple[TrajectoryBatch, dict[str, Any]]:
+    """The turn-synchronous engine (rollout.engine "turns"): every turn decodes the whole batch
+    until its last active row stops, then searches, then feeds every observation."""
+    cfg = self.config
+    pick, decoder = self._policies(params, policy_for_turn)
+    rows = len(questions) * cfg.group_size
+    group_ids = np.repeat(np.arange(len(questions), dtype=np.int32), cfg.group_size)
+    prompts, budget = self._prompts(questions)
+    book = _Book(self, prompts, group_ids, budget)
     timings = {"generate_s": 0.0, "search_s": 0.0, "extend_s": 0.0}
+    work = dict(decode_steps=0, decode_row_steps=0, decode_useful_row_steps=0,
+                prefill_tokens=0, extend_tokens=0)
 
     t0 = time.perf_counter()
     state = init_state(self.cfg, rows, self.cache_len, rng, mesh=self.mesh)
-    state = self._feed(pick(0), state, [prompts[g] for g in group_ids], np.full(rows, -1))
+    state, work["prefill_tokens"] = self._feed(pick(0), state, [prompts[g] for g in group_ids],
+                                               np.full(rows, -1), count=True)
     jax.block_until_ready(state.length)
     timings["extend_s"] += time.perf_counter() - t0
-
-    length = np.array([len(prompts[g]) for g in group_ids], np.int64)
-    turn_ends = np.zeros((rows, cfg.max_turns + 1), np.int32)
-    turn_ends[:, 0] = length
-    num_turns = np.zeros(rows, np.int32)
-    done = np.zeros(rows, bool)
-    answered = np.zeros(rows, bool)
-    truncated = np.zeros(rows, bool)
-    format_errors = np.zeros(rows, np.int32)
-    search_failures = np.zeros(rows, np.int32)
-    answers = np.array([""] * rows, dtype=object)
-    actions: list[list[Action]] = [[] for _ in range(rows)]  # each row's parsed turns
-    records: list[list[dict[str, Any]]] = [[] for _ in range(rows)]  # TurnRecord fields
-    hook_texts = [""] * rows
     sampled_tokens = 0
-    search_queries, search_last_error = 0, None
     stop = (self.stop_table, self.eos_ids, jnp.int32(budget))
 
     for turn in range(cfg.max_turns):
-      active_rows = np.flatnonzero(~done)
+      active_rows = np.flatnonzero(~book.done)
       if not len(active_rows):
         break
       turn_arr = np.full(rows, turn, np.int32)
       policy = pick(turn)
 
-      if self.before_turn is not None:
-        texts = self.before_turn(turn, list(active_rows), [transcripts[b] for b in active_rows])
-        inject = [[] for _ in range(rows)]
-        for b, text in zip(active_rows, texts):
-          if text:
-            inject[b] = self.encode(text)[:max(0, budget - 1 - int(length[b]))]
-            hook_texts[b] = self.decode(inject[b])
-            transcripts[b] += hook_texts[b]
-        if any(inject):
-          t0 = time.perf_counter()
-          state = self._feed(policy, state, inject, turn_arr)
-          length += [len(x) for x in inject]
-          timings["extend_s"] += time.perf_counter() - t0
+      inject = [[] for _ in range(rows)]
+      for b, ids in zip(active_rows, book.hook(turn, active_rows)):
+        inject[b] = ids
+      if any(inject):
+        t0 = time.perf_counter()
+        state, fed = self._feed(policy, state, inject, turn_arr, count=True)
+        work["extend_tokens"] += fed
+        timings["extend_s"] += time.perf_counter() - t0
 
       t0 = time.perf_counter()
       active = np.zeros(rows, bool)
       active[active_rows] = True
       out = self._generate_turn(policy, decoder(turn), state, active, turn_arr, stop, TurnRows(
-          turn=turn, rows=active_rows, group_ids=group_ids, length=length.copy(), budget=budget,
-          records=records, transcripts=transcripts))
+          turn=turn, rows=active_rows, group_ids=group_ids, length=book.length.copy(),
+          budget=budget, records=book.records, transcripts=book.transcripts))
       state, new_tokens, num_new, reason = out.state, out.new_tokens, out.num_new, out.reason
       timings["generate_s"] += time.perf_counter() - t0
       sampled_tokens += int(num_new.sum()) if out.sampled_tokens is None else out.sampled_tokens
-      length += num_new if out.context_added is None else out.context_added
-      num_turns[active_rows] += 1
+      # The token loop runs until its last active row stops, over every row of the batch.
+      steps = int(num_new[active_rows].max())
+      work["decode_steps"] += steps
+      work["decode_row_steps"] += steps * rows
+      work["decode_useful_row_steps"] += int(num_new.sum())
 
       observations: list[list[int]] = [[] for _ in range(rows)]
       searches: list[tuple[int, str]] = []
       for b in active_rows:
-        text = self.decode(new_tokens[b, :num_new[b]])
-        kept = out.hook_texts.get(b, "")
-        hook_texts[b] += kept
-        transcripts[b] += kept + text
-        records[b].append(dict(text=text, hook_text=hook_texts[b],
-                               shadow_text=out.shadow_texts.get(b, "")))
-        hook_texts[b] = ""
-        if reason[b] == STOP_BUDGET:  # cut off mid-turn: no room left for any action
-          records[b][-1]["action"] = Action(INVALID, "cut off by the token budget")
-          truncated[b] = done[b] = True
-          continue
-        action = self.parse(text)
-        actions[b].append(action)
-        records[b][-1]["action"] = action
-        if action.kind == ANSWER:
-          answers[b], answered[b], done[b] = action.content, True, True
-        elif action.kind == SEARCH:
-          searches.append((b, action.content))
-        else:  # malformed, or the turn ended (EOS / max_new_tokens) without an action
-          format_errors[b] += 1
-          observations[b] = self.encode(self.protocol.invalid_observation())
-
-      if searches:
-        t0 = time.perf_counter()
-        response = self.search([q for _, q in searches])
-        timings["search_s"] += time.perf_counter() - t0
-        search_queries += len(searches)
-        for (b, _), docs, error in zip(searches, response.documents, response.errors):
-          if error is not None:
-            search_failures[b] += 1
-            search_last_error = str(error)
-            records[b][-1]["search_error"] = str(error)
-            observations[b] = self.observation_ids(*self.protocol.error_observation(error))
-          else:
-            records[b][-1]["documents"] = tuple(docs)
-            observations[b] = self.observation_ids(*self.protocol.observation(docs))
-
+        query, observations[b] = book.action(
+            b, new_tokens[b, :num_new[b]], reason[b],
+            None if out.context_added is None else int(out.context_added[b]),
+            out.hook_texts.get(b, ""), out.shadow_texts.get(b, ""))
+        if query is not None:
+          searches.append((b, query))
+      t0 = time.perf_counter()
+      for b, ids in book.search(searches).items():
+        observations[b] = ids
+      timings["search_s"] += time.perf_counter() - t0
       for b in active_rows:
-        room = budget - int(length[b])
-        if observations[b] and len(observations[b]) >= room:
-          # No room to generate after this observation: keep what fits and stop.
-          observations[b] = observations[b][:max(0, room)]
-          truncated[b] = done[b] = True
-        observation = self.decode(observations[b])
-        transcripts[b] += observation
-        records[b][-1]["observation"] = observation
+        observations[b] = book.observe(b, observations[b])
 
       if any(observations[b] for b in active_rows):
         t0 = time.perf_counter()
-        state = self._feed(policy, state, observations, turn_arr)
+        state, fed = self._feed(policy, state, observations, turn_arr, count=True)
+        work["extend_tokens"] += fed
         jax.block_until_ready(state.length)
         timings["extend_s"] += time.perf_counter() - t0
-      length += [len(x) for x in observations]
-      turn_ends[active_rows, turn + 1] = length[active_rows]
-    truncated |= ~done  # ran out of turns without answering
-    # Boundaries past a row's last turn repeat its final length (convenient for gathers).
-    for t in range(1, cfg.max_turns + 1):
-      stale = t > num_turns
-      turn_ends[stale, t] = turn_ends[stale, t - 1]
 
-    slots = jnp.arange(self.cache_len, dtype=jnp.int32)[None]
-    batch = TrajectoryBatch(
-        tokens=state.tokens, positions=jnp.where(state.valid, slots, 0), valid=state.valid,
-        loss_mask=state.sampled, logprobs=state.logprobs, turn_id=state.turn_id,
-        turn_ends=turn_ends, num_turns=num_turns, answered=answered,
-        format_valid=np.array([trajectory_error(a) is None for a in actions], bool),
-        truncated=truncated & ~answered,
-        group_ids=group_ids, num_format_errors=format_errors,
-        num_search_failures=search_failures, answers=answers,
-        turns=_object_array([tuple(TurnRecord(**r) for r in row) for row in records]))
-    metrics = dict(timings, sampled_tokens=float(sampled_tokens),
-                   turns_mean=float(num_turns.mean()), answered=float(answered.mean()),
-                   format_errors=float(format_errors.sum()),
-                   search_failures=float(search_failures.sum()),
-                   search_queries=float(search_queries), search_last_error=search_last_error,
-                   truncated=float(batch.truncated.mean()))
+    batch = book.batch(dict(tokens=state.tokens, valid=state.valid, sampled=state.sampled,
+                            logprobs=state.logprobs, turn_id=state.turn_id))
+    metrics = dict(timings, **{k: float(v) for k, v in work.items()},
+                   search_wait_s=timings["search_s"],  # the device idles while it searches
+                   sampled_tokens=float(sampled_tokens), **book.metrics())
     return batch, metrics
 
 
