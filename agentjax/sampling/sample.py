@@ -93,21 +93,58 @@ def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
     tokens [B] int32, and their log-probabilities [B] under the temperature-1 distribution
     (the policy's own probability, which the PPO ratio compares against).
   """
+  return _sample(lambda z, _: z + jax.random.gumbel(rng, z.shape, jnp.float32), logits, params,
+                 vocab_major)
+
+
+def sample_token_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams,
+                      vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
+  """Samples one token per row, row b with its own key keys[b] (as sample_token otherwise).
+
+  Row b's token depends only on keys[b] and row b's logits, not on the other rows or on where
+  row b sits in the batch: the slot engine keys a row by its trajectory and position, so a
+  trajectory samples the same tokens in whichever slot and decode call it runs.
+
+  Args:
+    keys: [B] PRNG key array (greedy ignores it).
+    logits: [B, V], or [V, B] with vocab_major=True.
+  Returns:
+    tokens [B] int32 and their temperature-1 log-probabilities [B].
+  """
+  if keys.shape != (logits.shape[1 if vocab_major else 0],):
+    raise ValueError(f"keys {keys.shape} must have one key per row of logits {logits.shape} "
+                     f"(vocab_major={vocab_major})")
+
+  def perturb(z, major):
+    # Row b's noise is gumbel(keys[b], [V]): the draw is [B, V]. Vocab-major logits are added to
+    # it as z.T, which XLA fuses into the sum and the argmax after it (on CPU, 2x faster than
+    # drawing the noise in the [V, B] layout, which costs a copy of the noise).
+    vocab = z.shape[0] if major else z.shape[1]
+    noise = jax.vmap(lambda key: jax.random.gumbel(key, (vocab,), jnp.float32))(keys)
+    return (z.T + noise).T if major else z + noise
+
+  return _sample(perturb, logits, params, vocab_major)
+
+
+def _sample(perturb, logits: jax.Array, params: SamplingParams,
+            vocab_major: bool) -> tuple[jax.Array, jax.Array]:
+  """sample_token's body with the noise as an argument: perturb(z, vocab_major) -> z plus
+  Gumbel(0, 1) noise, z the scaled logits [V, B] when vocab_major, else [B, V]."""
   logits = logits.astype(jnp.float32)
   if vocab_major:
     if params.greedy:
       tokens = _argmax_vocab_major(logits)
     elif params.top_k > 0 or params.top_p < 1.0:
-      return sample_token(rng, logits.T, params)  # the filters work on [B, V]
+      return _sample(perturb, logits.T, params, False)  # the filters work on [B, V]
     else:  # Gumbel-max, as jax.random.categorical does, with the faster argmax
-      tokens = _argmax_vocab_major(logits / params.temperature
-                                   + jax.random.gumbel(rng, logits.shape, jnp.float32))
+      tokens = _argmax_vocab_major(perturb(logits / params.temperature, True))
     chosen = logits[tokens, jnp.arange(logits.shape[1])]
     return tokens, chosen - jax.nn.logsumexp(logits, axis=0)
   if params.greedy:
     tokens = jnp.argmax(logits, axis=-1)
-  else:  # Gumbel-max over the whole vocabulary; the filtered-out tokens sit at -inf
-    tokens = jax.random.categorical(rng, filter_logits(logits, params), axis=-1)
+  else:  # Gumbel-max over the whole vocabulary (jax.random.categorical's own sum and argmax);
+    # the filtered-out tokens sit at -inf
+    tokens = jnp.argmax(perturb(filter_logits(logits, params), False), axis=-1)
   tokens = tokens.astype(jnp.int32)
   # log p(token) = logit - logsumexp: avoids materializing a [B, V] log-softmax every step.
   chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]

@@ -136,6 +136,18 @@ def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: 
     turn: [B] int32 turn id recorded for these tokens.
     prefix: optional SharedPrefix every row's tokens follow (see the module docstring).
   """
+  return _extend(model, params, state, tokens, lengths,
+                 jnp.broadcast_to(turn[:, None], tokens.shape), prefix)
+
+
+def _extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: jax.Array,
+            turn_tokens: jax.Array, prefix: SharedPrefix | None) -> DecodeState:
+  """`extend`'s body (traced inside a caller's jit), with a turn id per token.
+
+  Args:
+    tokens, lengths: as `extend`.
+    turn_tokens: [B, T] int32 turn id recorded for each fed token.
+  """
   b, s = state.tokens.shape
   lengths = jnp.minimum(lengths, s - state.length)
   offsets = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
@@ -150,7 +162,7 @@ def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: 
   logits = model.apply({"params": params}, last, method=Qwen.logits)       # [B, V] only
   return state.replace(
       cache=cache, tokens=_set_rows(state.tokens, write, tokens), valid=valid,
-      turn_id=_set_rows(state.turn_id, write, jnp.broadcast_to(turn[:, None], write.shape)),
+      turn_id=_set_rows(state.turn_id, write, turn_tokens),
       length=state.length + lengths,
       next_logits=jnp.where((lengths > 0)[:, None], logits, state.next_logits))
 
@@ -237,7 +249,6 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
   table, eos_ids, budget = stop
   model, params = decode_layout(model, params)
   b, s = state.tokens.shape
-  rows = jnp.arange(b)
   budget = jnp.minimum(budget, s)
   reason0 = jnp.where(active & (state.length >= budget), STOP_BUDGET, RUNNING).astype(jnp.int32)
   active = active & (state.length < budget)
@@ -252,27 +263,13 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     state, step, active, new_tokens, num_new, reason, window, logits_vb = carry
     rng, key = jax.random.split(state.rng)
     tok, logp = sample_token(key, logits_vb, sampling, vocab_major=True)
-    slot = jnp.where(active, state.length, s)                                 # s: dropped
-    valid = state.valid.at[rows, slot].set(True, mode="drop")
-    position, shared = _positions(slot[:, None], prefix)
-    hidden, cache = model.apply({"params": params}, tok[:, None], position,
-                                masks.cache_mask(valid, slot[:, None]), cache=state.cache,
-                                cache_index=slot, return_hidden=True, **shared)
-    logits = model.apply({"params": params}, hidden[:, 0], method=Qwen.logits_vocab_major)
-    logits_vb = jnp.where(active[None, :], logits, logits_vb)
-    state = state.replace(
-        cache=cache, valid=valid, rng=rng,
-        tokens=state.tokens.at[rows, slot].set(tok, mode="drop"),
-        sampled=state.sampled.at[rows, slot].set(True, mode="drop"),
-        logprobs=state.logprobs.at[rows, slot].set(logp, mode="drop"),
-        turn_id=state.turn_id.at[rows, slot].set(turn, mode="drop"),
-        length=state.length + active)
+    state, logits_vb = _decode_step(model, params, state, logits_vb, tok, logp, active, turn,
+                                    prefix)
+    state = state.replace(rng=rng)
     new_tokens = new_tokens.at[:, step].set(jnp.where(active, tok, 0))
     num_new = num_new + active
-    window, hit_stop = push_and_match(table, window, tok)
-    hit_eos = jnp.any(tok[:, None] == eos_ids[None, :], axis=-1)
-    why = jnp.select([hit_eos, hit_stop, state.length >= budget, num_new >= max_new],
-                     [STOP_EOS, STOP_STRING, STOP_BUDGET, STOP_MAX_NEW], RUNNING)
+    window, why = _stop_rules(table, eos_ids, budget, max_new, window, tok, state.length,
+                              num_new)
     reason = jnp.where(active, why, reason)
     return (state, step + 1, active & (why == RUNNING), new_tokens, num_new, reason, window,
             logits_vb)
@@ -282,3 +279,52 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
   state, _, _, new_tokens, num_new, reason, _, logits_vb = jax.lax.while_loop(cond, body, carry)
   state = state.replace(next_logits=logits_vb.T)
   return state, Generation(new_tokens=new_tokens, num_new=num_new, stop_reason=reason)
+
+
+def _decode_step(model: Qwen, params, state: DecodeState, logits_vb: jax.Array, tok: jax.Array,
+                 logp: jax.Array, active: jax.Array, turn: jax.Array,
+                 prefix: SharedPrefix | None) -> tuple[DecodeState, jax.Array]:
+  """One step of a token loop: records the sampled tokens of the active rows in their next slot
+  and runs the model on them (inactive rows: nothing written, their logits kept).
+
+  Args:
+    logits_vb: [V, B] the logits the tokens were sampled from (vocab-major).
+    tok, logp: [B] int32 sampled tokens, float32 their temperature-1 log-probs.
+    active: [B] bool; turn: [B] int32 turn id recorded for the tokens.
+  Returns:
+    the state (length + active) and the next logits [V, B].
+  """
+  b, s = state.tokens.shape
+  rows = jnp.arange(b)
+  slot = jnp.where(active, state.length, s)                                 # s: dropped
+  valid = state.valid.at[rows, slot].set(True, mode="drop")
+  position, shared = _positions(slot[:, None], prefix)
+  hidden, cache = model.apply({"params": params}, tok[:, None], position,
+                              masks.cache_mask(valid, slot[:, None]), cache=state.cache,
+                              cache_index=slot, return_hidden=True, **shared)
+  logits = model.apply({"params": params}, hidden[:, 0], method=Qwen.logits_vocab_major)
+  state = state.replace(
+      cache=cache, valid=valid,
+      tokens=state.tokens.at[rows, slot].set(tok, mode="drop"),
+      sampled=state.sampled.at[rows, slot].set(True, mode="drop"),
+      logprobs=state.logprobs.at[rows, slot].set(logp, mode="drop"),
+      turn_id=state.turn_id.at[rows, slot].set(turn, mode="drop"),
+      length=state.length + active)
+  return state, jnp.where(active[None, :], logits, logits_vb)
+
+
+def _stop_rules(table: StopTable, eos_ids: jax.Array, budget: jax.Array, max_new: int,
+                window: jax.Array, tok: jax.Array, length: jax.Array,
+                num_new: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """Why each row stops after sampling `tok` (RUNNING: it goes on), first rule first: EOS, a stop
+  string completed in the window, the budget (scalar, <= the cache length) reached (length: [B]
+  after the token), max_new tokens (num_new: [B] after the token).
+
+  Returns:
+    the new window [B, W] and the reasons [B] int32.
+  """
+  window, hit_stop = push_and_match(table, window, tok)
+  hit_eos = jnp.any(tok[:, None] == eos_ids[None, :], axis=-1)
+  why = jnp.select([hit_eos, hit_stop, length >= budget, num_new >= max_new],
+                   [STOP_EOS, STOP_STRING, STOP_BUDGET, STOP_MAX_NEW], RUNNING)
+  return window, why
