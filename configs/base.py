@@ -98,6 +98,14 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rollout.top_k = 0
   c.rollout.top_p = 1.0
   c.rollout.use_chat_template = True
+  # The rollout engine (agentjax/agent/slots.py): "slots" keeps the decode batch full (each
+  # prompt prefilled once, freed slots refilled in flight, one lane's search overlapped with the
+  # other lanes' decoding); "turns": every turn waits for the batch's slowest row (the
+  # turn-synchronous engine verl and Search-R1 run).
+  c.rollout.engine = "slots"
+  c.rollout.slots = 0                # decode slots (KV-cache rows); 0: one per trajectory
+  c.rollout.lanes = 2                # slot groups alternating on the device (1: no overlap)
+  c.rollout.refill_fraction = 0.125  # a decode call returns once this share of its rows stopped
 
   # ---- RL
   c.rl = ml_collections.ConfigDict()

@@ -286,8 +286,10 @@ def scripted_dac(scripted_world):
   backbone = agent.params(af.SEARCH)
   adapters = init_adapters(agent.cfg, spec, jax.random.key(0))
   from agentjax.agent import RolloutConfig
+  # One lane: the greedy rows move in lockstep, so FakeBackend gets one call per turn.
   searcher = RolloutConfig(group_size=2, max_turns=2, max_new_tokens=16, max_obs_tokens=96,
-                           max_total_tokens=1024, topk=2, sampling=SamplingParams(greedy=True))
+                           max_total_tokens=1024, topk=2, sampling=SamplingParams(greedy=True),
+                           lanes=1)
 
   def make(backend, **settings):
     s = DacSettings(**{**dict(generator_samples=2, generator_max_new_tokens=16,

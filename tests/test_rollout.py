@@ -103,12 +103,14 @@ def test_scripted_trajectory_token_by_token(world):
   assert text.count("<information>Doc 1(Title: \"Zorvath\")") == 3
 
 
-def test_sampled_branching_gives_ragged_turns_and_answers(world):
+@pytest.mark.parametrize("kind,seed", [("slots", 5), ("turns", 0)])
+def test_sampled_branching_gives_ragged_turns_and_answers(world, kind, seed):
   tok, backend, agent = world
-  eng = engine(world, max_turns=4, sampling=SamplingParams(temperature=1.0))
-  batch, metrics = eng.run(agent.params(af.SEARCH, af.ANSWER), QUESTIONS, jax.random.key(0))
-  # Both outcomes and several lengths occur (key 0 gives turns 4, 2, 3, 4 and one row that
-  # never answers); the rules below are checked on every row.
+  eng = engine(world, max_turns=4, sampling=SamplingParams(temperature=1.0), engine=kind)
+  batch, metrics = eng.run(agent.params(af.SEARCH, af.ANSWER), QUESTIONS, jax.random.key(seed))
+  # Both outcomes and several lengths occur (the slot engine's key 5 gives turns 2, 3, 2, 4, the
+  # turn engine's key 0 turns 4, 2, 3, 4, each with one row that never answers); the rules below
+  # are checked on every row.
   assert len(set(batch.num_turns)) > 2 and batch.answered.any() and not batch.answered.all()
   for b in range(4):
     if batch.answered[b]:
@@ -222,7 +224,8 @@ def test_tool_call_protocol(world):
       transcripts_of(batch, eng.byte_table)[0]
 
 
-def test_before_turn_hook_and_two_policies(world):
+@pytest.mark.parametrize("kind", ["slots", "turns"])
+def test_before_turn_hook_and_two_policies(world, kind):
   tok, backend, agent = world
   seen = []
 
@@ -230,14 +233,19 @@ def test_before_turn_hook_and_two_policies(world):
     seen.append((turn, list(rows)))
     return [f"Rubric {turn}: cite a document." for _ in rows]
 
-  eng = engine(world, before_turn=hook)
+  eng = engine(world, before_turn=hook, engine=kind)
   rubric = ["Rubric 0: cite a document.", "Rubric 1: cite a document."]
   searcher = agent.params(af.SEARCH, extra_starts=rubric)
   answerer = agent.params(af.ANSWER, extra_starts=rubric)
   batch, _ = eng.run({"searcher": searcher, "answerer": answerer}, QUESTIONS, jax.random.key(0),
                      policy_for_turn=lambda t: "searcher" if t == 0 else "answerer")
   assert list(batch.num_turns) == [2] * 4 and batch.answered.all()
-  assert seen == [(0, [0, 1, 2, 3]), (1, [0, 1, 2, 3])]
+  if kind == "turns":  # one call per turn for the whole batch
+    assert seen == [(0, [0, 1, 2, 3]), (1, [0, 1, 2, 3])]
+  else:  # one call per lane and turn: every row once per turn, in turn order per row
+    assert sorted((t, b) for t, rows in seen for b in rows) == [
+        (t, b) for t in (0, 1) for b in range(4)]
+    assert all(t == 0 for t, _ in seen[:2])
   tokens, loss_mask = jax.device_get((batch.tokens, batch.loss_mask))
   text = transcripts_of(batch, eng.byte_table)[0]
   assert (text.index("Rubric 0") < text.index("<search>Zorvath founder") < text.index("Rubric 1")

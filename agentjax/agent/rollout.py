@@ -119,7 +119,7 @@ class RolloutConfig:
   # batching: each question's prompt prefilled once, a fixed set of decode slots refilled in
   # flight as trajectories end, one lane's search overlapped with the other lanes' decoding.
   # "turns": the turn-synchronous engine (every turn waits for the batch's slowest row).
-  engine: str = "turns"
+  engine: str = "slots"
   slots: int = 0                 # decode slots (KV-cache rows) in all; 0: every trajectory
   lanes: int = 2                 # slot groups that take turns on the device (1: no overlap)
   refill_fraction: float = 0.125  # a lane's decode call returns once this share of it stopped

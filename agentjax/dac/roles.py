@@ -160,7 +160,9 @@ class DacAgent:
         max_new_tokens=settings.generator_max_new_tokens,
         max_obs_tokens=searcher.max_obs_tokens,
         max_total_tokens=settings.generator_max_total_tokens, topk=searcher.topk,
-        sampling=searcher.sampling, use_chat_template=searcher.use_chat_template)
+        sampling=searcher.sampling, use_chat_template=searcher.use_chat_template,
+        engine=searcher.engine, slots=searcher.slots, lanes=searcher.lanes,
+        refill_fraction=searcher.refill_fraction)
     self.generator = RolloutEngine(cfg, tokenizer, backend, generator, mesh=mesh, lora=lora)
 
   def _fits(self, question: str, docs: Sequence[Document], note: str | None) -> bool:

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from agentjax.agent.protocol import PROTOCOLS
+from agentjax.agent.rollout import ENGINES
 # One ConfigError for model and run configs (re-exported here), and the model's own lists of
 # what QwenConfig accepts, so validation passes exactly what will load.
 from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigError
@@ -261,6 +262,13 @@ def _validate_rl(config: Any) -> None:
     _validate_critic(config)
   if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
     _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
+  if _get(config, "rollout.engine") not in ENGINES:
+    _fail("rollout.engine", _get(config, "rollout.engine"), f"must be one of {list(ENGINES)}")
+  _non_negative(config, "rollout.slots")
+  _positive(config, "rollout.lanes")
+  if not 0.0 < _get(config, "rollout.refill_fraction") <= 1.0:
+    _fail("rollout.refill_fraction", _get(config, "rollout.refill_fraction"),
+          "must be in (0, 1]")
   group = _get(config, "rollout.group_size")
   if algorithm in GROUP_ALGORITHMS and group < 2:
     _fail("rollout.group_size", group, f"algorithm {algorithm!r} normalizes within the group of "

@@ -128,7 +128,10 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
                        max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                        max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
                        topk=config.retrieval.topk, sampling=sampling,
-                       use_chat_template=r.use_chat_template)
+                       use_chat_template=r.use_chat_template,
+                       # .get: configs recorded before the slot engine existed lack these
+                       engine=r.get("engine", "slots"), slots=r.get("slots", 0),
+                       lanes=r.get("lanes", 2), refill_fraction=r.get("refill_fraction", 0.125))
 
 
 def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,

@@ -1,0 +1,310 @@
+"""The slot engine (rollout.engine "slots"): multi-turn rollouts without idle decode rows.
+
+The turn-synchronous engine decodes the whole batch until its slowest row of the turn stops,
+keeps finished trajectories in every decode step, prefills each prompt group_size times and
+leaves the device idle while the retriever answers. Here instead:
+
+  prefill the Q prompts once ─► copy a prompt's cache into a free slot (shared prefill)
+  lanes of slots take turns on the device; for each lane:
+    decode its slots (one lax.while_loop) until a share of them stopped (rollout.refill_fraction)
+    ─► host: parse the stopped rows' actions; ONE batched search for the lane, while the other
+       lanes' decode calls run on the device (JAX dispatch is asynchronous)
+    ─► feed observations (+ the next turn's hook text) into those rows only
+    ─► a trajectory that ended is copied out and its slot takes the next waiting trajectory
+  Mid-turn rows simply continue in the lane's next call; once the queue is empty, a lane whose
+  live slots fit in half of it is compacted to a power-of-two size.
+
+Every trajectory of the call is sampled with the same parameters (on-policy per RL step);
+a trajectory's tokens are sampled with keys of (rng, trajectory, position)
+(sampling.slots.decode_slots), so they do not depend on the slot, the lane or the call that
+sampled them. Tokens, masks, log-probs and the host-side records are those of the turn engine
+(agent/rollout.py's _Book is shared by both). The schedule is a deterministic function of the
+device results, so every process of a multi-host run makes the same calls.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentjax.agent.rollout import RolloutEngine, TrajectoryBatch, _Book
+from agentjax.parallel import logical_to_sharding
+from agentjax.parallel.host import to_host
+from agentjax.sampling import bucket, init_state
+from agentjax.sampling.sampler import RUNNING
+from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories, extend_rows,
+                                     init_progress, store_rows, take_rows)
+
+# Row-count buckets of the row-subset programs (extend_rows, copy_rows, store_rows): powers of
+# two from this size on, so a rollout compiles a few of them.
+MIN_ROWS = 4
+
+
+def _pow2(n: int, minimum: int = 1) -> int:
+  return bucket(n, minimum=minimum)
+
+
+def _padded(values: Sequence[int], size: int, pad: int) -> jax.Array:
+  out = np.full(size, pad, np.int32)
+  out[:len(values)] = values
+  return jnp.asarray(out)
+
+
+class _Lane:
+  """A group of decode slots with its own device state; host arrays are [n] over its slots."""
+
+  def __init__(self, index: int, state, progress):
+    n = state.length.shape[0]
+    self.index, self.state, self.progress = index, state, progress
+    self.traj = np.full(n, -1, np.int64)   # trajectory in each slot; -1: free
+    self.turn = np.zeros(n, np.int32)      # the turn each slot is generating
+    self.starting = np.zeros(n, bool)      # slot begins its turn on its next decode call
+    self.feeds: dict[int, list[tuple[list[int], int]]] = {}  # slot -> [(ids, turn)] to feed
+    self.finishing: list[int] = []         # slots whose trajectory ends once fed
+    self.pending = None                    # (active [n], DecodeCall) dispatched, not collected
+    self.dispatched_at = 0                 # event index of the pending call's dispatch
+
+  @property
+  def size(self) -> int:
+    return len(self.traj)
+
+  def live(self) -> np.ndarray:
+    return np.flatnonzero(self.traj >= 0)
+
+
+class SlotRollout:
+  """One rollout of the slot engine (RolloutEngine.run makes one when rollout.engine="slots")."""
+
+  def __init__(self, engine: RolloutEngine, params: Any,
+               policy_for_turn: Callable[[int], str] | None = None):
+    self.engine, self.config = engine, engine.config
+    self.policy_for_turn = policy_for_turn
+    self.pick, self.decoder = engine._policies(params, policy_for_turn)
+    # (event, lane, detail) in order: ("refill", lane, [(slot, trajectory)]), ("decode", lane,
+    # active rows) at each dispatch, ("collect", lane, tokens sampled), ("search", lane, lanes
+    # whose decode call was in flight meanwhile), ("compact", lane, new size).
+    self.trace: list[tuple[str, int, Any]] = []
+    self.work = collections.Counter()
+    self.timings = {"generate_s": 0.0, "search_s": 0.0, "extend_s": 0.0, "search_wait_s": 0.0}
+
+  # ------------------------------------------------------------------ the loop
+
+  def run(self, questions: Sequence[str], rng: jax.Array
+          ) -> tuple[TrajectoryBatch, dict[str, Any]]:
+    engine, cfg = self.engine, self.config
+    group = cfg.group_size
+    count = len(questions) * group
+    self.group_ids = np.repeat(np.arange(len(questions), dtype=np.int32), group)
+    prompts, budget = engine._prompts(questions)
+    self.book = _Book(engine, prompts, self.group_ids, budget)
+    self.stop = (engine.stop_table, engine.eos_ids, jnp.int32(budget))
+
+    # Shared prefill: each question's prompt once, in a cache just long enough for it.
+    t0 = time.perf_counter()
+    self.prompts = init_state(engine.cfg, len(questions),
+                              bucket(max(len(p) for p in prompts)), rng, mesh=engine.mesh)
+    self.prompts, self.work["prefill_tokens"] = engine._feed(
+        self.pick(0), self.prompts, prompts, np.full(len(questions), -1), count=True)
+    self.timings["extend_s"] += time.perf_counter() - t0
+
+    slots = min(cfg.slots or count, count)
+    lanes = min(cfg.lanes, slots)
+    per_lane = math.ceil(slots / lanes)
+    self.lanes = [_Lane(i, init_state(engine.cfg, per_lane, engine.cache_len, rng,
+                                      mesh=engine.mesh),
+                        init_progress(per_lane, engine.stop_table)) for i in range(lanes)]
+    out = empty_trajectories(count, engine.cache_len)
+    if engine.mesh is not None:
+      axes = jax.tree.map(lambda _: jax.sharding.PartitionSpec("batch", "length"), out)
+      out = jax.device_put(out, logical_to_sharding(axes, out, engine.mesh))
+    self.out = out
+    self.queue = collections.deque(range(count))
+
+    for lane in self.lanes:
+      self._settle(lane)
+      self._dispatch(lane)
+    while any(lane.pending is not None for lane in self.lanes):
+      for lane in self.lanes:
+        if lane.pending is None:
+          continue
+        self._collect(lane)
+        self._settle(lane)
+        self._dispatch(lane)
+
+    out = self.out
+    batch = self.book.batch(dict(tokens=out.tokens, valid=out.valid, sampled=out.sampled,
+                                 logprobs=out.logprobs, turn_id=out.turn_id))
+    searches = [e for e in self.trace if e[0] == "search"]
+    metrics = dict(self.timings, **{k: float(v) for k, v in self.work.items()},
+                   sampled_tokens=float(self.work["decode_useful_row_steps"]),
+                   search_overlapped=float(np.mean([bool(e[2]) for e in searches]))
+                   if searches else 0.0,
+                   **self.book.metrics())
+    for key in ("decode_steps", "decode_row_steps", "decode_useful_row_steps", "extend_tokens"):
+      metrics.setdefault(key, 0.0)
+    return batch, metrics
+
+  # ------------------------------------------------------------------ one lane's phases
+
+  def _collect(self, lane: _Lane) -> None:
+    """Takes the lane's decode results; ends the turns of the rows that stopped: actions, ONE
+    search for the lane (the other lanes decode meanwhile), observations, next-turn hook text."""
+    book = self.book
+    active, call = lane.pending
+    lane.pending = None
+    t0 = time.perf_counter()
+    steps, sampled, num_new, reason, turn_tokens = to_host(
+        (call.steps, call.sampled, call.num_new, call.reason, call.turn_tokens))
+    self.timings["generate_s"] += time.perf_counter() - t0
+    self.work["decode_steps"] += int(steps)
+    self.work["decode_row_steps"] += int(steps) * lane.size
+    self.work["decode_useful_row_steps"] += int(sampled)
+    self.trace.append(("collect", lane.index, int(sampled)))
+
+    stopped = np.flatnonzero(active & (reason != RUNNING))
+    observations: dict[int, list[int]] = {}
+    searches: list[tuple[int, str]] = []
+    for slot in stopped:
+      b = int(lane.traj[slot])
+      query, observations[b] = book.action(b, turn_tokens[slot, :num_new[slot]], int(reason[slot]))
+      if query is not None:
+        searches.append((b, query))
+    if searches:
+      in_flight = [other.index for other in self.lanes if other.pending is not None]
+      self.trace.append(("search", lane.index, in_flight))
+      t0 = time.perf_counter()
+      observations.update(book.search(searches))
+      elapsed = time.perf_counter() - t0
+      self.timings["search_s"] += elapsed
+      # The device waited only if every other lane's call had finished by the time the answer
+      # came (then for at most `elapsed`: an upper bound).
+      if all(other.pending[1].steps.is_ready() for other in self.lanes
+             if other.pending is not None):
+        self.timings["search_wait_s"] += elapsed
+
+    next_turn: dict[int, list[int]] = collections.defaultdict(list)
+    for slot in stopped:
+      b = int(lane.traj[slot])
+      lane.feeds[slot] = [(book.observe(b, observations[b]), int(lane.turn[slot]))]
+      if book.done[b]:
+        lane.finishing.append(slot)
+      else:
+        next_turn[int(book.num_turns[b])].append(slot)
+    for turn, slots in sorted(next_turn.items()):
+      hooks = book.hook(turn, [int(lane.traj[s]) for s in slots])
+      for slot, ids in zip(slots, hooks):
+        lane.feeds[slot].append((ids, turn))
+        lane.turn[slot], lane.starting[slot] = turn, True
+
+  def _settle(self, lane: _Lane) -> None:
+    """Before the lane's next decode call: feed what its rows wait for, copy finished
+    trajectories out, refill free slots from the queue, compact the lane at the tail."""
+    t0 = time.perf_counter()
+    self._feed(lane)
+    if lane.finishing:
+      slots = lane.finishing
+      size = _pow2(len(slots), MIN_ROWS)
+      self.out = store_rows(self.out, _padded(lane.traj[slots], size, len(self.group_ids)),
+                            lane.state, _padded(slots, size, lane.size))
+      lane.traj[slots] = -1
+      lane.starting[slots] = False
+      lane.finishing = []
+    free = np.flatnonzero(lane.traj < 0)[:len(self.queue)]
+    if len(free):
+      trajs = [self.queue.popleft() for _ in free]
+      size = _pow2(len(free), MIN_ROWS)
+      lane.state = copy_rows(lane.state, _padded(free, size, lane.size), self.prompts,
+                             _padded(self.group_ids[trajs], size, 0))
+      lane.traj[free], lane.turn[free], lane.starting[free] = trajs, 0, True
+      self.trace.append(("refill", lane.index, list(zip(free.tolist(), trajs))))
+      for slot, ids in zip(free, self.book.hook(0, trajs)):
+        lane.feeds[slot] = [(ids, 0)]
+      self._feed(lane)
+    elif not self.queue:
+      self._compact(lane)
+    self.timings["extend_s"] += time.perf_counter() - t0
+
+  def _feed(self, lane: _Lane) -> None:
+    """Feeds the lane's pending segments (an observation, the next turn's hook text) into their
+    rows only: one extend_rows call, or with several policies one per segment round and policy
+    (the policy of the turn a segment belongs to encodes it, as in the turn engine)."""
+    feeds, lane.feeds = lane.feeds, {}
+    if self.policy_for_turn is None:  # one policy: each row's segments in one call
+      rounds = [{s: [seg for seg in segs if seg[0]] for s, segs in feeds.items()}]
+    else:
+      depth = max((len(segs) for segs in feeds.values()), default=0)
+      rounds = []
+      for r in range(depth):
+        by_policy = collections.defaultdict(dict)
+        for s, segs in feeds.items():
+          if r < len(segs) and segs[r][0]:
+            by_policy[self.policy_for_turn(segs[r][1])][s] = [segs[r]]
+        rounds += list(by_policy.values())
+    for group in rounds:
+      group = {s: segs for s, segs in group.items() if segs}
+      if not group:
+        continue
+      slots = sorted(group)
+      rows = _pow2(len(slots), MIN_ROWS)
+      width = bucket(max(sum(len(ids) for ids, _ in group[s]) for s in slots))
+      tokens = np.zeros((rows, width), np.int32)
+      turns = np.zeros((rows, width), np.int32)
+      lengths = np.zeros(rows, np.int32)
+      for i, s in enumerate(slots):
+        ids = [x for seg, _ in group[s] for x in seg]
+        tokens[i, :len(ids)] = ids
+        turns[i, :len(ids)] = [t for seg, t in group[s] for _ in seg]
+        lengths[i] = len(ids)
+      lane.state = extend_rows(self.engine.model, self.pick(int(turns[0, 0])), lane.state,
+                               _padded(slots, rows, lane.size), jnp.asarray(tokens),
+                               jnp.asarray(lengths), jnp.asarray(turns))
+      self.work["extend_tokens"] += tokens.size
+
+  def _compact(self, lane: _Lane) -> None:
+    """Once no trajectory waits: a lane whose live rows fit in half of it moves them into a
+    power-of-two smaller one, so decode steps stop computing rows that finished."""
+    live = lane.live()
+    size = _pow2(len(live), min(MIN_ROWS, lane.size))
+    if not len(live) or size > lane.size // 2:
+      return
+    rows = _padded(live, size, int(live[0]))
+    lane.state, lane.progress = take_rows(lane.state, lane.progress, rows)
+    keep = lambda a, fill: np.concatenate(  # noqa: E731
+        [a[live], np.full(size - len(live), fill, a.dtype)])
+    lane.traj, lane.turn = keep(lane.traj, -1), keep(lane.turn, 0)
+    lane.starting = keep(lane.starting, False)
+    self.trace.append(("compact", lane.index, size))
+
+  def _dispatch(self, lane: _Lane) -> None:
+    """Starts the lane's next decode call (asynchronously) over its live slots. With several
+    policies, the call decodes the rows whose turn uses the policy of the earliest such turn;
+    the others wait for a later call."""
+    live = lane.live()
+    if not len(live):
+      return
+    active = np.zeros(lane.size, bool)
+    turn = int(lane.turn[live].min())
+    if self.policy_for_turn is None:
+      active[live] = True
+    else:
+      name = self.policy_for_turn(turn)
+      active[live] = [self.policy_for_turn(int(t)) == name for t in lane.turn[live]]
+    exit_after = max(1, math.ceil(self.config.refill_fraction * int(active.sum())))
+    model, params = self.decoder(turn)
+    lane.state, lane.progress, call = decode_slots(
+        model, params, lane.state, lane.progress, start=jnp.asarray(lane.starting & active),
+        turn=jnp.asarray(lane.turn), traj=jnp.asarray(np.maximum(lane.traj, 0), jnp.int32),
+        active=jnp.asarray(active), sampling=self.config.sampling,
+        max_new=self.config.max_new_tokens, stop=self.stop, exit_after=jnp.int32(exit_after))
+    lane.starting &= ~active
+    lane.pending = (active, call)
+    self.trace.append(("decode", lane.index, int(active.sum())))
+
+
+__all__ = ["SlotRollout"]

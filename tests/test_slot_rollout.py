@@ -1,0 +1,175 @@
+"""The slot engine (agentjax/agent/slots.py) against the turn-synchronous engine, on the scripted
+agent: refill of freed slots, shared prompt prefill, search overlapped with decoding, tail
+compaction. Shapes as tests/test_rollout.py (2 questions x 2, 1024-slot cache)."""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import jax
+import numpy as np
+import pytest
+
+from agentjax.agent import RolloutConfig, RolloutEngine
+from agentjax.agent.slots import SlotRollout
+from agentjax.models.logprobs import sequence_logprobs
+from agentjax.sampling import SamplingParams
+from tests import agent_fixtures as af
+from tests.test_rollout import QUESTIONS, assert_consistent, assert_turn_records
+
+SAMPLED = SamplingParams(temperature=1.0)
+
+
+@pytest.fixture(scope="module")
+def world(scripted_world):
+  return scripted_world
+
+
+def make(world, backend=None, **overrides):
+  tok, default_backend, agent = world
+  kw = dict(group_size=2, max_turns=3, max_new_tokens=16, max_obs_tokens=96,
+            max_total_tokens=1024, topk=2, sampling=SamplingParams(greedy=True))
+  return RolloutEngine(agent.cfg, tok, backend or default_backend,
+                       RolloutConfig(**{**kw, **overrides}))
+
+
+def host(batch):
+  return {k: np.asarray(v) for k, v in jax.device_get(dict(
+      tokens=batch.tokens, valid=batch.valid, loss_mask=batch.loss_mask,
+      turn_id=batch.turn_id, logprobs=batch.logprobs)).items()}
+
+
+def assert_same_trajectories(a, b, logprob_atol=1e-5):
+  """Two TrajectoryBatches hold the same trajectories, token by token."""
+  ha, hb = host(a), host(b)
+  for key in ("tokens", "valid", "loss_mask", "turn_id"):
+    np.testing.assert_array_equal(ha[key], hb[key], err_msg=key)
+  np.testing.assert_allclose(ha["logprobs"], hb["logprobs"], atol=logprob_atol)
+  for key in ("turn_ends", "num_turns", "answered", "truncated", "format_valid", "answers"):
+    np.testing.assert_array_equal(getattr(a, key), getattr(b, key), err_msg=key)
+  assert [tuple(r) for r in a.turns] == [tuple(r) for r in b.turns]
+
+
+def slot_history(trace):
+  """lane -> slot -> the trajectories it held, in order (from the "refill" events)."""
+  held = collections.defaultdict(lambda: collections.defaultdict(list))
+  for event, lane, detail in trace:
+    if event == "refill":
+      for slot, traj in detail:
+        held[lane][slot].append(traj)
+  return held
+
+
+def test_greedy_outcomes_equal_the_turn_engine(world):
+  """A deterministic scripted policy: the slot engine's trajectories are the turn engine's,
+  token by token, with one lane or two; the prompt is prefilled once per question."""
+  tok, backend, agent = world
+  params = agent.params(af.SEARCH)
+  want, want_metrics = make(world, engine="turns").run(params, QUESTIONS, jax.random.key(0))
+  for lanes in (1, 2):
+    got, metrics = make(world, engine="slots", lanes=lanes).run(params, QUESTIONS,
+                                                                jax.random.key(0))
+    assert_same_trajectories(got, want)
+    assert metrics["sampled_tokens"] == want_metrics["sampled_tokens"]
+    # Shared prefill: one prompt row per question instead of one per trajectory.
+    assert metrics["prefill_tokens"] * 2 == want_metrics["prefill_tokens"]
+    assert metrics["search_queries"] == want_metrics["search_queries"]
+
+
+def test_refill_reuses_a_finished_trajectorys_slot(world):
+  """Two slots for four sampled trajectories of 1 to 3 turns: a slot that frees up takes the
+  next trajectory; every trajectory is token for token the one the engine samples with a slot
+  per trajectory (keys are per trajectory and position), its masks exact, its sampling-time
+  log-probs the teacher-forced ones."""
+  tok, backend, agent = world
+  params = agent.params(af.SEARCH, af.ANSWER)
+  engine = make(world, sampling=SAMPLED, slots=2, lanes=1)
+  runner = SlotRollout(engine, params)
+  got, metrics = runner.run(QUESTIONS, jax.random.key(3))
+  held = slot_history(runner.trace)[0]
+  assert sorted(t for ts in held.values() for t in ts) == [0, 1, 2, 3]
+  assert max(len(ts) for ts in held.values()) >= 2  # a slot was reused
+  assert len(held) == 2
+  assert len(set(got.num_turns.tolist())) > 1, got.num_turns  # ragged: some ended early
+  want, _ = make(world, sampling=SAMPLED, slots=0, lanes=2).run(params, QUESTIONS,
+                                                                jax.random.key(3))
+  assert_same_trajectories(got, want)
+  assert_consistent(got)
+  assert_turn_records(got, engine)
+  h = host(got)
+  teacher = np.asarray(sequence_logprobs(engine.model, params, got.tokens, got.valid)[0])
+  np.testing.assert_allclose(teacher[h["loss_mask"]], h["logprobs"][h["loss_mask"]], atol=1e-4)
+  assert (h["logprobs"][~h["loss_mask"]] == 0).all()
+  assert metrics["decode_useful_row_steps"] == h["loss_mask"].sum()
+
+
+class SlowBackend:
+  """A retriever that takes `delay` seconds per call and records what the engine did meanwhile."""
+
+  def __init__(self, inner, delay):
+    self.inner, self.delay, self.calls = inner, delay, 0
+
+  def search(self, queries, topk):
+    self.calls += 1
+    time.sleep(self.delay)
+    return self.inner.search(queries, topk)
+
+
+def test_slow_search_does_not_stall_the_other_lane(world):
+  """Two lanes: while one lane's rows wait for a slow retriever, the other lane's decode call is
+  in flight and samples tokens (it was dispatched before the search and is collected after)."""
+  tok, backend, agent = world
+  slow = SlowBackend(backend, 0.05)
+  engine = make(world, backend=slow, lanes=2)
+  runner = SlotRollout(engine, agent.params(af.SEARCH))
+  batch, metrics = runner.run(QUESTIONS, jax.random.key(0))
+  searches = [(i, e) for i, e in enumerate(runner.trace) if e[0] == "search"]
+  assert len(searches) == slow.calls >= 4
+  overlapped = 0
+  for i, (_, lane, in_flight) in searches:
+    for other in in_flight:
+      # the other lane's call in flight during this search is collected after it, with tokens
+      collected = next(e for e in runner.trace[i + 1:] if e[0] == "collect" and e[1] == other)
+      assert collected[2] > 0
+      overlapped += 1
+  # Every search but the last lane's final ones overlaps the other lane's decoding.
+  assert overlapped >= len(searches) - 2
+  assert metrics["search_overlapped"] >= 0.5
+  one_lane = SlotRollout(make(world, backend=slow, lanes=1), agent.params(af.SEARCH))
+  same, one_metrics = one_lane.run(QUESTIONS, jax.random.key(0))
+  assert one_metrics["search_overlapped"] == 0.0
+  assert_same_trajectories(batch, same)
+
+
+def test_tail_compaction_keeps_trajectories(world):
+  """Eight slots in one lane; as trajectories end with nothing left to refill, the live rows move
+  into a lane of four: the same trajectories as without compaction, fewer decode row-steps."""
+  tok, backend, agent = world
+  questions = QUESTIONS * 2
+  params = agent.params(af.SEARCH, af.ANSWER)
+  engine = make(world, sampling=SAMPLED, lanes=1, max_turns=4)
+  runner = SlotRollout(engine, params)
+  got, metrics = runner.run(questions, jax.random.key(0))
+  assert ("compact", 0, 4) in runner.trace, got.num_turns
+  assert_consistent(got)
+  # Two lanes of four never compact (lanes stop at MIN_ROWS): the same trajectories.
+  uncompacted = SlotRollout(make(world, sampling=SAMPLED, lanes=2, max_turns=4), params)
+  want, _ = uncompacted.run(questions, jax.random.key(0))
+  assert not any(e[0] == "compact" for e in uncompacted.trace)
+  assert_same_trajectories(got, want)
+  assert metrics["decode_row_steps"] < 8 * metrics["decode_steps"]
+  h = host(got)
+  teacher = np.asarray(sequence_logprobs(engine.model, params, got.tokens, got.valid)[0])
+  np.testing.assert_allclose(teacher[h["loss_mask"]], h["logprobs"][h["loss_mask"]], atol=1e-4)
+
+
+def test_engine_config_errors():
+  with pytest.raises(ValueError, match="rollout.engine"):
+    RolloutConfig(engine="paged")
+  with pytest.raises(ValueError, match="rollout.slots"):
+    RolloutConfig(slots=-1)
+  with pytest.raises(ValueError, match="rollout.lanes"):
+    RolloutConfig(lanes=0)
+  with pytest.raises(ValueError, match="rollout.refill_fraction"):
+    RolloutConfig(refill_fraction=0.0)
