@@ -5,6 +5,8 @@
     python launch/bench.py decode --batch=16 --length=256   # sampler vs transformers generate
     python launch/bench.py decode --preset=qwen2.5-1.5b --dtype=bfloat16 --batch=64 --no_reference  # GPU
     python launch/bench.py decode --lora_rank=32   # sampler: bare vs LoRA (merged / unmerged)
+    python launch/bench.py rollout_mix        # rollout engines: turn-synchronous vs slots
+    python launch/bench.py rollout_mix --mix_model=qwen2.5-1.5b --dtype=bfloat16 --group_size=16
     python launch/bench.py rewards            # outcome rewards vs plain Python; format rule
     python launch/bench.py synthworld         # world generation: full vs quarter size
     python launch/bench.py sft_step           # make demo's SFT step: micro-batches vs whole batch
@@ -52,6 +54,16 @@ flags.DEFINE_list("time_layers", [], "train_step: time the steps at these depths
                   "--time_preset (e.g. 4,8) instead of its own, and extrapolate to it (when full "
                   "fine-tuning at the preset's depth does not fit in memory).")
 flags.DEFINE_bool("memory", True, "train_step: analyse memory at --preset (--nomemory: time only).")
+flags.DEFINE_integer("questions", None, "rollout_mix: questions per rollout (default 6; the "
+                     "batch is questions x group_size trajectories).")
+flags.DEFINE_integer("group_size", None, "rollout_mix: rollouts per question (default 8).")
+flags.DEFINE_integer("search_latency_ms", 20, "rollout_mix: the retriever's added latency per "
+                     "search call (batched: one call per batch of queries).")
+flags.DEFINE_integer("slots", 0, "rollout_mix: the slot engine's rollout.slots (0: one per "
+                     "trajectory).")
+flags.DEFINE_string("mix_model", "scripted", "rollout_mix: 'scripted' (the tiny scripted Qwen) "
+                    "or a preset name (e.g. qwen2.5-1.5b): the same script at that shape's "
+                    "compute, in --dtype.")
 flags.DEFINE_bool("no_reference", False, "Skip the transformers reference (e.g. on a GPU host "
                   "without torch); reports throughput and MFU only.")
 
@@ -573,6 +585,99 @@ def bench_rollout() -> dict:
           "generate_s": round(metrics["generate_s"], 3), "search_s": round(metrics["search_s"], 3),
           "extend_s": round(metrics["extend_s"], 3), "turns": turns, "rows": rows,
           "sampled_tokens_per_row": sampled, "compiles_after_warmup": compiles,
+          "device": device_name()}
+
+
+class _SlowBackend:
+  """A SearchBackend that answers as `backend` after sleeping `latency_s` per call (a remote
+  retriever's round trip; the engine batches queries, so one sleep per batch)."""
+
+  def __init__(self, backend, latency_s: float):
+    self.backend, self.latency_s = backend, latency_s
+    self.stats = backend.stats
+
+  def search(self, queries, topk):
+    time.sleep(self.latency_s)
+    return self.backend.search(queries, topk)
+
+
+def bench_rollout_mix() -> dict:
+  """The rollout engines on a realistic mix: the turn-synchronous engine (rollout.engine "turns")
+  vs the slot engine ("slots": shared prompt prefill, in-flight slot refill, search overlapped
+  with decoding), the same questions and rng, in the same run.
+
+  The policy (tests/agent_fixtures.py mix_successors) samples at temperature 1 turns of 12 to
+  max_new_tokens tokens (7 fixed thinking words, a geometric number of optional ones, mean 32,
+  then a search or an answer, 1/2 each; a turn cut off at max_new_tokens is an invalid action and
+  the trajectory goes on), so trajectories take 1 to max_turns = 6 turns. The retriever is the
+  local BM25 backend behind --search_latency_ms per call. --mix_model=<preset> runs the same
+  script at a real model's shape (compute) instead of the tiny scripted one.
+  """
+  import tempfile
+
+  import jax
+  import numpy as np
+
+  from agentjax.agent import RolloutConfig, RolloutEngine
+  from agentjax.compiles import CompileCounter
+  from agentjax.models.qwen import QwenConfig
+  from agentjax.retrieval import make_backend
+  from agentjax.sampling import SamplingParams
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from tests import agent_fixtures as af
+  from tests import retrieval_fixtures
+
+  questions, group = FLAGS.questions or 6, FLAGS.group_size or 8
+  root = tempfile.mkdtemp(prefix="agentjax-bench-")
+  tok = af.scripted_tokenizer(os.path.join(root, "tok"))
+  backend = _SlowBackend(make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(
+      os.path.join(root, "corpus.jsonl")), index_dir=os.path.join(root, "index")),
+      FLAGS.search_latency_ms / 1000)
+  agent = af.ScriptedAgent(tok)
+  shape = None
+  if FLAGS.mix_model != "scripted":
+    shape = QwenConfig.preset(FLAGS.mix_model, tie_word_embeddings=False, dtype=FLAGS.dtype,
+                              param_dtype=FLAGS.dtype)
+  cfg, params = af.mix_params(agent, shape)
+  names = [f"Who founded {retrieval_fixtures.NAMES[i % len(retrieval_fixtures.NAMES)]}?"
+           for i in range(questions)]
+  base = dict(group_size=group, max_turns=6, max_new_tokens=64, max_obs_tokens=128,
+              max_total_tokens=2048, topk=3, sampling=SamplingParams(temperature=1.0))
+  engines = {"turns": RolloutConfig(engine="turns", **base),
+             "slots": RolloutConfig(engine="slots", slots=FLAGS.slots, lanes=2,
+                                    refill_fraction=0.125, **base)}
+  report = {}
+  for name, config in engines.items():
+    engine = RolloutEngine(cfg, tok, backend, config)
+    run = lambda: engine.run(params, names, jax.random.key(0))  # noqa: E731
+    start = time.perf_counter()
+    run()  # warm-up: compiles
+    warmup_s = time.perf_counter() - start
+    counter = CompileCounter()
+    seconds = median_seconds(run, FLAGS.repeats)  # wall time of the whole rollout
+    batch, m = run()
+    sampled = float(np.asarray(batch.loss_mask).sum())
+    assert sampled == m["sampled_tokens"], (sampled, m["sampled_tokens"])
+    report[name] = {
+        "tokens_per_s": round(m["sampled_tokens"] / seconds, 1), "seconds": round(seconds, 3),
+        "warmup_s": round(warmup_s, 2), "sampled_tokens": int(m["sampled_tokens"]),
+        "useful_row_share": round(m["decode_useful_row_steps"] / m["decode_row_steps"], 3),
+        "decode_steps": int(m["decode_steps"]), "decode_row_steps": int(m["decode_row_steps"]),
+        "prefill_tokens": int(m["prefill_tokens"]), "extend_tokens": int(m["extend_tokens"]),
+        "search_s": round(m["search_s"], 3), "search_wait_s": round(m["search_wait_s"], 3),
+        "search_queries": int(m["search_queries"]), "turns_mean": round(m["turns_mean"], 3),
+        "answered": round(m["answered"], 3), "format_errors": int(m["format_errors"]),
+        "compiles_after_warmup": counter.count}
+    print(json.dumps({"engine": name, **report[name]}), flush=True)
+  new, old = report["slots"], report["turns"]
+  return {"bench": "rollout_mix", "ratio": round(new["tokens_per_s"] / old["tokens_per_s"], 3),
+          "useful_row_share": new["useful_row_share"],
+          "useful_row_share_before": old["useful_row_share"],
+          "prefill_tokens": new["prefill_tokens"], "prefill_tokens_before": old["prefill_tokens"],
+          "search_wait_s": new["search_wait_s"], "search_wait_s_before": old["search_wait_s"],
+          "model": FLAGS.mix_model, "dtype": FLAGS.dtype, "questions": questions,
+          "group_size": group, "slots": FLAGS.slots,
+          "search_latency_ms": FLAGS.search_latency_ms, "engines": report,
           "device": device_name()}
 
 
@@ -1442,6 +1547,7 @@ def bench_ppo_step() -> dict:
 
 
 BENCHES = {"forward": bench_forward, "decode": bench_decode, "rollout": bench_rollout,
+           "rollout_mix": bench_rollout_mix,
            "info_gain": bench_info_gain, "rewards": bench_rewards, "synthworld": bench_synthworld,
            "sft_step": bench_sft_step, "judge": bench_judge, "train_step": bench_train_step,
            "coreact": bench_coreact, "ppo_step": bench_ppo_step}
