@@ -142,26 +142,37 @@ def test_slow_search_does_not_stall_the_other_lane(world):
   assert_same_trajectories(batch, same)
 
 
-def test_tail_compaction_keeps_trajectories(world):
+def test_tail_compaction_keeps_trajectories(world, monkeypatch):
   """Eight slots in one lane; as trajectories end with nothing left to refill, the live rows move
-  into a lane of four: the same trajectories as without compaction, fewer decode row-steps."""
+  into smaller lanes (sizes on slots.lane_size's ladder): the same trajectories as without
+  compaction, fewer decode row-steps, the log-probs the teacher-forced ones."""
+  from agentjax.agent import slots
   tok, backend, agent = world
   questions = QUESTIONS * 2
   params = agent.params(af.SEARCH, af.ANSWER)
   engine = make(world, sampling=SAMPLED, lanes=1, max_turns=4)
   runner = SlotRollout(engine, params)
   got, metrics = runner.run(questions, jax.random.key(0))
-  assert ("compact", 0, 4) in runner.trace, got.num_turns
+  sizes = [e[2] for e in runner.trace if e[0] == "compact"]
+  assert sizes and sizes == sorted(sizes, reverse=True) and sizes[0] < 8, got.num_turns
+  assert all(slots.lane_size(n) == n for n in sizes)
   assert_consistent(got)
-  # Two lanes of four never compact (lanes stop at MIN_ROWS): the same trajectories.
-  uncompacted = SlotRollout(make(world, sampling=SAMPLED, lanes=2, max_turns=4), params)
-  want, _ = uncompacted.run(questions, jax.random.key(0))
-  assert not any(e[0] == "compact" for e in uncompacted.trace)
-  assert_same_trajectories(got, want)
   assert metrics["decode_row_steps"] < 8 * metrics["decode_steps"]
+  monkeypatch.setattr(slots, "MIN_LANE", 1 << 20)  # no lane is ever small enough: no compaction
+  uncompacted = SlotRollout(engine, params)
+  want, want_metrics = uncompacted.run(questions, jax.random.key(0))
+  assert not any(e[0] == "compact" for e in uncompacted.trace)
+  assert want_metrics["decode_row_steps"] == 8 * want_metrics["decode_steps"]
+  assert_same_trajectories(got, want)
   h = host(got)
   teacher = np.asarray(sequence_logprobs(engine.model, params, got.tokens, got.valid)[0])
   np.testing.assert_allclose(teacher[h["loss_mask"]], h["logprobs"][h["loss_mask"]], atol=1e-4)
+
+
+def test_lane_size_ladder():
+  want = {1: 1, 2: 2, 3: 3, 4: 4, 5: 6, 6: 6, 7: 8, 8: 8, 9: 12, 12: 12, 13: 16, 17: 24, 25: 32}
+  from agentjax.agent.slots import lane_size
+  assert {n: lane_size(n) for n in want} == want
 
 
 def test_engine_config_errors():

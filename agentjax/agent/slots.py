@@ -44,10 +44,20 @@ from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories
 # Row-count buckets of the row-subset programs (extend_rows, copy_rows, store_rows): powers of
 # two from this size on, so a rollout compiles a few of them.
 MIN_ROWS = 4
+# The smallest lane tail compaction makes (a power of two).
+MIN_LANE = 1
 
 
 def _pow2(n: int, minimum: int = 1) -> int:
   return bucket(n, minimum=minimum)
+
+
+def lane_size(n: int) -> int:
+  """The smallest size >= n on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and
+  3/4 of them): a compacted lane computes at most 4/3 of its live rows plus one (powers of two
+  alone: up to twice), with two programs per octave."""
+  p = bucket(n, minimum=1)
+  return p * 3 // 4 if p >= 4 and n <= p * 3 // 4 else p
 
 
 def _padded(values: Sequence[int], size: int, pad: int) -> jax.Array:
@@ -87,7 +97,7 @@ class SlotRollout:
     self.policy_for_turn = policy_for_turn
     self.pick, self.decoder = engine._policies(params, policy_for_turn)
     # (event, lane, detail) in order: ("refill", lane, [(slot, trajectory)]), ("decode", lane,
-    # active rows) at each dispatch, ("collect", lane, tokens sampled), ("search", lane, lanes
+    # (active rows, lane size)) at each dispatch, ("collect", lane, tokens sampled), ("search", lane, lanes
     # whose decode call was in flight meanwhile), ("compact", lane, new size).
     self.trace: list[tuple[str, int, Any]] = []
     self.work = collections.Counter()
@@ -267,11 +277,11 @@ class SlotRollout:
       self.work["extend_tokens"] += tokens.size
 
   def _compact(self, lane: _Lane) -> None:
-    """Once no trajectory waits: a lane whose live rows fit in half of it moves them into a
-    power-of-two smaller one, so decode steps stop computing rows that finished."""
+    """Once no trajectory waits: a lane whose live rows fit in a smaller power of two moves them
+    into a lane of that size, so decode steps stop computing rows that finished."""
     live = lane.live()
-    size = _pow2(len(live), min(MIN_ROWS, lane.size))
-    if not len(live) or size > lane.size // 2:
+    size = lane_size(max(len(live), MIN_LANE))
+    if not len(live) or size >= lane.size:
       return
     rows = _padded(live, size, int(live[0]))
     lane.state, lane.progress = take_rows(lane.state, lane.progress, rows)
@@ -304,7 +314,7 @@ class SlotRollout:
         max_new=self.config.max_new_tokens, stop=self.stop, exit_after=jnp.int32(exit_after))
     lane.starting &= ~active
     lane.pending = (active, call)
-    self.trace.append(("decode", lane.index, int(active.sum())))
+    self.trace.append(("decode", lane.index, (int(active.sum()), lane.size)))
 
 
 __all__ = ["SlotRollout"]
