@@ -20,8 +20,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tests", "multihost_train_check.py")
 SEARCH_SCRIPT = os.path.join(ROOT, "tests", "multihost_search_check.py")
-TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_per_s",
-          "sampled_tokens_per_s", "eval/seconds", "compiles", "judge/seconds")
+TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "search_wait_s",
+          "tokens_per_s", "sampled_tokens_per_s", "eval/seconds", "compiles", "judge/seconds")
 
 
 def _free_port() -> int:

@@ -184,3 +184,14 @@ def test_engine_config_errors():
     RolloutConfig(lanes=0)
   with pytest.raises(ValueError, match="rollout.refill_fraction"):
     RolloutConfig(refill_fraction=0.0)
+
+
+def test_the_trainer_rolls_out_with_the_slot_engine_by_default():
+  from agentjax.train.trainer import rollout_config
+  from configs import base
+  config = base.get_config()
+  train = rollout_config(config)
+  assert (train.engine, train.slots, train.lanes) == ("slots", 0, 2)
+  assert rollout_config(config, greedy=True).engine == "slots"
+  config.rollout.engine = "turns"
+  assert rollout_config(config).engine == "turns"

@@ -41,6 +41,8 @@ from agentjax.sampling import (STOP_BUDGET, DecodeState, SamplingParams, StopTab
 from agentjax.sampling.eos import eos_token_ids
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
+# The turn engine calls it once per turn with every active row; the slot engine once per lane
+# and turn with the rows about to take that turn (each row once per turn, turns in order).
 TurnHook = Callable[[int, Sequence[int], Sequence[str]], Sequence[str | None]]
 
 

@@ -253,7 +253,11 @@ class RLStep:
         "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
         "tokens_per_s": valid_tokens / max(step_s, 1e-9),
         "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
-        "search_s": rollout_metrics["search_s"], **judge_metrics, **task_metrics}
+        "search_s": rollout_metrics["search_s"],
+        # the rollout engine's decode efficiency (docs/BENCHMARKS.md rollout_mix)
+        "useful_row_share": rollout_metrics["decode_useful_row_steps"]
+        / max(rollout_metrics["decode_row_steps"], 1.0),
+        "search_wait_s": rollout_metrics["search_wait_s"], **judge_metrics, **task_metrics}
     if self.critic is not None:
       # The update's loss and clip fraction (mean over minibatches); the values' fit as scored.
       metrics["critic/value_loss"] = crit.get("critic/value_loss", 0.0)
