@@ -62,13 +62,33 @@ class DecodeCall:
                           #   Rows not active in this call: all 0.
 
 
-@functools.partial(jax.jit, static_argnums=(0, 8, 9), donate_argnums=(2, 3))
+def _row_sharding(state: DecodeState) -> jax.sharding.NamedSharding | None:
+  """The placement of the state's rows over a mesh ([N] arrays); None off a mesh."""
+  sharding = state.length.sharding
+  if not isinstance(sharding, jax.sharding.NamedSharding):
+    return None
+  return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec[:1]))
+
+
+def _place_rows(progress: SlotProgress, rows: jax.sharding.NamedSharding | None) -> SlotProgress:
+  """The progress placed like the state's rows (dimension 0 split as rows, the rest whole)."""
+  if rows is None:
+    return progress
+  return jax.tree.map(lambda x: jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec(
+      *rows.spec, *[None] * (x.ndim - 1))), progress)
+
+
 def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress,
                  start: jax.Array, turn: jax.Array, traj: jax.Array, active: jax.Array,
                  sampling: SamplingParams, max_new: int,
                  stop: tuple[StopTable, jax.Array, jax.Array],
                  exit_after: jax.Array) -> tuple[DecodeState, SlotProgress, DecodeCall]:
   """Decodes the active slots until they all stopped or `exit_after` of them stopped.
+
+  On a mesh the progress is kept placed like the state's rows (the program pins its output
+  there, and a progress placed otherwise, as init_progress's, is moved there first): a later
+  call's inputs are then placed as the first call's, so one program serves every call, and the
+  donated progress is reused.
 
   The step is `generate`'s (the same model step, stop rules and reasons, vocab-major logits),
   with two differences: a turn may span several calls (max_new counts the tokens of the turn,
@@ -92,6 +112,21 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
   Returns:
     (state, progress, DecodeCall).
   """
+  rows = _row_sharding(state)
+  if rows is not None:
+    progress = jax.device_put(progress, _place_rows(progress, rows))  # no-op when placed so
+  return _decode_slots(model, params, state, progress, start, turn, traj, active, sampling,
+                       max_new, stop, exit_after, rows)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 8, 9, 12), donate_argnums=(2, 3))
+def _decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress,
+                  start: jax.Array, turn: jax.Array, traj: jax.Array, active: jax.Array,
+                  sampling: SamplingParams, max_new: int,
+                  stop: tuple[StopTable, jax.Array, jax.Array], exit_after: jax.Array,
+                  rows: jax.sharding.NamedSharding | None
+                  ) -> tuple[DecodeState, SlotProgress, DecodeCall]:
+  """decode_slots's program; `rows`: where the progress is placed (None: off a mesh)."""
   table, eos_ids, budget = stop
   model, params = decode_layout(model, params)
   n, s = state.tokens.shape
@@ -143,6 +178,8 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
   turn_tokens = jnp.take_along_axis(state.tokens, first[:, None] + offsets, axis=1, mode="fill",
                                     fill_value=0)
   turn_tokens = jnp.where(active[:, None] & (offsets < progress.num_new[:, None]), turn_tokens, 0)
+  if rows is not None:  # as the input: the next call reuses this program and these buffers
+    progress = jax.lax.with_sharding_constraint(progress, _place_rows(progress, rows))
   return state, progress, DecodeCall(
       steps=steps, sampled=jnp.sum(state.length - length0, dtype=jnp.int32),
       num_new=progress.num_new, reason=progress.reason, turn_tokens=turn_tokens)
