@@ -151,7 +151,8 @@ def check_slots(cfg, single, params, prompts, mesh):
     got, placed = run_slots(cfg, params, prompts, eos, mesh=mesh)
   # One program each on the mesh: a call whose inputs (the previous call's outputs) are placed
   # unlike the first call's compiles again.
-  programs = ("copy_rows", "extend_rows", "decode_slots", "store_rows", "take_rows")
+  programs = ("copy_rows", "_gather_rows", "_extend_tokens", "_scatter_rows", "decode_slots",
+              "store_rows", "take_rows")  # extend_rows: _gather_rows, _extend_tokens, _scatter_rows
   compiled = {name: sum(f.endswith(f"{name})") for f in compiles) for name in programs}
   assert all(n == 1 for n in compiled.values()), f"programs compiled on the mesh: {compiled}"
   print("slot programs: (program, batch spec of the output, donated input consumed):", placed)

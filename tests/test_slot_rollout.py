@@ -77,6 +77,36 @@ def test_greedy_outcomes_equal_the_turn_engine(world):
     assert metrics["search_queries"] == want_metrics["search_queries"]
 
 
+@pytest.mark.parametrize("layout", [dict(lanes=1, slots=2), dict(lanes=2, slots=2)])
+def test_hooks_two_policies_and_budget_cuts_equal_the_turn_engine(world, layout):
+  """Greedy, with a hook that gives text to some rows only, a policy that changes after two
+  turns, and a budget that cuts trajectories in the middle of a turn and at an observation while
+  others go on: token for token the turn engine's trajectories, with refilled slots."""
+  tok, backend, agent = world
+  rubric = [f"Rubric {t}: cite a document." for t in range(3)]
+
+  def hook(turn, rows, transcripts):
+    return [rubric[turn] if b % 2 == 0 else None for b in rows]
+
+  policies = {"searcher": agent.params(af.SEARCH, extra_starts=rubric),
+              "answerer": agent.params(af.ANSWER, extra_starts=rubric)}
+  pick = lambda t: "searcher" if t < 2 else "answerer"  # noqa: E731
+  prompt = len(make(world).prompt_ids(QUESTIONS[0]))
+  for extra in (45, 60, 200):  # cut mid-turn, cut at an observation, room for every turn
+    kw = dict(max_total_tokens=prompt + extra, max_obs_tokens=24)
+    turns = make(world, engine="turns", **kw)
+    turns.before_turn = hook
+    want, _ = turns.run(policies, QUESTIONS, jax.random.key(0), policy_for_turn=pick)
+    slots = make(world, engine="slots", **layout, **kw)
+    slots.before_turn = hook
+    got, _ = slots.run(policies, QUESTIONS, jax.random.key(0), policy_for_turn=pick)
+    assert_same_trajectories(got, want)
+    assert_consistent(got)
+    assert_turn_records(got, slots)
+    # 45: rows cut at their first or second observation; 60: a cut hook text ends a turn
+    assert want.answered.all() if extra == 200 else want.truncated.all()
+
+
 def test_refill_reuses_a_finished_trajectorys_slot(world):
   """Two slots for four sampled trajectories of 1 to 3 turns: a slot that frees up takes the
   next trajectory; every trajectory is token for token the one the engine samples with a slot
@@ -195,3 +225,20 @@ def test_the_trainer_rolls_out_with_the_slot_engine_by_default():
   assert rollout_config(config, greedy=True).engine == "slots"
   config.rollout.engine = "turns"
   assert rollout_config(config).engine == "turns"
+
+
+def test_model_programs_are_bounded_across_rollouts(world):
+  """Rollouts with other keys compact through other lane sizes and feed other row counts: the
+  programs that run the model stay a bounded set (decode: one per lane size on the ladder; feeds:
+  one per row bucket, at one width), whatever the schedule."""
+  from agentjax.sampling import slots as programs
+  tok, backend, agent = world
+  params = agent.params(af.SEARCH, af.ANSWER)
+  engine = make(world, sampling=SAMPLED, lanes=1, max_turns=4)
+  decode0 = programs._decode_slots._cache_size()
+  feed0 = programs._extend_tokens._cache_size()
+  for seed in range(3):
+    engine.run(params, QUESTIONS * 2, jax.random.key(10 + seed))
+  # lane sizes 8, 6, 4, 3, 2, 1; feeds of 1-8 rows in buckets 4 and 8, all at width 128
+  assert programs._decode_slots._cache_size() - decode0 <= 6
+  assert programs._extend_tokens._cache_size() - feed0 <= 2

@@ -136,6 +136,9 @@ class RolloutConfig:
       raise ValueError(f"rollout.engine must be one of {ENGINES}, got {self.engine!r}")
     if self.slots < 0:
       raise ValueError(f"rollout.slots must be >= 0 (0: one per trajectory), got {self.slots}")
+    if self.slots % self.lanes:
+      raise ValueError(f"rollout.slots={self.slots} must be a multiple of rollout.lanes="
+                       f"{self.lanes} (the lanes share the slots equally)")
     if not 0.0 < self.refill_fraction <= 1.0:
       raise ValueError(f"rollout.refill_fraction must be in (0, 1], got {self.refill_fraction}")
 
@@ -242,7 +245,7 @@ class _Book:
     self.actions: list[list[Action]] = [[] for _ in range(rows)]  # each row's parsed turns
     self.records: list[list[dict[str, Any]]] = [[] for _ in range(rows)]  # TurnRecord fields
     self.hook_texts = [""] * rows
-    self.search_queries, self.search_last_error = 0, None
+    self.search_queries, self.search_calls, self.search_last_error = 0, 0, None
 
   def hook(self, turn: int, rows: Sequence[int]) -> list[list[int]]:
     """before_turn's text for `rows` about to take `turn`, as ids cut to the budget (one list per
@@ -251,7 +254,11 @@ class _Book:
     inject: list[list[int]] = [[] for _ in rows]
     if engine.before_turn is None or not len(rows):
       return inject
-    texts = engine.before_turn(turn, list(rows), [self.transcripts[b] for b in rows])
+    rows = [int(b) for b in rows]
+    texts = list(engine.before_turn(turn, rows, [self.transcripts[b] for b in rows]))
+    if len(texts) != len(rows):
+      raise ValueError(f"before_turn returned {len(texts)} texts for the {len(rows)} rows it was "
+                       f"given (turn {turn}): one text or None per row")
     for i, (b, text) in enumerate(zip(rows, texts)):
       if text:
         inject[i] = engine.encode(text)[:max(0, self.budget - 1 - int(self.length[b]))]
@@ -296,6 +303,7 @@ class _Book:
       return out
     response = engine.search([q for _, q in searches])
     self.search_queries += len(searches)
+    self.search_calls += 1
     for (b, _), docs, error in zip(searches, response.documents, response.errors):
       if error is not None:
         self.search_failures[b] += 1
@@ -349,6 +357,7 @@ class _Book:
                 format_errors=float(self.format_errors.sum()),
                 search_failures=float(self.search_failures.sum()),
                 search_queries=float(self.search_queries),
+                search_calls=float(self.search_calls),
                 search_last_error=self.search_last_error,
                 truncated=float((self.truncated & ~self.answered).mean()))
 
@@ -459,7 +468,7 @@ class RolloutEngine:
     refill, search overlapped with decoding) runs it unless a subclass shapes the turn step
     (`_generate_turn`), which the turn-synchronous engine below keeps.
     """
-    if self.config.engine == "slots" and \
+    if self.config.engine == "slots" and len(questions) and \
         type(self)._generate_turn is RolloutEngine._generate_turn:
       from agentjax.agent.slots import SlotRollout
       return SlotRollout(self, params, policy_for_turn).run(questions, rng)

@@ -12,7 +12,8 @@ leaves the device idle while the retriever answers. Here instead:
     ─► feed observations (+ the next turn's hook text) into those rows only
     ─► a trajectory that ended is copied out and its slot takes the next waiting trajectory
   Mid-turn rows simply continue in the lane's next call; once the queue is empty, a lane whose
-  live slots fit in half of it is compacted to a power-of-two size.
+  live slots fit a smaller size of the ladder 1, 2, 3, 4, 6, 8, 12, ... (`lane_size`) moves them
+  into a lane of that size.
 
 Every trajectory of the call is sampled with the same parameters (on-policy per RL step);
 a trajectory's tokens are sampled with keys of (rng, trajectory, position)
@@ -44,7 +45,7 @@ from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories
 # Row-count buckets of the row-subset programs (extend_rows, copy_rows, store_rows): powers of
 # two from this size on, so a rollout compiles a few of them.
 MIN_ROWS = 4
-# The smallest lane tail compaction makes (a power of two).
+# The smallest lane tail compaction makes (on lane_size's ladder).
 MIN_LANE = 1
 
 
@@ -78,7 +79,6 @@ class _Lane:
     self.feeds: dict[int, list[tuple[list[int], int]]] = {}  # slot -> [(ids, turn)] to feed
     self.finishing: list[int] = []         # slots whose trajectory ends once fed
     self.pending = None                    # (active [n], DecodeCall) dispatched, not collected
-    self.dispatched_at = 0                 # event index of the pending call's dispatch
 
   @property
   def size(self) -> int:
@@ -262,7 +262,9 @@ class SlotRollout:
         continue
       slots = sorted(group)
       rows = _pow2(len(slots), MIN_ROWS)
-      width = bucket(max(sum(len(ids) for ids, _ in group[s]) for s in slots))
+      # At least an observation's width: one feed program serves nearly every call.
+      width = bucket(max(sum(len(ids) for ids, _ in group[s]) for s in slots),
+                     minimum=bucket(self.config.max_obs_tokens))
       tokens = np.zeros((rows, width), np.int32)
       turns = np.zeros((rows, width), np.int32)
       lengths = np.zeros(rows, np.int32)
@@ -283,7 +285,7 @@ class SlotRollout:
     size = lane_size(max(len(live), MIN_LANE))
     if not len(live) or size >= lane.size:
       return
-    rows = _padded(live, size, int(live[0]))
+    rows = _padded(live, size, lane.size)  # lane.size: padding, a free row
     lane.state, lane.progress = take_rows(lane.state, lane.progress, rows)
     keep = lambda a, fill: np.concatenate(  # noqa: E731
         [a[live], np.full(size - len(live), fill, a.dtype)])
@@ -293,8 +295,8 @@ class SlotRollout:
 
   def _dispatch(self, lane: _Lane) -> None:
     """Starts the lane's next decode call (asynchronously) over its live slots. With several
-    policies, the call decodes the rows whose turn uses the policy of the earliest such turn;
-    the others wait for a later call."""
+    policies, the call decodes the rows of the policy most of them are at (ties: the earliest
+    turn's); the others wait for a later call."""
     live = lane.live()
     if not len(live):
       return
@@ -303,8 +305,12 @@ class SlotRollout:
     if self.policy_for_turn is None:
       active[live] = True
     else:
-      name = self.policy_for_turn(turn)
-      active[live] = [self.policy_for_turn(int(t)) == name for t in lane.turn[live]]
+      names = [self.policy_for_turn(int(t)) for t in lane.turn[live]]
+      counts = collections.Counter(names)
+      name = max(counts, key=lambda n: (counts[n], -min(
+          int(t) for t, m in zip(lane.turn[live], names) if m == n)))
+      active[live] = [m == name for m in names]
+      turn = int(lane.turn[active].min())
     exit_after = max(1, math.ceil(self.config.refill_fraction * int(active.sum())))
     model, params = self.decoder(turn)
     lane.state, lane.progress, call = decode_slots(

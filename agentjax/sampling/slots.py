@@ -195,10 +195,12 @@ def _put(x: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
   return x.at[rows].set(values, mode="drop")
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
 def extend_rows(model: Qwen, params, state: DecodeState, rows: jax.Array, tokens: jax.Array,
                 lengths: jax.Array, turn: jax.Array) -> DecodeState:
   """`extend` of K listed rows only: the model runs on K x T tokens, not N x T.
+
+  Three programs: gather the K rows, extend them (the model's program: its shapes are K and T
+  only, so lanes of every size share it), scatter them back.
 
   Args:
     state: [N] rows (donated).
@@ -207,10 +209,28 @@ def extend_rows(model: Qwen, params, state: DecodeState, rows: jax.Array, tokens
     lengths: [K] int32 (clipped to the room left in the row's cache).
     turn: [K, T] int32 turn id recorded for each token.
   """
-  sub = jax.tree.map(lambda x: _take(x, rows), state.replace(rng=None))
-  sub = _extend(model, params, sub.replace(rng=state.rng), tokens, lengths, turn, None)
+  sub = _extend_tokens(model, params, _gather_rows(state, rows), tokens, lengths, turn)
+  return _scatter_rows(state, rows, sub)
+
+
+@jax.jit
+def _gather_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
+  """The K listed rows of a state (padding rows read a copy of the last row); its rng kept."""
+  return jax.tree.map(lambda x: _take(x, rows), state.replace(rng=None)).replace(rng=state.rng)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _scatter_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
+  """state rows[k] := sub row k (padding rows dropped); state's rng kept."""
   return jax.tree.map(lambda x, y: _put(x, rows, y), state.replace(rng=None),
                       sub.replace(rng=None)).replace(rng=state.rng)
+
+
+@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+def _extend_tokens(model: Qwen, params, state: DecodeState, tokens: jax.Array,
+                   lengths: jax.Array, turn: jax.Array) -> DecodeState:
+  """`extend` with a turn id per token ([B, T])."""
+  return _extend(model, params, state, tokens, lengths, turn, None)
 
 
 @functools.partial(jax.jit, donate_argnums=0)

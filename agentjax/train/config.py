@@ -266,6 +266,9 @@ def _validate_rl(config: Any) -> None:
     _fail("rollout.engine", _get(config, "rollout.engine"), f"must be one of {list(ENGINES)}")
   _non_negative(config, "rollout.slots")
   _positive(config, "rollout.lanes")
+  if _get(config, "rollout.slots") % _get(config, "rollout.lanes"):
+    _fail("rollout.slots", _get(config, "rollout.slots"),
+          f"must be a multiple of rollout.lanes={_get(config, 'rollout.lanes')}")
   if not 0.0 < _get(config, "rollout.refill_fraction") <= 1.0:
     _fail("rollout.refill_fraction", _get(config, "rollout.refill_fraction"),
           "must be in (0, 1]")
