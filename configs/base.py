@@ -105,7 +105,9 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rollout.engine = "slots"
   c.rollout.slots = 0                # decode slots (KV-cache rows); 0: one per trajectory
   c.rollout.lanes = 2                # slot groups alternating on the device (1: no overlap)
-  c.rollout.refill_fraction = 0.125  # a decode call returns once this share of its rows stopped
+  # A lane's decode call returns to the host once this share of its rows stopped: smaller leaves
+  # fewer rows idle within a call, but makes more (and smaller) decode and retriever calls.
+  c.rollout.refill_fraction = 0.125
 
   # ---- RL
   c.rl = ml_collections.ConfigDict()
