@@ -97,8 +97,8 @@ class SlotRollout:
     self.policy_for_turn = policy_for_turn
     self.pick, self.decoder = engine._policies(params, policy_for_turn)
     # (event, lane, detail) in order: ("refill", lane, [(slot, trajectory)]), ("decode", lane,
-    # (active rows, lane size)) at each dispatch, ("collect", lane, tokens sampled), ("search", lane, lanes
-    # whose decode call was in flight meanwhile), ("compact", lane, new size).
+    # (active rows, lane size)) at each dispatch, ("collect", lane, tokens sampled), ("search",
+    # lane, lanes whose decode call was in flight meanwhile), ("compact", lane, new size).
     self.trace: list[tuple[str, int, Any]] = []
     self.work = collections.Counter()
     self.timings = {"generate_s": 0.0, "search_s": 0.0, "extend_s": 0.0, "search_wait_s": 0.0}
