@@ -589,19 +589,6 @@ def bench_rollout() -> dict:
           "device": device_name()}
 
 
-class _SlowBackend:
-  """A SearchBackend that answers as `backend` after sleeping `latency_s` per call (a remote
-  retriever's round trip; the engine batches queries, so one sleep per batch)."""
-
-  def __init__(self, backend, latency_s: float):
-    self.backend, self.latency_s = backend, latency_s
-    self.stats = backend.stats
-
-  def search(self, queries, topk):
-    time.sleep(self.latency_s)
-    return self.backend.search(queries, topk)
-
-
 # The rollout metrics rollout_mix reports (per rollout, averaged over the timed ones).
 WORK = ("sampled_tokens", "decode_steps", "decode_row_steps", "decode_useful_row_steps",
         "prefill_tokens", "extend_tokens", "search_s", "search_wait_s", "search_queries",
@@ -639,7 +626,7 @@ def bench_rollout_mix() -> dict:
   questions, group = FLAGS.questions or 6, FLAGS.group_size or 8
   root = tempfile.mkdtemp(prefix="agentjax-bench-")
   tok = af.scripted_tokenizer(os.path.join(root, "tok"))
-  backend = _SlowBackend(make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(
+  backend = retrieval_fixtures.SlowBackend(make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(
       os.path.join(root, "corpus.jsonl")), index_dir=os.path.join(root, "index")),
       FLAGS.search_latency_ms / 1000)
   agent = af.ScriptedAgent(tok)

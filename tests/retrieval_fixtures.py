@@ -12,6 +12,7 @@ import math
 import re
 import socketserver
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -192,3 +193,17 @@ class _RawHandler(socketserver.StreamRequestHandler):
         self.server.release.wait(10)
     except OSError:  # the client gave up first
       pass
+
+
+class SlowBackend:
+  """A SearchBackend that answers as `backend` after sleeping `latency_s` per call (a remote
+  retriever's round trip; the engines batch queries, so one sleep per batch). `calls` counts them."""
+
+  def __init__(self, backend, latency_s: float):
+    self.backend, self.latency_s, self.calls = backend, latency_s, 0
+    self.stats = backend.stats
+
+  def search(self, queries, topk):
+    self.calls += 1
+    time.sleep(self.latency_s)
+    return self.backend.search(queries, topk)

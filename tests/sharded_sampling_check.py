@@ -81,7 +81,7 @@ def run_slots(cfg, params, prompts, eos, mesh=None):
 
   # Rows 5, 6, 7 get 1, 2, 3 more prompt tokens: 5 distinct greedy continuations.
   lane = feed(lane, [5, 6, 7], [1, 2, 3], -1)
-  progress = init_progress(N_SLOTS, table)
+  progress = init_progress(N_SLOTS, table, mesh=mesh)
   start = np.ones(N_SLOTS, bool)
   active = np.ones(N_SLOTS, bool)
   turn = np.zeros(N_SLOTS, np.int32)

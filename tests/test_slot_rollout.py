@@ -5,7 +5,6 @@ compaction. Shapes as tests/test_rollout.py (2 questions x 2, 1024-slot cache)."
 from __future__ import annotations
 
 import collections
-import time
 
 import jax
 import numpy as np
@@ -16,6 +15,7 @@ from agentjax.agent.slots import SlotRollout
 from agentjax.models.logprobs import sequence_logprobs
 from agentjax.sampling import SamplingParams
 from tests import agent_fixtures as af
+from tests import retrieval_fixtures
 from tests.test_rollout import QUESTIONS, assert_consistent, assert_turn_records
 
 SAMPLED = SamplingParams(temperature=1.0)
@@ -134,23 +134,11 @@ def test_refill_reuses_a_finished_trajectorys_slot(world):
   assert metrics["decode_useful_row_steps"] == h["loss_mask"].sum()
 
 
-class SlowBackend:
-  """A retriever that takes `delay` seconds per call and records what the engine did meanwhile."""
-
-  def __init__(self, inner, delay):
-    self.inner, self.delay, self.calls = inner, delay, 0
-
-  def search(self, queries, topk):
-    self.calls += 1
-    time.sleep(self.delay)
-    return self.inner.search(queries, topk)
-
-
 def test_slow_search_does_not_stall_the_other_lane(world):
   """Two lanes: while one lane's rows wait for a slow retriever, the other lane's decode call is
   in flight and samples tokens (it was dispatched before the search and is collected after)."""
   tok, backend, agent = world
-  slow = SlowBackend(backend, 0.05)
+  slow = retrieval_fixtures.SlowBackend(backend, 0.05)
   engine = make(world, backend=slow, lanes=2)
   runner = SlotRollout(engine, agent.params(af.SEARCH))
   batch, metrics = runner.run(QUESTIONS, jax.random.key(0))
@@ -235,10 +223,10 @@ def test_model_programs_are_bounded_across_rollouts(world):
   tok, backend, agent = world
   params = agent.params(af.SEARCH, af.ANSWER)
   engine = make(world, sampling=SAMPLED, lanes=1, max_turns=4)
-  decode0 = programs._decode_slots._cache_size()
+  decode0 = programs.decode_slots._cache_size()
   feed0 = programs._extend_tokens._cache_size()
   for seed in range(3):
     engine.run(params, QUESTIONS * 2, jax.random.key(10 + seed))
   # lane sizes 8, 6, 4, 3, 2, 1; feeds of 1-8 rows in buckets 4 and 8, all at width 128
-  assert programs._decode_slots._cache_size() - decode0 <= 6
+  assert programs.decode_slots._cache_size() - decode0 <= 6
   assert programs._extend_tokens._cache_size() - feed0 <= 2

@@ -49,10 +49,6 @@ MIN_ROWS = 4
 MIN_LANE = 1
 
 
-def _pow2(n: int, minimum: int = 1) -> int:
-  return bucket(n, minimum=minimum)
-
-
 def lane_size(n: int) -> int:
   """The smallest size >= n on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and
   3/4 of them): a compacted lane computes at most 4/3 of its live rows plus one (powers of two
@@ -100,7 +96,9 @@ class SlotRollout:
     # (active rows, lane size)) at each dispatch, ("collect", lane, tokens sampled), ("search",
     # lane, lanes whose decode call was in flight meanwhile), ("compact", lane, new size).
     self.trace: list[tuple[str, int, Any]] = []
-    self.work = collections.Counter()
+    self.work = collections.Counter(dict.fromkeys(
+        ("decode_steps", "decode_row_steps", "decode_useful_row_steps", "prefill_tokens",
+         "extend_tokens"), 0))
     self.timings = {"generate_s": 0.0, "search_s": 0.0, "extend_s": 0.0, "search_wait_s": 0.0}
 
   # ------------------------------------------------------------------ the loop
@@ -128,7 +126,8 @@ class SlotRollout:
     per_lane = math.ceil(slots / lanes)
     self.lanes = [_Lane(i, init_state(engine.cfg, per_lane, engine.cache_len, rng,
                                       mesh=engine.mesh),
-                        init_progress(per_lane, engine.stop_table)) for i in range(lanes)]
+                        init_progress(per_lane, engine.stop_table, mesh=engine.mesh))
+                  for i in range(lanes)]
     out = empty_trajectories(count, engine.cache_len)
     if engine.mesh is not None:
       axes = jax.tree.map(lambda _: jax.sharding.PartitionSpec("batch", "length"), out)
@@ -156,8 +155,6 @@ class SlotRollout:
                    search_overlapped=float(np.mean([bool(e[2]) for e in searches]))
                    if searches else 0.0,
                    **self.book.metrics())
-    for key in ("decode_steps", "decode_row_steps", "decode_useful_row_steps", "extend_tokens"):
-      metrics.setdefault(key, 0.0)
     return batch, metrics
 
   # ------------------------------------------------------------------ one lane's phases
@@ -219,7 +216,7 @@ class SlotRollout:
     self._feed(lane)
     if lane.finishing:
       slots = lane.finishing
-      size = _pow2(len(slots), MIN_ROWS)
+      size = bucket(len(slots), MIN_ROWS)
       self.out = store_rows(self.out, _padded(lane.traj[slots], size, len(self.group_ids)),
                             lane.state, _padded(slots, size, lane.size))
       lane.traj[slots] = -1
@@ -228,7 +225,7 @@ class SlotRollout:
     free = np.flatnonzero(lane.traj < 0)[:len(self.queue)]
     if len(free):
       trajs = [self.queue.popleft() for _ in free]
-      size = _pow2(len(free), MIN_ROWS)
+      size = bucket(len(free), MIN_ROWS)
       lane.state = copy_rows(lane.state, _padded(free, size, lane.size), self.prompts,
                              _padded(self.group_ids[trajs], size, 0))
       lane.traj[free], lane.turn[free], lane.starting[free] = trajs, 0, True
@@ -261,7 +258,7 @@ class SlotRollout:
       if not group:
         continue
       slots = sorted(group)
-      rows = _pow2(len(slots), MIN_ROWS)
+      rows = bucket(len(slots), MIN_ROWS)
       # At least an observation's width: one feed program serves nearly every call.
       width = bucket(max(sum(len(ids) for ids, _ in group[s]) for s in slots),
                      minimum=bucket(self.config.max_obs_tokens))

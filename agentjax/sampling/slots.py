@@ -25,8 +25,10 @@ import functools
 import flax
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 from agentjax.models.qwen.model import KVCache, Qwen
+from agentjax.parallel import logical_to_sharding
 from agentjax.sampling.sample import SamplingParams, sample_token_rows
 from agentjax.sampling.sampler import (RUNNING, STOP_BUDGET, STOP_MAX_NEW, DecodeState,
                                        _decode_step, _extend, _stop_rules, decode_layout)
@@ -43,11 +45,20 @@ class SlotProgress:
   reason: jax.Array   # [N] int32 STOP_* of the current turn (RUNNING while it goes on)
 
 
-def init_progress(slots: int, table: StopTable) -> SlotProgress:
-  """Progress of `slots` free slots: traj -1, turn 0, nothing sampled, reason RUNNING."""
-  return SlotProgress(traj=jnp.full((slots,), -1, jnp.int32), turn=jnp.zeros((slots,), jnp.int32),
-                      num_new=jnp.zeros((slots,), jnp.int32), window=table.empty_window(slots),
-                      reason=jnp.full((slots,), RUNNING, jnp.int32))
+def init_progress(slots: int, table: StopTable,
+                  mesh: jax.sharding.Mesh | None = None) -> SlotProgress:
+  """Progress of `slots` free slots: traj -1, turn 0, nothing sampled, reason RUNNING. With a
+  mesh, placed by the rules table like init_state's rows (batch over data and fsdp), so that a
+  decode call's progress comes back placed as it went in and every call runs one program."""
+  progress = SlotProgress(
+      traj=jnp.full((slots,), -1, jnp.int32), turn=jnp.zeros((slots,), jnp.int32),
+      num_new=jnp.zeros((slots,), jnp.int32), window=table.empty_window(slots),
+      reason=jnp.full((slots,), RUNNING, jnp.int32))
+  if mesh is None:
+    return progress
+  axes = SlotProgress(traj=P("batch"), turn=P("batch"), num_new=P("batch"),
+                      window=P("batch", None), reason=P("batch"))
+  return jax.device_put(progress, logical_to_sharding(axes, progress, mesh))
 
 
 @flax.struct.dataclass
@@ -62,22 +73,7 @@ class DecodeCall:
                           #   Rows not active in this call: all 0.
 
 
-def _row_sharding(state: DecodeState) -> jax.sharding.NamedSharding | None:
-  """The placement of the state's rows over a mesh ([N] arrays); None off a mesh."""
-  sharding = state.length.sharding
-  if not isinstance(sharding, jax.sharding.NamedSharding):
-    return None
-  return jax.sharding.NamedSharding(sharding.mesh, jax.sharding.PartitionSpec(*sharding.spec[:1]))
-
-
-def _place_rows(progress: SlotProgress, rows: jax.sharding.NamedSharding | None) -> SlotProgress:
-  """The progress placed like the state's rows (dimension 0 split as rows, the rest whole)."""
-  if rows is None:
-    return progress
-  return jax.tree.map(lambda x: jax.sharding.NamedSharding(rows.mesh, jax.sharding.PartitionSpec(
-      *rows.spec, *[None] * (x.ndim - 1))), progress)
-
-
+@functools.partial(jax.jit, static_argnums=(0, 8, 9), donate_argnums=(2, 3))
 def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress,
                  start: jax.Array, turn: jax.Array, traj: jax.Array, active: jax.Array,
                  sampling: SamplingParams, max_new: int,
@@ -85,10 +81,7 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
                  exit_after: jax.Array) -> tuple[DecodeState, SlotProgress, DecodeCall]:
   """Decodes the active slots until they all stopped or `exit_after` of them stopped.
 
-  On a mesh the progress is kept placed like the state's rows (the program pins its output
-  there, and a progress placed otherwise, as init_progress's, is moved there first): a later
-  call's inputs are then placed as the first call's, so one program serves every call, and the
-  donated progress is reused.
+  On a mesh, give it a progress placed like the state's rows (init_progress(mesh=...)).
 
   The step is `generate`'s (the same model step, stop rules and reasons, vocab-major logits),
   with two differences: a turn may span several calls (max_new counts the tokens of the turn,
@@ -112,21 +105,6 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
   Returns:
     (state, progress, DecodeCall).
   """
-  rows = _row_sharding(state)
-  if rows is not None:
-    progress = jax.device_put(progress, _place_rows(progress, rows))  # no-op when placed so
-  return _decode_slots(model, params, state, progress, start, turn, traj, active, sampling,
-                       max_new, stop, exit_after, rows)
-
-
-@functools.partial(jax.jit, static_argnums=(0, 8, 9, 12), donate_argnums=(2, 3))
-def _decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress,
-                  start: jax.Array, turn: jax.Array, traj: jax.Array, active: jax.Array,
-                  sampling: SamplingParams, max_new: int,
-                  stop: tuple[StopTable, jax.Array, jax.Array], exit_after: jax.Array,
-                  rows: jax.sharding.NamedSharding | None
-                  ) -> tuple[DecodeState, SlotProgress, DecodeCall]:
-  """decode_slots's program; `rows`: where the progress is placed (None: off a mesh)."""
   table, eos_ids, budget = stop
   model, params = decode_layout(model, params)
   n, s = state.tokens.shape
@@ -178,8 +156,6 @@ def _decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgres
   turn_tokens = jnp.take_along_axis(state.tokens, first[:, None] + offsets, axis=1, mode="fill",
                                     fill_value=0)
   turn_tokens = jnp.where(active[:, None] & (offsets < progress.num_new[:, None]), turn_tokens, 0)
-  if rows is not None:  # as the input: the next call reuses this program and these buffers
-    progress = jax.lax.with_sharding_constraint(progress, _place_rows(progress, rows))
   return state, progress, DecodeCall(
       steps=steps, sampled=jnp.sum(state.length - length0, dtype=jnp.int32),
       num_new=progress.num_new, reason=progress.reason, turn_tokens=turn_tokens)
