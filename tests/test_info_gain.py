@@ -115,7 +115,7 @@ def test_packed_mask_structure():
   valid = jnp.asarray([[True, True, True, False]])
   boundaries = jnp.asarray([[1, 3]])
   probe_valid = jnp.asarray([[[True, True], [True, False]]])
-  m = np.asarray(packed_mask(valid, boundaries, probe_valid))[0]
+  m = np.asarray(packed_mask(valid, boundaries, probe_valid).visible())[0]
   assert m.shape == (8, 8)
   assert not m[:4, 4:].any()                     # trajectory never sees probes
   np.testing.assert_array_equal(m[4, :4], [1, 0, 0, 0])   # probe 0 sees its 1-token prefix

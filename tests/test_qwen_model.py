@@ -80,7 +80,8 @@ def test_out_major_layout_matches_transformers(hf_checkpoint, name):
   if not cfg.tie_word_embeddings:
     assert converted["lm_head"].shape == (cfg.vocab_size, e)
   abstract = jax.eval_shape(lambda: Qwen(cfg, out_major=True).init(
-      jax.random.key(0), *[jnp.zeros((1, 1), jnp.int32)] * 2, jnp.ones((1, 1, 1), bool)))
+      jax.random.key(0), *[jnp.zeros((1, 1), jnp.int32)] * 2,
+      masks.causal_padding_mask(jnp.ones((1, 1), bool))))
   chex.assert_trees_all_equal_shapes(converted, nn.meta.unbox(abstract["params"]))
   ids = np.random.RandomState(5).randint(0, cfg.vocab_size, (2, 9))
   ref = hf_fixtures.hf_logits(hf_model, ids)

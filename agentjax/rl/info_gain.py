@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentjax.models import masks
+from agentjax.models.attention import AttentionMask
 from agentjax.models.logprobs import chunked_token_logprobs
 from agentjax.models.qwen.model import Qwen
 from agentjax.sampling.sampler import bucket
@@ -107,28 +109,32 @@ class PackedScores:
   info_gain: jax.Array       # [B, T] ig of turn k (0 where k >= num_turns - 1)
 
 
-def packed_mask(valid: jax.Array, boundaries: jax.Array, probe_valid: jax.Array) -> jax.Array:
-  """Attention mask of the packed sequence.
+def packed_mask(valid: jax.Array, boundaries: jax.Array, probe_valid: jax.Array) -> AttentionMask:
+  """Attention mask of the packed sequence [trajectory S slots | P probes of A slots].
+
+  The trajectory is segment 1 (padding 0); probe p is segment 2 + p, causal within itself, and
+  reads its trajectory's slots before its boundary through the context pair (AttentionMask).
 
   Args:
     valid: [B, S] bool, real trajectory tokens.
     boundaries: [B, P] int32, context end (exclusive) of each probe.
     probe_valid: [B, P, A] bool.
   Returns:
-    [B, S + P*A, S + P*A] bool.
+    an AttentionMask over S + P*A slots (mask.visible() is the [B, S+P*A, S+P*A] boolean).
   """
   b, s = valid.shape
   _, p, a = probe_valid.shape
-  traj = jnp.tril(jnp.ones((s, s), bool))[None] & valid[:, None, :]                 # [B, S, S]
-  top = jnp.concatenate([traj, jnp.zeros((b, s, p * a), bool)], axis=2)
-  context = (jnp.arange(s)[None, None, None, :] < boundaries[:, :, None, None]) \
-      & valid[:, None, None, :]
-  context = jnp.broadcast_to(context, (b, p, a, s))                                  # [B, P, A, S]
-  own = jnp.tril(jnp.ones((a, a), bool))[None, None] & probe_valid[:, :, None, :]   # [B, P, A, A]
-  same = jnp.eye(p, dtype=bool)[None, :, None, :, None]                             # [1, P, 1, P, 1]
-  probes = same & own[:, :, :, None, :]                                             # [B, P, A, P, A]
-  bottom = jnp.concatenate([context.reshape(b, p * a, s), probes.reshape(b, p * a, p * a)], axis=2)
-  return jnp.concatenate([top, bottom], axis=1)
+  probe_seg = jnp.broadcast_to(2 + jnp.arange(p, dtype=jnp.int32)[None, :, None], (b, p, a))
+  k_seg = jnp.concatenate([valid.astype(jnp.int32),
+                           jnp.where(probe_valid, probe_seg, 0).reshape(b, p * a)], axis=1)
+  q_seg = jnp.concatenate([jnp.ones((b, s), jnp.int32), probe_seg.reshape(b, p * a)], axis=1)
+  slots = jnp.broadcast_to(jnp.arange(s + p * a, dtype=jnp.int32), (b, s + p * a))
+  ctx_seg = jnp.concatenate([jnp.zeros((b, s), jnp.int32),
+                             jnp.ones((b, p * a), jnp.int32)], axis=1)
+  ctx_end = jnp.concatenate([jnp.zeros((b, s), jnp.int32),
+                             jnp.repeat(boundaries.astype(jnp.int32), a, axis=1)], axis=1)
+  return AttentionMask(q_segment=q_seg, q_slot=slots, k_segment=k_seg, k_slot=slots,
+                       q_context_segment=ctx_seg, q_context_end=ctx_end)
 
 
 def information_gain(values: jax.Array, num_turns: jax.Array) -> jax.Array:
@@ -203,7 +209,7 @@ def _score_prefix_batch(model: Qwen, params, seq, valid, score, alias_valid, *, 
   b, k, length = seq.shape
   flat, fvalid = seq.reshape(b * k, length), valid.reshape(b * k, length)
   positions = jnp.maximum(jnp.cumsum(fvalid, axis=-1) - 1, 0)
-  mask = jnp.tril(jnp.ones((length, length), bool))[None] & fvalid[:, None, :]
+  mask = masks.causal_padding_mask(fvalid)
   hidden, _ = model.apply({"params": params}, flat, positions, mask, return_hidden=True)
   prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
   logits_fn = functools.partial(model.apply, {"params": params}, method=Qwen.logits)

@@ -89,7 +89,10 @@ EXPORT_DIR = "hf_export"
 def load_model(config: Any, mesh: jax.sharding.Mesh) -> tuple[QwenConfig, Any, Any]:
   """(QwenConfig, params placed on `mesh` by the rules table, tokenizer) from config.model."""
   m = config.model
-  numerics = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy)
+  numerics = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy,
+                  # .get: configs recorded before these keys existed read the defaults
+                  attention=m.get("attention", "auto"),
+                  attention_block=m.get("attention_block", 512))
   tokenizer = load_tokenizer(os.path.expanduser(m.tokenizer_path or m.hf_path))
   if m.hf_path:
     cfg, params = load_hf(os.path.expanduser(m.hf_path), mesh=mesh, **numerics)

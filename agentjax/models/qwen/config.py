@@ -16,6 +16,8 @@ SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16")
 # Remat policies by name; see agentjax/models/qwen/model.py for what each saves.
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+# Attention implementations by name; see agentjax/models/attention.py.
+ATTENTION_IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "splash")
 
 
 class ConfigError(ValueError):
@@ -56,6 +58,10 @@ class QwenConfig:
   dtype: str = "float32"
   # Gradient checkpointing of each decoder layer: none | full | dots | dots_no_batch.
   remat_policy: str = "none"
+  # Attention implementation (agentjax/models/attention.py): auto | xla | blockwise | cudnn |
+  # splash, and the query/key block of the blockwise one (memory ~ block^2 per head, not L^2).
+  attention: str = "auto"
+  attention_block: int = 512
 
   def __post_init__(self):
     if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -76,6 +82,11 @@ class QwenConfig:
         raise ConfigError(f"{name} must be one of {DTYPES}, got {getattr(self, name)!r}")
     if self.remat_policy not in REMAT_POLICIES:
       raise ConfigError(f"remat_policy must be one of {REMAT_POLICIES}, got {self.remat_policy!r}")
+    if self.attention not in ATTENTION_IMPLEMENTATIONS:
+      raise ConfigError(f"attention must be one of {ATTENTION_IMPLEMENTATIONS}, "
+                        f"got {self.attention!r}")
+    if not isinstance(self.attention_block, int) or self.attention_block <= 0:
+      raise ConfigError(f"attention_block must be a positive integer, got {self.attention_block!r}")
 
   @property
   def num_groups(self) -> int:

@@ -25,7 +25,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from agentjax.models import attention as attention_lib
 from agentjax.models import lora as lora_lib
+from agentjax.models.attention import AttentionMask
 from agentjax.models.lora import INDEX_LEAF, LoraSpec, lora_delta
 from agentjax.models.qwen.config import QwenConfig
 from agentjax.parallel import constrain, logical_to_sharding
@@ -199,36 +201,6 @@ def _write_cache(buffer: Array, new: Array, index: Array, slot_axis: int) -> Arr
   return buffer.at[tuple(where)].set(new.astype(buffer.dtype), mode="drop")
 
 
-def _attend_with_prefix(qg: Array, scores: Array, values: Array,
-                        prefix: tuple[Array, Array, Array], dtype: Any) -> Array:
-  """Attention over a shared prefix's keys followed by each row's own (already masked) keys.
-
-  qg [B, N, M, D] queries; scores [B, N, M, S] their masked scores against the row's own keys;
-  values [B, N, S, D]; prefix (keys [1, N, D, P], values [1, N, P, D], visible [P] bool).
-  Returns [B, N, M, D]: softmax over the P + S keys, times their values.
-
-  The prefix is one batch-1 cache: its matmuls run per kv head n over all rows' queries at once,
-  [B * M, D] x [D, P], so the prefix is read once per call rather than once per row (the rows'
-  own caches hold only what follows it). One softmax in two parts: a shared max and sum.
-  """
-  b, n, m, d = qg.shape
-  p_keys, p_values, visible = prefix
-  q_n = jnp.swapaxes(qg, 0, 1)                                              # [N, B, M, D]
-  s_pre = jnp.einsum("nbmd,ndk->nbmk", q_n, p_keys[0].astype(dtype),
-                     preferred_element_type=_F32) * (d ** -0.5)             # [N, B, M, P]
-  s_pre = jnp.where(visible, s_pre, jnp.finfo(_F32).min)
-  top = jnp.maximum(jnp.swapaxes(jnp.max(s_pre, axis=-1), 0, 1), jnp.max(scores, axis=-1))
-  e_pre = jnp.exp(s_pre - jnp.swapaxes(top, 0, 1)[..., None])              # [N, B, M, P]
-  e_own = jnp.exp(scores - top[..., None])                                   # [B, N, M, S]
-  total = jnp.swapaxes(jnp.sum(e_pre, axis=-1), 0, 1) + jnp.sum(e_own, axis=-1)   # [B, N, M]
-  inv = (1.0 / total)[..., None]
-  out_pre = jnp.einsum("nbmk,nkd->nbmd", (e_pre * jnp.swapaxes(inv, 0, 1)).astype(dtype),
-                       p_values[0].astype(dtype), preferred_element_type=_F32)
-  out_own = jnp.einsum("bnmk,bnkd->bnmd", (e_own * inv).astype(dtype), values.astype(dtype),
-                       preferred_element_type=_F32)
-  return (jnp.swapaxes(out_pre, 0, 1) + out_own).astype(dtype)
-
-
 def _lora_for(lora: LoraSpec | None, name: str) -> LoraSpec | None:
   """The spec for projection `name`: the model's, if it is one of its targets."""
   return lora if lora is not None and name in lora.targets else None
@@ -240,12 +212,14 @@ class Attention(nn.Module):
   lora: LoraSpec | None = None
 
   @nn.compact
-  def __call__(self, x: Array, cos: Array, sin: Array, mask: Array,
+  def __call__(self, x: Array, cos: Array, sin: Array, mask: AttentionMask,
                kv: tuple[Array, Array] | None, cache_index: Array | None,
                prefix: tuple[Array, Array, Array] | None = None,
-               lora_index: Array | None = None):
-    """prefix: optional (keys [1, N, D, P], values [1, N, P, D], visible [P] bool), a cache
-    shared by every row and placed before each row's own keys (see Qwen.__call__)."""
+               lora_index: Array | None = None, kv_window: int | None = None):
+    """mask: what each query sees (models/attention.py; keys = this call's tokens, or the cache
+    slots). prefix: optional (keys [1, N, D, P], values [1, N, P, D], visible [P] bool), a cache
+    shared by every row and placed before each row's own keys (see Qwen.__call__). kv_window:
+    attend over the first kv_window cache slots only (the rest must be invisible)."""
     cfg = self.cfg
     dtype, pdtype = _dtype(cfg.dtype), _dtype(cfg.param_dtype)
     b, q_len, _ = x.shape
@@ -270,6 +244,11 @@ class Attention(nn.Module):
       keys = constrain(_write_cache(kv[0], k, cache_index, 3), KVCache.KEY_AXES)      # [B,N,D,S]
       values = constrain(_write_cache(kv[1], v, cache_index, 2), KVCache.VALUE_AXES)  # [B,N,S,D]
       new_kv = (keys, values)
+      if kv_window is not None and kv_window < keys.shape[3]:
+        # Decode reads only the live context: a static window of the first slots (the host
+        # picks it from a short ladder, so a handful of programs cover every length).
+        keys, values = keys[..., :kv_window], values[:, :, :kv_window]
+        mask = attention_lib.window(mask, kv_window)
     else:  # the cache layouts, over this call's tokens: keys [B, N, D, Q], values [B, N, Q, D]
       keys, values, new_kv = jnp.transpose(k, (0, 2, 3, 1)), jnp.swapaxes(v, 1, 2), None
 
@@ -277,15 +256,9 @@ class Attention(nn.Module):
     # matmul per (b, n), m = q * G + g. With the cache layouts this needs no transpose of the
     # cache (decode reads it once).
     qg = q.reshape(b, q_len, n, g, d).transpose(0, 2, 1, 3, 4).reshape(b, n, q_len * g, d)
-    scores = jnp.einsum("bnmd,bndk->bnmk", qg, keys.astype(dtype),
-                        preferred_element_type=_F32) * (d ** -0.5)
-    mask_m = jnp.repeat(mask, g, axis=1) if g > 1 else mask               # [B, Q*G, K]
-    scores = jnp.where(mask_m[:, None], scores, jnp.finfo(_F32).min)
-    if prefix is None:
-      probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-      out = jnp.einsum("bnmk,bnkd->bnmd", probs, values.astype(dtype))    # [B, N, Q*G, D]
-    else:
-      out = _attend_with_prefix(qg, scores, values, prefix, dtype)
+    out = attention_lib.attend(qg, keys, values, mask, dtype=dtype,
+                               implementation=cfg.attention, block=cfg.attention_block,
+                               prefix=prefix)                               # [B, N, Q*G, D]
     out = out.reshape(b, n, q_len, g, d).transpose(0, 2, 1, 3, 4).reshape(b, q_len, n * g, d)
     out = Linear((cfg.hidden_size,), ("heads", "head_dim", "embed"), in_dims=2, dtype=dtype,
                  param_dtype=pdtype, out_major=self.out_major,
@@ -321,12 +294,13 @@ class DecoderLayer(nn.Module):
   lora: LoraSpec | None = None
 
   @nn.compact
-  def __call__(self, x, cos, sin, mask, kv, cache_index, prefix=None, lora_index=None):
+  def __call__(self, x, cos, sin, mask, kv, cache_index, prefix=None, lora_index=None,
+               kv_window=None):
     cfg = self.cfg
     pdtype = _dtype(cfg.param_dtype)
     h, new_kv = Attention(cfg, self.out_major, self.lora, name="self_attn")(
         RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="input_layernorm")(x),
-        cos, sin, mask, kv, cache_index, prefix, lora_index)
+        cos, sin, mask, kv, cache_index, prefix, lora_index, kv_window)
     x = x + h
     x = x + MLP(cfg, self.out_major, self.lora, name="mlp")(
         RMSNorm(cfg.rms_norm_eps, "norm", pdtype, name="post_attention_layernorm")(x),
@@ -364,7 +338,9 @@ class Qwen(nn.Module):
           INDEX_LEAF, nn.with_logical_partitioning(lambda *_: jnp.int32(0), ()), ())
     layer_cls = DecoderLayer
     if cfg.remat_policy != "none":
-      layer_cls = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[cfg.remat_policy])
+      # kv_window (argument 9, counting the module) is a Python int: static.
+      layer_cls = nn.remat(DecoderLayer, policy=_REMAT_POLICIES[cfg.remat_policy],
+                           static_argnums=(9,))
     self.layers = [layer_cls(cfg, self.out_major, self.lora, name=f"layers_{i}")
                    for i in range(cfg.num_layers)]
     self.norm = RMSNorm(cfg.rms_norm_eps, "norm", pdtype)
@@ -377,16 +353,18 @@ class Qwen(nn.Module):
       self.lm_head = self.param("lm_head", _init(0.02, ("embed", "vocab")),
                                 (cfg.hidden_size, cfg.vocab_size), pdtype)
 
-  def __call__(self, tokens: Array, positions: Array, attention_mask: Array,
+  def __call__(self, tokens: Array, positions: Array, attention_mask: AttentionMask,
                cache: KVCache | None = None, cache_index: Array | None = None,
                return_hidden: bool = False, prefix: KVCache | None = None,
-               prefix_mask: Array | None = None) -> tuple[Array, KVCache | None]:
+               prefix_mask: Array | None = None,
+               kv_window: int | None = None) -> tuple[Array, KVCache | None]:
     """Runs the decoder.
 
     Args:
       tokens: [B, Q] int32 token ids.
       positions: [B, Q] int32 position ids (RoPE), explicit so that padding and packing are free.
-      attention_mask: [B, Q, K] bool; K = Q without a cache, K = cache length S with one.
+      attention_mask: an AttentionMask (agentjax/models/masks.py builds them): per-query [B, Q]
+        and per-key [B, K] segments and slots; K = Q without a cache, K = cache length S with one.
       cache: optional KVCache (keys [B, N, D, S], values [B, N, S, D]); this call's keys/values are written into it.
       cache_index: [B] int32, the slot where each row's first token of this call is written.
       return_hidden: return the final-norm hidden states [B, Q, E] instead of logits, so that a
@@ -395,12 +373,17 @@ class Qwen(nn.Module):
         every row: each query attends to its visible slots, then to its own K keys (a prompt
         prefix common to a batch, read once for all rows; `positions` must count it).
       prefix_mask: [P] bool, the prefix slots every query sees (required with `prefix`).
+      kv_window: with a cache, attend over its first kv_window slots only (static; every slot
+        a query sees must lie below it): decode reads the live context, not the whole budget.
     Returns:
       (logits [B, Q, V] float32, or hidden [B, Q, E]), and the updated cache (None without one).
     """
     cfg = self.cfg
     if cache is not None and cache_index is None:
       raise ValueError("cache_index [B] is required when a cache is given")
+    if not isinstance(attention_mask, AttentionMask):
+      raise TypeError("attention_mask must be an AttentionMask (agentjax/models/masks.py: "
+                      f"causal_padding_mask, cache_mask, ...), got {type(attention_mask).__name__}")
     if (prefix is None) != (prefix_mask is None):
       raise ValueError("prefix and prefix_mask [P] must be given together")
     # mode="clip": an out-of-range id (padding garbage) must not put NaN into the row, since
@@ -413,7 +396,7 @@ class Qwen(nn.Module):
       kv = None if cache is None else (cache.keys[i], cache.values[i])
       shared = None if prefix is None else (prefix.keys[i], prefix.values[i], prefix_mask)
       x, new_kv = layer(x, cos, sin, attention_mask, kv, cache_index, shared,
-                        self.lora_index if self.lora is not None else None)
+                        self.lora_index if self.lora is not None else None, kv_window)
       if new_kv is not None:
         keys.append(new_kv[0])
         values.append(new_kv[1])
@@ -481,7 +464,8 @@ def out_major_params(params: Any) -> Any:
 
 def _dummy_inputs():
   tokens = jnp.zeros((1, 1), jnp.int32)
-  return tokens, tokens, jnp.ones((1, 1, 1), bool)
+  one = jnp.ones((1, 1), jnp.int32)
+  return tokens, tokens, AttentionMask(q_segment=one, q_slot=tokens, k_segment=one, k_slot=tokens)
 
 
 def _abstract_boxed(cfg: QwenConfig, lora: LoraSpec | None = None):
