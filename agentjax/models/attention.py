@@ -14,10 +14,15 @@ segment of its own and reads its trajectory's slots before its boundary through 
 Implementations (`QwenConfig.attention`, config `model.attention`):
   xla        scores [B, N, M, K] with the mask materialized (the reference; small shapes, and
              decode, whose scores are [B, N, G, S] anyway)
-  blockwise  flash-style online softmax over key blocks in plain JAX, memory linear in L
-  cudnn      jax.nn.dot_product_attention(implementation="cudnn") on GPU where the mask allows
-  splash     the Pallas splash-attention kernels on TPU where the mask allows
-  auto       cudnn on GPU, splash on TPU, blockwise elsewhere; blockwise where a kernel can't
+  blockwise  flash-style online softmax over query and key blocks in plain JAX, the mask
+             computed per block, a custom_vjp that recomputes the blocks in the backward:
+             memory linear in Q and K, on every backend and every mask
+  cudnn      jax.nn.dot_product_attention(implementation="cudnn") on GPU, for masks of kind
+             "causal" in bf16/fp16 (AttentionMask.kind: a static promise the arrays can't give)
+  splash     the Pallas splash-attention kernel on TPU, for masks of kind "causal" or "packed"
+  auto       xla where the scores are small (Q = 1, or Q and K within one block), else cudnn on
+             GPU, splash on TPU, blockwise elsewhere; blockwise wherever a kernel can't
+             (choose_implementation is the table)
 
 Layouts (the model's, see models/qwen/model.py): queries grouped by KV head, qg [B, N, M, D]
 with M = Q * G (m = q * G + g); keys [B, N, D, K] (slots minor, as in the KV cache); values
@@ -27,6 +32,7 @@ with M = Q * G (m = q * G + g); keys [B, N, D, K] (slots minor, as in the KV cac
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any
 
 import flax
@@ -36,6 +42,7 @@ import numpy as np
 
 Array = jax.Array
 _F32 = jnp.float32
+_log = logging.getLogger(__name__)
 
 IMPLEMENTATIONS = ("auto", "xla", "blockwise", "cudnn", "splash")
 MASK_KINDS = ("general", "causal", "packed")
@@ -60,9 +67,10 @@ class AttentionMask:
   #   "general"  no promise (every mask works with xla and blockwise).
   #   "causal"   self-attention (Q = K, q_slot = k_slot = index in the row), no context pair,
   #              q_segment = 1, each row's real keys one contiguous run (left or right padding):
-  #              what causal_padding_mask builds.
+  #              causal_padding_mask's masks of such rows.
   #   "packed"   self-attention, no context pair, q_segment = k_segment (0 on padding), causal
-  #              within each segment: what packed_segments_mask builds.
+  #              within each segment: packed_segments_mask's masks.
+  # window() and any other change of the keys must reset it to "general".
   kind: str = flax.struct.field(pytree_node=False, default="general")
 
   @property
@@ -384,20 +392,17 @@ def blockwise_attention(qg: Array, keys: Array, values: Array, mask: AttentionMa
                         prefix: tuple[Array, Array, Array] | None = None) -> Array:
   """Flash-style attention, memory linear in Q and K. Same arguments and result as
   `xla_attention` ([B, N, M, D]), except on rows that see no key at all (padding queries): 0
-  here, the mean of all values there; both finite.
+  here (no gradient to anything), the mean of all values there; both finite.
 
   block: the query and key block length (tokens; clipped to the lengths). Q and K need not be
   multiples of it. With `prefix` the forward is the same online softmax with the prefix's keys
   as its first blocks; that path (sampling with a shared cache) is differentiated by plain
   autodiff through the scans, which saves per-block residuals: don't train through it.
   """
-  q_len, k_len = mask.q_slot.shape[1], keys.shape[3]
   if prefix is not None:
     return _blockwise_forward(qg, keys, values, mask, dtype, block, prefix)[0]
-  if q_len <= block and k_len <= block:
-    # One block: the materialized scores are block-sized anyway, and XLA's fused version of
-    # them is faster than one round of the online softmax and its recomputing backward.
-    return xla_attention(qg, keys, values, mask, dtype)
+  # One block (Q, K <= block) needs no special case: the scans run once, as fast as xla's
+  # program on CPU (launch/bench.py attention), and the backward saves no [M, K] probabilities.
   return _blockwise(qg, keys, values, mask, jnp.dtype(dtype), block)
 
 
@@ -427,7 +432,7 @@ def cudnn_attention(qg: Array, keys: Array, values: Array, mask: AttentionMask, 
   attention over each row's first `length` tokens (is_causal + sequence lengths: right padding).
   A left-padded row is rotated so that its real run starts at slot 0 and rotated back after:
   positions are already in the rotary embedding, so attention depends on the mask alone.
-  Padding queries' outputs are whatever cuDNN gives them (never used). -> [B, N, M, D].
+  Padding queries' outputs are 0 (as with blockwise). -> [B, N, M, D].
 
   implementation="xla" runs the same code through XLA (tests on CPU).
   """
@@ -447,7 +452,10 @@ def cudnn_attention(qg: Array, keys: Array, values: Array, mask: AttentionMask, 
   out = jax.nn.dot_product_attention(
       rotate(q, start), rotate(k, start), rotate(v, start), is_causal=True,
       query_seq_lengths=length, key_value_seq_lengths=length, implementation=implementation)
-  return _grouped(rotate(out, -start), n).astype(dtype)
+  # Padding queries get 0, whatever cuDNN left there: a NaN in their rows would become the next
+  # layer's padding values, and 0 * NaN reaches every row's output through P V.
+  out = jnp.where(real[:, :, None, None], rotate(out, -start), 0)
+  return _grouped(out, n).astype(dtype)
 
 
 @functools.lru_cache(maxsize=32)
@@ -538,7 +546,13 @@ def attend(qg: Array, keys: Array, values: Array, mask: AttentionMask, *, dtype:
                                  q_len=mask.q_slot.shape[1], k_len=keys.shape[3], block=block,
                                  dtype=dtype, kind=mask.kind, has_prefix=prefix is not None)
   if chosen == "cudnn":
-    return cudnn_attention(qg, keys, values, mask, dtype)
+    try:
+      return cudnn_attention(qg, keys, values, mask, dtype)
+    except (NotImplementedError, RuntimeError, ValueError) as e:
+      # cuDNN checks its own limits (version, head_dim, GPU generation) while tracing: a shape
+      # it refuses still trains, through blockwise.
+      _log.warning("cudnn attention unavailable (%s); using blockwise", e)
+      return blockwise_attention(qg, keys, values, mask, dtype, block, prefix)
   if chosen == "splash":
     return splash_attention(qg, keys, values, mask, dtype, block)
   if chosen == "blockwise":

@@ -66,10 +66,42 @@ def sequence_logprobs(model, params, tokens: jax.Array, valid: jax.Array, chunk:
 
   hidden, _ = model.apply({"params": params}, tokens, masks.positions_from_padding(valid),
                           masks.causal_padding_mask(valid), return_hidden=True)
-  prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
-  logits_fn = lambda h: model.apply({"params": params}, h, method=type(model).logits)  # noqa: E731
-  logp, ent = chunked_token_logprobs(logits_fn, prev, tokens, chunk=chunk, with_entropy=with_entropy)
   # A token has a predictor only if the slot before it is real.
   has_prev = jnp.concatenate([jnp.zeros_like(valid[:, :1]), valid[:, :-1]], axis=1) & valid
+  return _next_token_logprobs(model, params, hidden, tokens, has_prev, chunk, with_entropy)
+
+
+def packed_logprobs(model, params, tokens: jax.Array, positions: jax.Array,
+                    segment_ids: jax.Array, chunk: int = 256, with_entropy: bool = False
+                    ) -> tuple[jax.Array, jax.Array | None]:
+  """sequence_logprobs on packed rows (agentjax/train/packing.py): several trajectories per row.
+
+  Args:
+    model: as in sequence_logprobs.
+    tokens, positions, segment_ids: [R, W] int32; segment k of a row is one trajectory (its slots
+      contiguous, positions restarting at 0), 0 is padding. Attention stays within a segment.
+  Returns:
+    logprobs [R, W] (0 at each trajectory's first token and on padding), entropy [R, W] or None:
+    unpacked (PackIndex.unpack), exactly sequence_logprobs of the trajectories.
+  """
+  from agentjax.models import masks
+
+  segment_ids = segment_ids.astype(jnp.int32)
+  hidden, _ = model.apply({"params": params}, tokens, positions,
+                          masks.packed_segments_mask(segment_ids), return_hidden=True)
+  # The slot before a trajectory's first token belongs to another trajectory (or is padding).
+  same = (segment_ids[:, 1:] == segment_ids[:, :-1]) & (segment_ids[:, 1:] != 0)
+  has_prev = jnp.concatenate([jnp.zeros_like(same[:, :1]), same], axis=1)
+  return _next_token_logprobs(model, params, hidden, tokens, has_prev, chunk, with_entropy)
+
+
+def _next_token_logprobs(model, params, hidden: jax.Array, tokens: jax.Array,
+                         has_prev: jax.Array, chunk: int, with_entropy: bool
+                         ) -> tuple[jax.Array, jax.Array | None]:
+  """log p(tokens[:, j]) from hidden[:, j - 1] where has_prev [B, L] (0 elsewhere)."""
+  prev = jnp.concatenate([hidden[:, :1], hidden[:, :-1]], axis=1)
+  logits_fn = lambda h: model.apply({"params": params}, h, method=type(model).logits)  # noqa: E731
+  logp, ent = chunked_token_logprobs(logits_fn, prev, tokens, chunk=chunk,
+                                     with_entropy=with_entropy)
   logp = jnp.where(has_prev, logp, 0.0)
   return logp, (jnp.where(has_prev, ent, 0.0) if with_entropy else None)

@@ -23,7 +23,8 @@ def causal_padding_mask(valid: jax.Array) -> AttentionMask:
   """Causal mask restricted to real tokens.
 
   Args:
-    valid: [B, L] bool or 0/1, True on real tokens (left or right padding both work).
+    valid: [B, L] bool or 0/1, True on real tokens: one run per row (left or right padding both
+      work; the fused kernels rely on it, AttentionMask.kind "causal").
   Returns:
     the mask under which query i attends to key j iff j <= i and key j is real.
   """
@@ -31,7 +32,8 @@ def causal_padding_mask(valid: jax.Array) -> AttentionMask:
   slots = _slots(seg.shape)
   # Padding queries get segment 1 too: they see the real keys before them (their outputs are
   # never used, but stay finite, as with a boolean causal mask).
-  return AttentionMask(q_segment=jnp.ones_like(seg), q_slot=slots, k_segment=seg, k_slot=slots)
+  return AttentionMask(q_segment=jnp.ones_like(seg), q_slot=slots, k_segment=seg, k_slot=slots,
+                       kind="causal")
 
 
 def packed_segments_mask(segment_ids: jax.Array) -> AttentionMask:
@@ -42,7 +44,7 @@ def packed_segments_mask(segment_ids: jax.Array) -> AttentionMask:
   """
   seg = segment_ids.astype(jnp.int32)
   slots = _slots(seg.shape)
-  return AttentionMask(q_segment=seg, q_slot=slots, k_segment=seg, k_slot=slots)
+  return AttentionMask(q_segment=seg, q_slot=slots, k_segment=seg, k_slot=slots, kind="packed")
 
 
 def positions_from_padding(valid: jax.Array) -> jax.Array:

@@ -17,6 +17,10 @@ Probe p (boundary t, gold alias k) attends only to the trajectory slots before i
 its own earlier tokens, with position ids continuing from the boundary; trajectory tokens never
 attend to probes. The same pass yields the trajectory's per-token log-probs (the old or reference
 log-probs of PPO), so information gain costs little on top of what training computes anyway.
+
+Padding-free (score_packed_rows): each trajectory followed by the probes of its live boundaries
+only, several such items per row of train/packing.py; each trajectory and each probe a segment,
+a probe's context pair pointing at its trajectory's segment. The same numbers as score_packed.
 """
 
 from __future__ import annotations
@@ -154,6 +158,42 @@ def _probe_values(logp: jax.Array, probes_score: jax.Array, alias_valid: jax.Arr
   return jnp.max(value, axis=-1)
 
 
+def _probe_sequence(tokens: jax.Array, turn_ends: jax.Array, probe_tokens: jax.Array,
+                    probe_valid: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+  """The sequence [trajectory S slots | P = T*K probes of A slots] of each trajectory.
+
+  Returns seq [B, U] and positions [B, U] (U = S + P*A; probe positions continue from their
+  boundary), boundaries [B, P] (p = t*K + k) and the probes' valid [B, P, A]."""
+  b, s = tokens.shape
+  t = turn_ends.shape[1] - 1
+  _, k, a = probe_tokens.shape
+  p = t * k
+  boundaries = jnp.repeat(turn_ends[:, :t], k, axis=1)                        # [B, P], p = t*K + k
+  ptok = jnp.tile(probe_tokens, (1, t, 1))                                    # [B, P, A]
+  pval = jnp.tile(probe_valid, (1, t, 1))
+  seq = jnp.concatenate([tokens, ptok.reshape(b, p * a)], axis=1)             # [B, S + P*A]
+  positions = jnp.concatenate([
+      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s)),
+      (boundaries[:, :, None] + jnp.arange(a, dtype=jnp.int32)[None, None]).reshape(b, p * a)],
+      axis=1)
+  return seq, positions, boundaries, pval
+
+
+def _scores(logp: jax.Array, ent: jax.Array | None, valid: jax.Array, num_turns: jax.Array,
+            probe_score: jax.Array, alias_valid: jax.Array, t: int, mode: str) -> PackedScores:
+  """PackedScores from the per-slot log-probs (and entropies) [B, S + P*A] of _probe_sequence."""
+  b, s = valid.shape
+  _, k, a = probe_score.shape
+  first = jnp.arange(s)[None] > 0
+  token_logprobs = jnp.where(first & valid, logp[:, :s], 0.0)
+  token_entropy = (jnp.where(first & valid, ent[:, :s], 0.0) if ent is not None
+                   else jnp.zeros_like(token_logprobs))
+  values = _probe_values(logp[:, s:].reshape(b, t, k, a), probe_score, alias_valid, mode)
+  values = jax.lax.stop_gradient(jnp.where(jnp.arange(t)[None] < num_turns[:, None], values, 0.0))
+  return PackedScores(token_logprobs=token_logprobs, token_entropy=token_entropy, values=values,
+                      info_gain=information_gain(values, num_turns))
+
+
 @functools.partial(jax.jit, static_argnames=("model", "mode", "with_entropy", "chunk"))
 def score_packed(model: Qwen, params, tokens: jax.Array, valid: jax.Array, turn_ends: jax.Array,
                  num_turns: jax.Array, probe_tokens: jax.Array, probe_score: jax.Array,
@@ -172,14 +212,7 @@ def score_packed(model: Qwen, params, tokens: jax.Array, valid: jax.Array, turn_
   t = turn_ends.shape[1] - 1
   _, k, a = probe_tokens.shape
   p = t * k
-  boundaries = jnp.repeat(turn_ends[:, :t], k, axis=1)                        # [B, P], p = t*K + k
-  ptok = jnp.tile(probe_tokens, (1, t, 1))                                    # [B, P, A]
-  pval = jnp.tile(probe_valid, (1, t, 1))
-  seq = jnp.concatenate([tokens, ptok.reshape(b, p * a)], axis=1)             # [B, S + P*A]
-  positions = jnp.concatenate([
-      jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s)),
-      (boundaries[:, :, None] + jnp.arange(a, dtype=jnp.int32)[None, None]).reshape(b, p * a)],
-      axis=1)
+  seq, positions, boundaries, pval = _probe_sequence(tokens, turn_ends, probe_tokens, probe_valid)
   mask = packed_mask(valid, boundaries, pval)
   hidden, _ = model.apply({"params": params}, seq, positions, mask, return_hidden=True)
 
@@ -193,14 +226,122 @@ def score_packed(model: Qwen, params, tokens: jax.Array, valid: jax.Array, turn_
   prev = jnp.concatenate([traj_prev, probe_prev.reshape(b, p * a, -1)], axis=1)
   logits_fn = functools.partial(model.apply, {"params": params}, method=Qwen.logits)
   logp, ent = chunked_token_logprobs(logits_fn, prev, seq, chunk=chunk, with_entropy=with_entropy)
-  first = jnp.arange(s)[None] > 0
-  token_logprobs = jnp.where(first & valid, logp[:, :s], 0.0)
-  token_entropy = jnp.where(first & valid, ent[:, :s], 0.0) if with_entropy else jnp.zeros_like(token_logprobs)
+  return _scores(logp, ent, valid, num_turns, probe_score, alias_valid, t, mode)
 
-  values = _probe_values(logp[:, s:].reshape(b, t, k, a), probe_score, alias_valid, mode)
-  values = jax.lax.stop_gradient(jnp.where(jnp.arange(t)[None] < num_turns[:, None], values, 0.0))
-  return PackedScores(token_logprobs=token_logprobs, token_entropy=token_entropy, values=values,
-                      info_gain=information_gain(values, num_turns))
+
+# ---------------------------------------------------------------------------------------------
+# The same pass on packed rows (agentjax/train/packing.py): each trajectory followed by its own
+# probes, several trajectories per row.
+# ---------------------------------------------------------------------------------------------
+
+
+def probe_keep(valid: np.ndarray, num_turns: np.ndarray, num_boundaries: int,
+               probe_valid: np.ndarray) -> np.ndarray:
+  """The slots of the [B, S + T*K*A] probe sequence worth computing (host): the trajectory's
+  real tokens and the real tokens of the probes at boundaries t < num_turns (the others' values
+  are 0 anyway). Pass to packing.plan_packing.
+
+  Args:
+    valid: [B, S] bool, each row's real tokens a prefix (a ValueError otherwise).
+    num_turns: [B]; num_boundaries: T (turn_ends.shape[1] - 1); probe_valid: [B, K, A].
+  Returns:
+    keep [B, S + T*K*A] bool.
+  """
+  valid = np.asarray(valid, bool)
+  lengths = valid.sum(axis=1)
+  if not np.array_equal(valid, np.arange(valid.shape[1])[None] < lengths[:, None]):
+    raise ValueError("packed probes need each trajectory's real tokens to be a prefix of its row")
+  t = num_boundaries
+  live = np.arange(t)[None, :, None, None] < np.asarray(num_turns)[:, None, None, None]
+  probes = live & np.asarray(probe_valid, bool)[:, None]                    # [B, T, K, A]
+  return np.concatenate([valid, probes.reshape(valid.shape[0], -1)], axis=1)
+
+
+@flax.struct.dataclass
+class ProbeRows:
+  """The probe sequences packed into rows: what one forward over [R, W] needs.
+
+  tokens, positions [R, W] int32; mask: the AttentionMask (each trajectory and each of its probes
+  a segment of its own; a probe's context pair points at its trajectory's segment and ends at the
+  trajectory's offset + boundary); predictor [R, W] int32: the column of the row whose hidden
+  state predicts each slot's token (the slot itself where nothing does)."""
+
+  tokens: jax.Array
+  positions: jax.Array
+  mask: AttentionMask
+  predictor: jax.Array
+
+
+def probe_rows(index, tokens: jax.Array, valid: jax.Array, turn_ends: jax.Array,
+               probe_tokens: jax.Array, probe_valid: jax.Array) -> ProbeRows:
+  """Packs the probe sequences of score_packed with `index` (packing.PackIndex of
+  plan_packing(probe_keep(...))). Arguments as score_packed's."""
+  b, s = tokens.shape
+  t = turn_ends.shape[1] - 1
+  _, k, a = probe_tokens.shape
+  p = t * k
+  u = s + p * a
+  seq, positions, boundaries, pval = _probe_sequence(tokens, turn_ends, probe_tokens, probe_valid)
+  src = packed_mask(valid, boundaries, pval)  # the unpacked mask's per-slot arrays [B, U]
+  item = index.segment_ids                                                     # [R, W]
+  # Segment ids unique within a row: the trajectory in row place i (1-based) takes (i - 1)(P + 1)
+  # plus its unpacked ids (1: the trajectory, 2 + p: probe p).
+  base = jnp.where(item > 0, (item - 1) * (p + 1), 0)
+  shift = lambda x: jnp.where(x > 0, base + x, 0)  # noqa: E731
+  q_seg = shift(index.pack(src.q_segment))
+  k_seg = shift(index.pack(src.k_segment))
+  ctx_seg = shift(index.pack(src.q_context_segment))
+  # The trajectory's slot j sits at column offset + j (its real tokens are a prefix), so the
+  # context of a probe ends at offset + boundary in the packed row.
+  offset = index.pack(jnp.broadcast_to(index.offset[:, None], (b, u)))
+  ctx_end = jnp.where(ctx_seg > 0, offset + index.pack(src.q_context_end), 0)
+  cols = jnp.broadcast_to(jnp.arange(item.shape[1], dtype=jnp.int32), item.shape)
+  mask = AttentionMask(q_segment=q_seg, q_slot=cols, k_segment=k_seg, k_slot=cols,
+                       q_context_segment=ctx_seg, q_context_end=ctx_end)
+
+  # Predictors in the unpacked layout (as score_packed): slot j - 1 of the trajectory; for a
+  # probe's first token the last context slot before its boundary; else the previous probe slot.
+  traj_pred = jnp.broadcast_to(jnp.maximum(jnp.arange(s, dtype=jnp.int32) - 1, 0), (b, s))
+  probe_pred = s + jnp.arange(p * a, dtype=jnp.int32).reshape(p, a) - 1       # [P, A]
+  probe_pred = jnp.where(jnp.arange(a)[None, None] == 0,
+                         jnp.maximum(boundaries - 1, 0)[:, :, None], probe_pred[None])
+  pred = jnp.concatenate([traj_pred, probe_pred.reshape(b, p * a)], axis=1)    # [B, U]
+  pred_slot = index.pack(jnp.take_along_axis(index.slot, pred, axis=1), fill=-1)
+  w = item.shape[1]
+  predictor = jnp.where(pred_slot >= 0, pred_slot % w, cols)
+  return ProbeRows(tokens=index.pack(seq), positions=index.pack(positions), mask=mask,
+                   predictor=predictor)
+
+
+def rows_logprobs(model: Qwen, params, rows: ProbeRows, *, with_entropy: bool = False,
+                  chunk: int = 256) -> tuple[jax.Array, jax.Array | None]:
+  """The forward over packed probe rows: log p of each slot's token given its predictor.
+  -> logp [R, W], entropy [R, W] or None. Rows are independent: micro-batch over R freely."""
+  hidden, _ = model.apply({"params": params}, rows.tokens, rows.positions, rows.mask,
+                          return_hidden=True)
+  prev = jnp.take_along_axis(hidden, rows.predictor[..., None], axis=1)        # [R, W, E]
+  logits_fn = functools.partial(model.apply, {"params": params}, method=Qwen.logits)
+  return chunked_token_logprobs(logits_fn, prev, rows.tokens, chunk=chunk,
+                                with_entropy=with_entropy)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "mode", "with_entropy", "chunk"))
+def score_packed_rows(model: Qwen, params, index, tokens: jax.Array, valid: jax.Array,
+                      turn_ends: jax.Array, num_turns: jax.Array, probe_tokens: jax.Array,
+                      probe_score: jax.Array, probe_valid: jax.Array, alias_valid: jax.Array, *,
+                      mode: str = "log_prob", with_entropy: bool = False,
+                      chunk: int = 256) -> PackedScores:
+  """score_packed with the trajectories and their probes packed into rows (padding-free).
+
+  index: packing.PackIndex of plan_packing(probe_keep(valid, num_turns, T, probe_valid), ...),
+  planned on the host from the same arrays. Other arguments and the result ([B, ...] per
+  trajectory) as score_packed's: the same numbers, over R x W slots instead of B x (S + T*K*A).
+  """
+  t = turn_ends.shape[1] - 1
+  rows = probe_rows(index, tokens, valid, turn_ends, probe_tokens, probe_valid)
+  logp, ent = rows_logprobs(model, params, rows, with_entropy=with_entropy, chunk=chunk)
+  return _scores(index.unpack(logp), None if ent is None else index.unpack(ent), valid,
+                 num_turns, probe_score, alias_valid, t, mode)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "mode"))
