@@ -40,6 +40,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.model.param_dtype = "float32"
   c.model.dtype = "float32"
   c.model.remat_policy = "none"  # none | full | dots | dots_no_batch
+  # Attention (agentjax/models/attention.py): auto (cudnn on GPU, splash on TPU, blockwise
+  # elsewhere) | xla (materialized scores, quadratic memory) | blockwise | cudnn | splash;
+  # attention_block: the blockwise query/key block (its score memory ~ block^2 per head).
+  c.model.attention = "auto"
+  c.model.attention_block = 512
   # Shape changes to a preset trained from scratch (0 keeps the preset's; ignored with hf_path).
   c.model.shape = ml_collections.ConfigDict(dict(
       hidden_size=0, intermediate_size=0, num_layers=0, num_heads=0, num_kv_heads=0, head_dim=0))
@@ -113,6 +118,9 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rl = ml_collections.ConfigDict()
   c.rl.prompts_per_step = 8          # questions per step; B = prompts_per_step * group_size
   c.rl.minibatch_size = 16           # trajectories per PPO update
+  # Trajectories per device per forward/backward (scoring, updates, critic), like verl's
+  # ppo_micro_batch_size_per_gpu; one optimizer step per minibatch either way. 0: one pass.
+  c.rl.micro_batch_size = 0
   c.rl.ppo_epochs = 1
   c.rl.reward_metric = "f1"          # f1 | em
   c.rl.format_penalty = 0.0          # reward of a trajectory with a format error (IGPO: -2)

@@ -37,7 +37,7 @@ from agentjax.train.adapters import TrainTarget
 from agentjax.train.optim import make_schedule
 from agentjax.train.rl import (advantage_kwargs, compute_advantages, make_roles_update,
                                minibatches, policy_loss_config, score_batch, summarize, trim)
-from agentjax.train.step import StepOutput, schedule_args, updates_per_step
+from agentjax.train.step import StepOutput, micro_batch_rows, schedule_args, updates_per_step
 
 
 def _share(num: np.ndarray, den: np.ndarray) -> float:
@@ -89,21 +89,25 @@ class DacStep:
   adv_kwargs: Mapping[str, Any]
   target: TrainTarget
   role_schedules: Mapping[str, optax.Schedule]  # each role's learning rate (for logging)
+  micro_batch: int = 0  # trajectories per forward/backward over all devices (0: one pass)
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, agent: DacAgent,
             optimizer: optax.GradientTransformation, ref_params: Any, target: TrainTarget,
             ref_model: Any = None) -> "DacStep":
     # Dr.GRPO's constant normalizer: each role's own token budget.
+    micro = micro_batch_rows(config, mesh)
     update = make_roles_update(target.model, optimizer, {
         "searcher": policy_loss_config(config, config.rollout.max_total_tokens),
-        "generator": policy_loss_config(config, config.dac.generator_max_total_tokens)})
+        "generator": policy_loss_config(config, config.dac.generator_max_total_tokens)},
+        micro_batch=micro, grad_shardings=target.shardings(mesh) if micro else None)
     return cls(config=config, mesh=mesh, agent=agent, update=update, ref_params=ref_params,
                ref_model=ref_model, schedule=make_schedule(*schedule_args(config)),
                adv_kwargs=advantage_kwargs(config), target=target,
                role_schedules={role: make_schedule(rate, *schedule_args(config)[1:])
                                for role, rate in target.learning_rates(config.optimizer.lr).items()
-                               if role in ROLES})
+                               if role in ROLES},
+               micro_batch=micro)
 
   def rewards(self, out: DacBatch) -> tuple[np.ndarray, np.ndarray]:
     """(generator rewards [E * m], searcher rewards [E]) of a rollout (dac/rewards.py)."""
@@ -151,7 +155,8 @@ class DacStep:
       for role in ROLES:
         b = batches[role]
         scored[role] = score_batch(self.target.model, params[role], self.ref_params, b, None,
-                                   chunk=rl.chunk, ref_model=self.ref_model)
+                                   chunk=rl.chunk, ref_model=self.ref_model,
+                                   micro_batch=self.micro_batch)
         adv[role], _ = compute_advantages(config.algorithm, b, rewards[role], scored[role].ig,
                                           **self.adv_kwargs)
       jax.block_until_ready(adv)

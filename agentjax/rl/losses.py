@@ -16,6 +16,14 @@ Per token, with log-ratio d = clamp(logp - old_logp, -20, 20) and ratio rho = ex
   loss = pg + kl_coef * KL(logp, ref_logp) - entropy_coef * entropy
 
 aggregated by `aggregate_loss`. GSPO replaces rho by the sequence ratio (see `gspo_loss`).
+
+Micro-batches: every loss takes an optional `totals` (`loss_totals` of the WHOLE minibatch's
+mask). Given it, a loss over a micro-batch returns that micro-batch's share: the loss and every
+metric sum over the micro-batches to the whole minibatch's value, except MAX_METRICS (combined by
+max) and the critic's explained variance (`combine_micro_metrics` rebuilds it from moments). Each
+aggregation is a per-token weighted sum, sum(loss * w), with w built from the token's own row
+(its sequence's token count) and minibatch-wide counts (tokens, sequences, rows): that is what
+makes the shares exact.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ Array = jax.Array
 _F32 = jnp.float32
 
 POLICY_LOSSES: dict[str, Callable] = {}
+
+# Metrics whose micro-batch values combine by max (every other one is a share: they add up).
+MAX_METRICS = frozenset({"ratio_max"})
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
                 "seq-mean-token-sum-norm")
@@ -60,8 +71,45 @@ def get_policy_loss(name: str) -> Callable:
 # ---------------------------------------------------------------------------------------------
 
 
+def sequence_sum(x: Array, segment_ids: Array | None = None) -> Array:
+  """Per token, the sum of x [B, L] over the token's sequence: its row ([B, 1], broadcasting),
+  or with segment_ids [B, L] (several trajectories packed in a row; 0 = none, ids < L) the
+  tokens of its row with its id ([B, L])."""
+  if segment_ids is None:
+    return jnp.sum(x, axis=-1, keepdims=True)
+  b, length = x.shape
+  ids = (segment_ids + length * jnp.arange(b)[:, None]).reshape(-1)  # unique per (row, id)
+  sums = jax.ops.segment_sum(x.reshape(-1), ids, num_segments=b * length)
+  return sums[ids].reshape(b, length)
+
+
+def loss_totals(loss_mask: Array, segment_ids: Array | None = None) -> dict[str, Array]:
+  """The minibatch-wide counts the aggregations and the metrics divide by (float32 scalars).
+
+    tokens:    sampled tokens (token-mean, every masked mean)
+    sequences: sequences with at least one sampled token (seq-mean-*)
+    rows:      every sequence (Dr.GRPO's seq-mean-token-sum-norm counts B rows)
+
+  A sequence is a row, or with segment_ids [B, L] a nonzero id of a row (packed rows; `rows`
+  then counts the ids present). Computed once from the whole minibatch's loss_mask [B, L]
+  before it is cut into micro-batches, then passed to each micro-batch's loss as `totals`."""
+  mask = jnp.asarray(loss_mask).astype(bool)
+  if segment_ids is None:
+    n_tok = jnp.sum(mask, axis=-1).astype(_F32)  # [B]
+    return {"tokens": jnp.sum(n_tok), "sequences": jnp.sum(n_tok > 0).astype(_F32),
+            "rows": jnp.asarray(n_tok.shape[0], _F32)}
+  b, length = mask.shape
+  ids = (segment_ids + length * jnp.arange(b)[:, None]).reshape(-1)
+  real = (segment_ids > 0).reshape(-1)
+  count = lambda x: jax.ops.segment_sum(x.astype(_F32), ids, num_segments=b * length)  # noqa
+  return {"tokens": jnp.sum(mask).astype(_F32),
+          "sequences": jnp.sum(count(mask.reshape(-1) & real) > 0).astype(_F32),
+          "rows": jnp.sum(count(real) > 0).astype(_F32)}
+
+
 def aggregate_loss(loss_mat: Array, loss_mask: Array, mode: str = "token-mean",
-                   norm_length: int | None = None) -> Array:
+                   norm_length: int | None = None, totals: dict[str, Array] | None = None,
+                   segment_ids: Array | None = None) -> Array:
   """Reduce a per-token loss [B, L] to a scalar over the sampled tokens (verl's agg_loss).
 
     "token-mean":              sum(loss * mask) / sum(mask)
@@ -71,24 +119,48 @@ def aggregate_loss(loss_mat: Array, loss_mask: Array, mode: str = "token-mean",
                                normalizer (norm_length defaults to L; B counts every row)
 
   Sequences with no sampled token are left out of the seq-mean modes; an all-masked batch gives
-  0 rather than 0/0.
+  0 rather than 0/0. totals: `loss_totals` of a larger minibatch this [B, L] is a micro-batch
+  of; the result is then this micro-batch's share of the minibatch's loss (the shares add up).
+  segment_ids: [B, L] trajectory ids of packed rows (`loss_totals`); sequences are then those.
   """
   mask = jnp.asarray(loss_mask).astype(bool)
+  totals = loss_totals(mask, segment_ids) if totals is None else totals
   tok = jnp.where(mask, loss_mat, 0.0)
-  n_tok = jnp.sum(mask, axis=-1).astype(_F32)  # [B]
   if mode == "token-mean":
-    return jnp.sum(tok) / jnp.maximum(jnp.sum(n_tok), 1.0)
+    return jnp.sum(tok) / jnp.maximum(totals["tokens"], 1.0)
   if mode == "seq-mean-token-sum-norm":
     length = loss_mat.shape[-1] if norm_length is None else norm_length
-    return jnp.sum(tok) / (loss_mat.shape[0] * length)
+    return jnp.sum(tok) / (totals["rows"] * length)
+  n_seq = jnp.maximum(totals["sequences"], 1.0)
+  if segment_ids is not None:  # per token: its share of its own sequence's mean
+    if mode == "seq-mean-token-sum":
+      return jnp.sum(tok) / n_seq
+    if mode == "seq-mean-token-mean":
+      n_tok = sequence_sum(mask.astype(_F32), segment_ids)  # [B, L]
+      return jnp.sum(tok / jnp.maximum(n_tok, 1.0)) / n_seq
+  n_tok = jnp.sum(mask, axis=-1).astype(_F32)  # [B], this row's own count
   has = n_tok > 0
-  n_seq = jnp.maximum(jnp.sum(has).astype(_F32), 1.0)
   seq = jnp.sum(tok, axis=-1)
   if mode == "seq-mean-token-sum":
     return jnp.sum(jnp.where(has, seq, 0.0)) / n_seq
   if mode == "seq-mean-token-mean":
     return jnp.sum(jnp.where(has, seq / jnp.maximum(n_tok, 1.0), 0.0)) / n_seq
   raise ValueError(f"unknown aggregation {mode!r}; known: {AGGREGATIONS}")
+
+
+def combine_micro_metrics(metrics: dict[str, Array],
+                          totals: dict[str, Array] | None = None) -> dict[str, Array]:
+  """The whole minibatch's metrics from its micro-batches' ([n] per key, computed with the
+  minibatch's `totals`): shares summed, MAX_METRICS maxed; the critic's explained variance
+  from its moment shares (value_loss with totals; needs `totals` with "return_var")."""
+  out = {k: jnp.max(v, axis=0) if k in MAX_METRICS else jnp.sum(v, axis=0)
+         for k, v in metrics.items() if not k.startswith("critic/_")}
+  if "critic/_err_mean" in metrics:
+    err_mean = jnp.sum(metrics["critic/_err_mean"], axis=0)
+    var_err = jnp.maximum(jnp.sum(metrics["critic/_err_sq_mean"], axis=0)
+                          - jnp.square(err_mean), 0.0)
+    out["critic/explained_variance"] = _explained_variance(var_err, totals["return_var"])
+  return out
 
 
 def kl_penalty(logp: Array, ref_logp: Array, estimator: str = "low_var_kl") -> Array:
@@ -113,14 +185,24 @@ def kl_penalty(logp: Array, ref_logp: Array, estimator: str = "low_var_kl") -> A
   raise ValueError(f"unknown KL estimator {estimator!r}; known: {KL_ESTIMATORS}")
 
 
-def _masked_mean(x: Array, mask: Array) -> Array:
-  return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(jnp.sum(mask).astype(_F32), 1.0)
+def _masked_mean(x: Array, mask: Array, totals: dict[str, Array] | None = None) -> Array:
+  """Mean of x [B, L] over the masked slots (totals: a micro-batch's share of the minibatch's)."""
+  count = jnp.sum(mask).astype(_F32) if totals is None else totals["tokens"]
+  return jnp.sum(jnp.where(mask, x, 0.0)) / jnp.maximum(count, 1.0)
+
+
+def _explained_variance(var_err: Array, var_ret: Array) -> Array:
+  return jnp.where(var_ret > 0, 1.0 - var_err / jnp.where(var_ret > 0, var_ret, 1.0), 0.0)
 
 
 def _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy, *, clip_low,
                        clip_high, dual_clip, kl_coef, kl_estimator, entropy_coef, aggregation,
-                       norm_length):
+                       norm_length, totals, segment_ids):
   """Shared tail of PPO and GSPO once the per-token ratio [B, L] is known (masked slots: 1)."""
+  totals = loss_totals(mask, segment_ids) if totals is None else totals
+  agg = lambda x: aggregate_loss(x, mask, aggregation, norm_length, totals,  # noqa: E731
+                                 segment_ids)
+  mean = lambda x: _masked_mean(x, mask, totals)  # noqa: E731
   if dual_clip is not None and dual_clip <= 1.0:
     raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
   adv = jnp.where(mask, advantages.astype(_F32), 0.0)
@@ -134,26 +216,26 @@ def _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entrop
     dual = mask & (adv < 0) & (pg > pg3)
     pg = jnp.where(adv < 0, jnp.minimum(pg, pg3), pg)
   loss_mat = pg
-  metrics = {"pg_loss": aggregate_loss(pg, mask, aggregation, norm_length)}
+  metrics = {"pg_loss": agg(pg)}
   if ref_logp is not None:
     kl = kl_penalty(jnp.where(mask, logp, 0.0), jnp.where(mask, ref_logp, 0.0), kl_estimator)
     loss_mat = loss_mat + kl_coef * kl
-    metrics["kl"] = _masked_mean(kl, mask)
+    metrics["kl"] = mean(kl)
   elif not isinstance(kl_coef, jax.Array) and kl_coef != 0:
     raise ValueError("kl_coef is set but ref_logp was not given")
   if entropy is not None:
     ent = jnp.where(mask, entropy.astype(_F32), 0.0)
     loss_mat = loss_mat - entropy_coef * ent
-    metrics["entropy"] = _masked_mean(ent, mask)
+    metrics["entropy"] = mean(ent)
   elif not isinstance(entropy_coef, jax.Array) and entropy_coef != 0:
     raise ValueError("entropy_coef is set but entropy was not given")
-  loss = aggregate_loss(loss_mat, mask, aggregation, norm_length)
+  loss = agg(loss_mat)
   metrics.update({
-      "clip_fraction": _masked_mean(clipped, mask),
-      "dual_clip_fraction": _masked_mean(dual, mask),
+      "clip_fraction": mean(clipped),
+      "dual_clip_fraction": mean(dual),
       # k1 estimate of KL(pi_old || pi) on the sampled tokens: mean(old_logp - logp).
-      "approx_kl": _masked_mean(old_logp - logp, mask),
-      "ratio_mean": _masked_mean(ratio, mask),
+      "approx_kl": mean(old_logp - logp),
+      "ratio_mean": mean(ratio),
       "ratio_max": jnp.max(jnp.where(mask, ratio, 0.0)),
   })
   return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
@@ -176,8 +258,9 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
              ref_logp: Array | None = None, entropy: Array | None = None,
              clip_low: float = 0.2, clip_high: float = 0.2, dual_clip: float | None = None,
              kl_coef: float = 0.0, kl_estimator: str = "low_var_kl", entropy_coef: float = 0.0,
-             aggregation: str = "token-mean",
-             norm_length: int | None = None) -> tuple[Array, dict[str, Array]]:
+             aggregation: str = "token-mean", norm_length: int | None = None,
+             totals: dict[str, Array] | None = None,
+             segment_ids: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """PPO clipped surrogate with a per-token ratio exp(logp - old_logp).
 
   Args:
@@ -192,6 +275,10 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
     kl_coef, kl_estimator: see `kl_penalty`.
     entropy_coef: entropy bonus weight.
     aggregation, norm_length: see `aggregate_loss`.
+    totals: `loss_totals` of the minibatch this is a micro-batch of (None: of this batch); the
+      loss and metrics are then this micro-batch's shares (module docstring).
+    segment_ids: optional [B, L] trajectory ids of packed rows (0: none); the seq-mean
+      aggregations (and GSPO's ratio) then count trajectories, not rows (`loss_totals`).
   Returns:
     (loss scalar, metrics): pg_loss, clip_fraction (tokens where the clipped branch was taken),
     dual_clip_fraction, approx_kl = mean(old_logp - logp), ratio_mean, ratio_max, and kl /
@@ -203,7 +290,7 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
                             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length)
+                            norm_length=norm_length, totals=totals, segment_ids=segment_ids)
 
 
 @register_policy_loss("gspo")
@@ -211,8 +298,9 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
               ref_logp: Array | None = None, entropy: Array | None = None,
               clip_low: float = 3e-4, clip_high: float = 4e-4, dual_clip: float | None = None,
               kl_coef: float = 0.0, kl_estimator: str = "low_var_kl", entropy_coef: float = 0.0,
-              aggregation: str = "seq-mean-token-mean",
-              norm_length: int | None = None) -> tuple[Array, dict[str, Array]]:
+              aggregation: str = "seq-mean-token-mean", norm_length: int | None = None,
+              totals: dict[str, Array] | None = None,
+              segment_ids: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """GSPO: the PPO objective with a sequence-level ratio, in its "GSPO-token" form.
 
   The sequence ratio s_b = exp(mean over b's sampled tokens of (logp - old_logp)) is applied to
@@ -225,15 +313,15 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
   clip range is the GSPO paper's (3e-4, 4e-4). Arguments and metrics as in `ppo_loss`.
   """
   logp, old_logp, mask = _prepare(logp, old_logp, loss_mask)
-  n_tok = jnp.maximum(jnp.sum(mask, axis=-1, keepdims=True).astype(_F32), 1.0)
-  seq_log_ratio = jnp.sum(logp - old_logp, axis=-1, keepdims=True) / n_tok  # [B, 1]
+  n_tok = jnp.maximum(sequence_sum(mask.astype(_F32), segment_ids), 1.0)
+  seq_log_ratio = sequence_sum(logp - old_logp, segment_ids) / n_tok  # [B, 1] or [B, L]
   log_ratio = logp - jax.lax.stop_gradient(logp) + jax.lax.stop_gradient(seq_log_ratio)
   ratio = jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -20.0, 20.0)), 1.0)
   return _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy,
                             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length)
+                            norm_length=norm_length, totals=totals, segment_ids=segment_ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -241,9 +329,19 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
 # ---------------------------------------------------------------------------------------------
 
 
+def value_totals(returns: Array, mask: Array) -> dict[str, Array]:
+  """`loss_totals` of a critic minibatch plus the variance of its returns over the masked slots
+  ("return_var", for the explained variance of its micro-batches; the returns do not change
+  during the update)."""
+  mask = jnp.asarray(mask).astype(bool)
+  ret = jnp.where(mask, returns, 0.0).astype(_F32)
+  ret_mean = _masked_mean(ret, mask)
+  return dict(loss_totals(mask), return_var=_masked_mean(jnp.square(ret - ret_mean), mask))
+
+
 def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
-               value_clip: float | None = 0.2, aggregation: str = "token-mean"
-               ) -> tuple[Array, dict[str, Array]]:
+               value_clip: float | None = 0.2, aggregation: str = "token-mean",
+               totals: dict[str, Array] | None = None) -> tuple[Array, dict[str, Array]]:
   """The critic's clipped value loss (verl's compute_value_loss) over the masked slots.
 
     v_clip = old_v + clip(v - old_v, -value_clip, value_clip)
@@ -256,6 +354,9 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
     old_values: [B, N] its values when the batch was scored (the clip's anchor).
     returns: [B, N] the GAE returns (agentjax/rl/gae.py), the regression target.
     mask: [B, N] bool, the slots that count (sampled tokens, or turns).
+    totals: `value_totals` of the minibatch this is a micro-batch of: the loss and metrics are
+      then this micro-batch's shares, and the explained variance is replaced by the moment
+      shares "critic/_err_mean", "critic/_err_sq_mean" (`combine_micro_metrics` rebuilds it).
   Returns:
     (loss, {"critic/value_loss", "critic/value_clip_fraction", "critic/value_mean",
     "critic/return_mean", "critic/explained_variance"}) — explained variance 1 - Var(R - v) /
@@ -265,6 +366,7 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
   v = jnp.where(mask, values, 0.0).astype(_F32)
   old = jnp.where(mask, old_values, 0.0).astype(_F32)
   ret = jnp.where(mask, returns, 0.0).astype(_F32)
+  mean = lambda x: _masked_mean(x, mask, totals)  # noqa: E731
   unclipped = jnp.square(v - ret)
   if value_clip is None:
     per_slot, clipped_frac = 0.5 * unclipped, jnp.zeros((), _F32)
@@ -272,13 +374,15 @@ def value_loss(values: Array, old_values: Array, returns: Array, mask: Array, *,
     v_clip = old + jnp.clip(v - old, -value_clip, value_clip)
     clipped = jnp.square(v_clip - ret)
     per_slot = 0.5 * jnp.maximum(unclipped, clipped)
-    clipped_frac = _masked_mean((clipped > unclipped).astype(_F32), mask)
-  loss = aggregate_loss(per_slot, mask, aggregation)
-  ret_mean = _masked_mean(ret, mask)
-  var_ret = _masked_mean(jnp.square(ret - ret_mean), mask)
+    clipped_frac = mean((clipped > unclipped).astype(_F32))
+  loss = aggregate_loss(per_slot, mask, aggregation, totals=totals)
   err = ret - v
+  metrics = {"critic/value_loss": loss, "critic/value_clip_fraction": clipped_frac,
+             "critic/value_mean": mean(v), "critic/return_mean": mean(ret)}
+  if totals is not None:  # a micro-batch: the variance of the errors needs the whole minibatch
+    metrics.update({"critic/_err_mean": mean(err), "critic/_err_sq_mean": mean(jnp.square(err))})
+    return loss, metrics
+  var_ret = _masked_mean(jnp.square(ret - metrics["critic/return_mean"]), mask)
   var_err = _masked_mean(jnp.square(err - _masked_mean(err, mask)), mask)
-  explained = jnp.where(var_ret > 0, 1.0 - var_err / jnp.where(var_ret > 0, var_ret, 1.0), 0.0)
-  return loss, {"critic/value_loss": loss, "critic/value_clip_fraction": clipped_frac,
-                "critic/value_mean": _masked_mean(v, mask), "critic/return_mean": ret_mean,
-                "critic/explained_variance": explained}
+  metrics["critic/explained_variance"] = _explained_variance(var_err, var_ret)
+  return loss, metrics

@@ -16,7 +16,8 @@ from agentjax.agent.protocol import PROTOCOLS
 from agentjax.agent.rollout import ENGINES
 # One ConfigError for model and run configs (re-exported here), and the model's own lists of
 # what QwenConfig accepts, so validation passes exactly what will load.
-from agentjax.models.qwen.config import DTYPES, PRESETS, REMAT_POLICIES, ConfigError
+from agentjax.models.qwen.config import (ATTENTION_IMPLEMENTATIONS, DTYPES, PRESETS,
+                                         REMAT_POLICIES, ConfigError)
 from agentjax.judge.base import BUILTIN_JUDGES, JUDGES
 from agentjax.models.lora import ALL_TARGETS, DECODE_MODES, LoraSpec
 from agentjax.judge.controls import NOISE_MODES
@@ -127,6 +128,12 @@ def _validate_model(config: Any) -> None:
   if _get(config, "model.remat_policy") not in REMAT_POLICIES:
     _fail("model.remat_policy", _get(config, "model.remat_policy"),
           f"must be one of {list(REMAT_POLICIES)}")
+  if config.model.get("attention", "auto") not in ATTENTION_IMPLEMENTATIONS:
+    _fail("model.attention", config.model.get("attention"),
+          f"must be one of {list(ATTENTION_IMPLEMENTATIONS)}")
+  block = config.model.get("attention_block", 512)
+  if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
+    _fail("model.attention_block", block, "must be a positive integer")
   spec = lora_spec(config)
   if spec is not None:
     lora_rates(config)
@@ -281,6 +288,20 @@ def _validate_rl(config: Any) -> None:
   if mb > batch or batch % mb:
     _fail("rl.minibatch_size", mb, f"must divide the batch of prompts_per_step * group_size = "
           f"{batch} trajectories")
+  # Configs recorded before micro-batching read the one-pass default.
+  micro = config.rl.get("micro_batch_size", 0)
+  if isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
+    _fail("rl.micro_batch_size", micro, "must be an int >= 0 (0: the whole minibatch at once)")
+  shards = [_get(config, f"mesh.{dim}") for dim in ("data", "fsdp")]
+  if micro and -1 not in shards:  # with a -1 axis the device count is known at build time only
+    rows = micro * shards[0] * shards[1]
+    if mb % rows:
+      _fail("rl.micro_batch_size", micro, f"x the mesh's data x fsdp = {shards[0]} x "
+            f"{shards[1]} devices = {rows} trajectories per pass must divide "
+            f"rl.minibatch_size={mb}")
+  elif micro and mb % micro:
+    _fail("rl.micro_batch_size", micro, f"must divide rl.minibatch_size={mb} (with the mesh's "
+          f"data x fsdp devices: trajectories per device per pass)")
   new, obs, total = (_get(config, f"rollout.{k}") for k in
                      ("max_new_tokens", "max_obs_tokens", "max_total_tokens"))
   if new + obs >= total:

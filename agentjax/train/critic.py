@@ -39,8 +39,9 @@ from agentjax.models.qwen.value import (QwenValue, init_value_head, load_value_h
                                         value_params_from_policy, value_params_with_adapter,
                                         value_shardings)
 from agentjax.rl.advantages import CRITIC_ESTIMATORS
-from agentjax.rl.losses import value_loss
+from agentjax.rl.losses import value_loss, value_totals
 from agentjax.train.adapters import TrainTarget
+from agentjax.train.microbatch import accumulate, map_micro
 from agentjax.train.optim import make_guarded_step, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)
@@ -67,11 +68,18 @@ class Critic:
   value_coef: float
   aggregation: str
   warmup_steps: int            # RL steps in which only the critic trains
+  # Rows per forward/backward over all devices (microbatch.global_micro; 0: a whole batch at
+  # once) of values() and update(); grad_shardings: where update() accumulates the gradients.
+  micro_batch: int = 0
+  grad_shardings: Any = None
 
   @classmethod
-  def build(cls, config: Any, target: TrainTarget, updates_per_step: int) -> "Critic":
+  def build(cls, config: Any, target: TrainTarget, updates_per_step: int,
+            micro_batch: int = 0, mesh: jax.sharding.Mesh | None = None) -> "Critic":
     """The critic of `config` beside the policy `target` (its cfg and, with LoRA, its backbone).
-    updates_per_step: optimizer updates per RL step (the schedule counts updates)."""
+    updates_per_step: optimizer updates per RL step (the schedule counts updates).
+    micro_batch: rows per pass over all devices (0: whole batches); with a mesh, its updates
+    accumulate gradients in the trainable params' shardings."""
     c, p = config.critic, config.ppo
     spec = None
     if target.spec is not None and c.init == "policy":
@@ -81,11 +89,15 @@ class Critic:
     lr, warmup, total = c.lr, c.lr_warmup_steps * k, config.train.steps * k
     optimizer = make_optimizer(lr, warmup, total, c.weight_decay, c.clip_norm or None,
                                c.final_lr_ratio, config.optimizer.b2)
-    return cls(cfg=target.cfg, module=QwenValue(target.cfg, lora=spec), spec=spec,
-               backbone=target.backbone if spec is not None else None, optimizer=optimizer,
-               schedule=make_schedule(lr, warmup, total, c.final_lr_ratio),
-               value_clip=float(p.value_clip) or None, value_coef=float(p.value_coef),
-               aggregation=config.rl.aggregation, warmup_steps=int(c.warmup_steps))
+    critic = cls(cfg=target.cfg, module=QwenValue(target.cfg, lora=spec), spec=spec,
+                 backbone=target.backbone if spec is not None else None, optimizer=optimizer,
+                 schedule=make_schedule(lr, warmup, total, c.final_lr_ratio),
+                 value_clip=float(p.value_clip) or None, value_coef=float(p.value_coef),
+                 aggregation=config.rl.aggregation, warmup_steps=int(c.warmup_steps),
+                 micro_batch=micro_batch)
+    if micro_batch and mesh is not None:
+      critic.grad_shardings = critic.shardings(mesh)
+    return critic
 
   # ------------------------------------------------------------------ state
 
@@ -102,7 +114,9 @@ class Critic:
       return value_params_from_policy(self.cfg, policy_params, head_rng, mesh)
     cfg, params = load_value_hf(os.path.expanduser(init), mesh, rng=head_rng,
                                 param_dtype=self.cfg.param_dtype, dtype=self.cfg.dtype,
-                                remat_policy=self.cfg.remat_policy)
+                                remat_policy=self.cfg.remat_policy,
+                                attention=self.cfg.attention,
+                                attention_block=self.cfg.attention_block)
     if _shape(cfg) != _shape(self.cfg):
       from agentjax.train.config import ConfigError
       raise ConfigError(f"config.critic.init={init!r}: its model ({cfg.model_type}, hidden "
@@ -163,24 +177,36 @@ class Critic:
     return () if self.spec is None else (self.backbone,)
 
   def values(self, trainable: Any, tokens: jax.Array, valid: jax.Array) -> jax.Array:
-    """[B, L] values of the states in which each token is sampled (value.sequence_values)."""
+    """[B, L] values of the states in which each token is sampled (value.sequence_values), in
+    passes of micro_batch rows."""
     return self._values(trainable, tokens, valid, *self.frozen)
 
   @functools.cached_property
   def _values(self):
     def run(trainable, tokens, valid, *backbone):
-      return sequence_values(self.module, self.model_params(trainable, *backbone), tokens, valid)
+      params = self.model_params(trainable, *backbone)
+      return map_micro(lambda t, v: sequence_values(self.module, params, t, v), self.micro_batch,
+                       tokens, valid)
     return jax.jit(run)
 
   @functools.cached_property
   def _update(self):
-    def objective(trainable, mb, *backbone):
+    def objective(trainable, mb, *backbone, totals=None):
       v = sequence_values(self.module, self.model_params(trainable, *backbone), mb["tokens"],
                           mb["valid"])
       loss, metrics = value_loss(v, mb["old_values"], mb["returns"], mb["value_mask"],
-                                 value_clip=self.value_clip, aggregation=self.aggregation)
+                                 value_clip=self.value_clip, aggregation=self.aggregation,
+                                 totals=totals)
       return self.value_coef * loss, metrics
-    return make_guarded_step(objective, self.optimizer)
+    if not self.micro_batch:
+      return make_guarded_step(objective, self.optimizer)
+    # Micro-batches: gradients summed over slices of the minibatch, normalized by its totals.
+    partial = lambda trainable, mb, totals, *backbone: objective(  # noqa: E731
+        trainable, mb, *backbone, totals=totals)
+    totals = lambda mb: value_totals(mb["returns"], mb["value_mask"])  # noqa: E731
+    return make_guarded_step(accumulate(partial, totals, self.micro_batch,
+                                        grad_shardings=self.grad_shardings),
+                             self.optimizer, with_grad=True)
 
   def batch_metrics(self, old_values: jax.Array, returns: jax.Array, value_mask: jax.Array
                     ) -> dict[str, jax.Array]:
@@ -200,7 +226,8 @@ class Critic:
   def update(self, trainable: Any, opt_state: Any, minibatch: dict[str, jax.Array]
              ) -> tuple[Any, Any, dict[str, jax.Array]]:
     """One guarded AdamW step on the value loss of `minibatch` ([b, S] tokens, valid,
-    old_values, returns, value_mask). trainable and opt_state are donated."""
+    old_values, returns, value_mask), its gradient summed over micro-batches of micro_batch
+    rows when set. trainable and opt_state are donated."""
     return self._update(trainable, opt_state, minibatch, *self.frozen)
 
   # ------------------------------------------------------------------ export

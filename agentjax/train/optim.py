@@ -81,7 +81,7 @@ def all_finite(tree: Any) -> jax.Array:
 
 
 def make_guarded_step(loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Array]]],
-                      optimizer: optax.GradientTransformation):
+                      optimizer: optax.GradientTransformation, *, with_grad: bool = False):
   """A jitted `step(params, opt_state, batch, *frozen) -> (params, opt_state, metrics)`.
 
   loss_fn(params, batch, *frozen) -> (loss, metrics); `frozen` (e.g. a LoRA run's backbone) is
@@ -89,10 +89,13 @@ def make_guarded_step(loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Arra
   arguments). metrics gain loss, grad_norm (before clipping) and skipped (1 when the step was
   dropped because the loss, the gradients or the new parameters were not all finite; the new
   parameters are checked too: a finite gradient times a huge step can overflow).
+  with_grad: loss_fn already returns ((loss, metrics), grads), e.g. gradients accumulated over
+  micro-batches (agentjax/train/microbatch.accumulate).
   """
+  value_and_grad = loss_fn if with_grad else jax.value_and_grad(loss_fn, has_aux=True)
 
   def step(params, opt_state, batch, *frozen):
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch, *frozen)
+    (loss, metrics), grads = value_and_grad(params, batch, *frozen)
     updates, new_opt_state = optimizer.update(grads, opt_state, params)
     new_params = optax.apply_updates(params, updates)
     ok = jnp.isfinite(loss) & all_finite(grads) & all_finite(new_params)

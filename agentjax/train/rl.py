@@ -8,7 +8,9 @@
 
 Each piece is a pure function over arrays; the trainer (a later part of this folder) strings them
 together, logs, checkpoints and evaluates. The update skips a step whose loss or gradient is not
-finite and leaves params and optimizer state untouched.
+finite and leaves params and optimizer state untouched. With `micro_batch` (rl.micro_batch_size x
+the batch's devices) scoring and updates run that many rows per forward/backward, with the same
+results: the update sums the micro-batches' gradients and applies one step (microbatch.py).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from agentjax.models.qwen import Qwen
 from agentjax.parallel.host import to_host
 from agentjax.rl.advantages import CRITIC_ESTIMATORS, get_advantage_estimator
 from agentjax.rl.info_gain import Probes, score_packed
-from agentjax.rl.losses import get_policy_loss
+from agentjax.rl.losses import get_policy_loss, loss_totals
+from agentjax.train.microbatch import accumulate, map_micro
 from agentjax.train.optim import make_guarded_step
 
 
@@ -44,32 +47,43 @@ class ScoredBatch:
 
 def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: TrajectoryBatch,
                 probes: Probes | None, mode: str = "log_prob", chunk: int = 256,
-                ref_model: Qwen | None = None) -> ScoredBatch:
+                ref_model: Qwen | None = None, micro_batch: int = 0) -> ScoredBatch:
   """Step 3: the policy's log-probs and IGPO's probes in ONE packed pass; the reference's log-probs
   in a plain pass (no probes needed). Without probes (GRPO family) the policy pass is plain too.
 
   ref_model: the reference's module when it is not `model` (a LoRA run: the policy is
-  Qwen(cfg, lora=...), the reference the bare backbone Qwen(cfg) with the same arrays)."""
+  Qwen(cfg, lora=...), the reference the bare backbone Qwen(cfg) with the same arrays).
+  micro_batch: rows per forward over all devices (microbatch.global_micro; 0: the whole batch
+  at once); each pass is one program looping over the slices, the same numbers either way."""
   tokens, valid = batch.tokens, batch.valid
   num_turns = jnp.asarray(batch.num_turns)
   t = batch.turn_ends.shape[1] - 1
   if probes is not None:
-    packed = score_packed(model, params, tokens, valid, jnp.asarray(batch.turn_ends), num_turns,
-                          jnp.asarray(probes.tokens), jnp.asarray(probes.score),
-                          jnp.asarray(probes.valid), jnp.asarray(probes.alias_valid),
-                          mode=mode, chunk=chunk)
+    packed = _packed_scores(model, params, tokens, valid, jnp.asarray(batch.turn_ends), num_turns,
+                            jnp.asarray(probes.tokens), jnp.asarray(probes.score),
+                            jnp.asarray(probes.valid), jnp.asarray(probes.alias_valid),
+                            mode=mode, chunk=chunk, micro_batch=micro_batch)
     old, values, ig = packed.token_logprobs, packed.values, packed.info_gain
   else:
-    old = _plain_logprobs(model, params, tokens, valid, chunk)
+    old = _plain_logprobs(model, params, tokens, valid, chunk, micro_batch)
     values = ig = jnp.zeros((tokens.shape[0], t), jnp.float32)
-  ref = _plain_logprobs(ref_model or model, ref_params, tokens, valid, chunk) \
+  ref = _plain_logprobs(ref_model or model, ref_params, tokens, valid, chunk, micro_batch) \
       if ref_params is not None else jnp.zeros_like(old)
   return ScoredBatch(old_logp=old, ref_logp=ref, values=values, ig=ig)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 4))
-def _plain_logprobs(model, params, tokens, valid, chunk):
-  return sequence_logprobs(model, params, tokens, valid, chunk=chunk)[0]
+@functools.partial(jax.jit, static_argnums=(0, 4, 5))
+def _plain_logprobs(model, params, tokens, valid, chunk, micro_batch=0):
+  return map_micro(lambda t, v: sequence_logprobs(model, params, t, v, chunk=chunk)[0],
+                   micro_batch, tokens, valid)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "mode", "chunk", "micro_batch"))
+def _packed_scores(model, params, *rows, mode, chunk, micro_batch):
+  """score_packed over [B, ...] rows (tokens, valid, turn_ends, num_turns, probe arrays) in
+  slices of micro_batch rows; every output is per row."""
+  return map_micro(lambda *r: score_packed(model, params, *r, mode=mode, chunk=chunk),
+                   micro_batch, *rows)
 
 
 def trim(batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
@@ -165,23 +179,30 @@ def policy_loss_config(config: Any, norm_length: int | None = None) -> PolicyLos
 
 
 def _role_objective(model: Qwen, loss: PolicyLossConfig):
-  """loss(params, minibatch) -> (value, metrics) of the policy loss on one minibatch; `params`
-  are the model's (a LoRA model's with its adapter selected)."""
+  """loss(params, minibatch, totals=None) -> (value, metrics) of the policy loss on one
+  minibatch; `params` are the model's (a LoRA model's with its adapter selected). totals: the
+  losses.loss_totals of the minibatch `minibatch` is a micro-batch of (its share is returned)."""
   loss_fn = get_policy_loss(loss.name)
   kwargs = loss.as_kwargs()
   use_ref = kwargs.get("kl_coef", 0.0) > 0
 
-  def objective(params, mb):
+  def objective(params, mb, totals=None):
     logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
                                   with_entropy=loss.entropy)
     return loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
-                   ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, **kwargs)
+                   ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, totals=totals,
+                   **kwargs)
 
   return objective
 
 
+def _minibatch_totals(mb: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+  return loss_totals(mb["loss_mask"])
+
+
 def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
-                       loss: PolicyLossConfig = PolicyLossConfig(), policy: str | None = None):
+                       loss: PolicyLossConfig = PolicyLossConfig(), policy: str | None = None,
+                       micro_batch: int = 0, grad_shardings: Any = None):
   """Step 5: a jitted update on one minibatch (params and optimizer state donated).
 
   minibatch: dict of [b, S] arrays tokens, valid, loss_mask, old_logp, ref_logp, advantages.
@@ -192,21 +213,33 @@ def make_policy_update(model: Qwen, optimizer: optax.GradientTransformation,
   the adapters {name: tree} and the frozen backbone is an argument; the loss runs adapter
   `policy` (default: the first of model.lora.names). Gradients and optimizer state then exist
   for the adapters only.
+
+  micro_batch: rows per forward/backward over all devices (microbatch.global_micro; 0: the
+  whole minibatch in one pass). The gradients of the micro-batches are summed in float32 (in
+  grad_shardings, a tree of shardings like params, when given) and ONE guarded optimizer step is
+  applied; loss, metrics and gradients are those of the one-pass update (the loss's
+  normalizers are the whole minibatch's, rl/losses.loss_totals).
   """
   role_loss = _role_objective(model, loss)
   spec = model.lora
   active = None if spec is None else (policy or spec.policy)
 
-  def objective(params, mb, *backbone):
+  def objective(params, mb, *backbone, totals=None):
     if spec is not None:
       params = attach(frozen_backbone(backbone, "make_policy_update"), params, spec, active)
-    return role_loss(params, mb)
+    return role_loss(params, mb, totals)
 
-  return make_guarded_step(objective, optimizer)
+  if not micro_batch:
+    return make_guarded_step(objective, optimizer)
+  partial = lambda params, mb, totals, *backbone: objective(  # noqa: E731
+      params, mb, *backbone, totals=totals)
+  return make_guarded_step(accumulate(partial, _minibatch_totals, micro_batch,
+                                      grad_shardings=grad_shardings), optimizer, with_grad=True)
 
 
 def make_roles_update(model: Qwen, optimizer: optax.GradientTransformation,
-                      losses: Mapping[str, PolicyLossConfig]):
+                      losses: Mapping[str, PolicyLossConfig], micro_batch: int = 0,
+                      grad_shardings: Any = None):
   """One jitted update of several LoRA adapters, each on its own role's minibatch (DAC: the
   searcher's trajectories and the generator's answers):
 
@@ -216,13 +249,38 @@ def make_roles_update(model: Qwen, optimizer: optax.GradientTransformation,
   of the roles' losses, each with its adapter selected; the adapters share no parameter, so each
   gets exactly its own role's gradient (and, with optim.make_adapter_optimizer, its own AdamW).
   metrics: each role's as "<role>/<name>", plus the sum's loss, grad_norm and skipped (a
-  non-finite role skips the whole update)."""
+  non-finite role skips the whole update).
+
+  micro_batch, grad_shardings: as make_policy_update's; each role's minibatch is cut into its
+  own micro-batches of micro_batch rows (the roles' minibatches may differ in size), each
+  role's gradient accumulated over its own, and one step applied to the sum."""
   spec = model.lora
   roles = tuple(losses)
   if spec is None or any(r not in spec.names for r in roles):
     raise ValueError(f"make_roles_update needs a LoRA model with adapters {list(roles)}; got "
                      f"{None if spec is None else list(spec.names)}")
   role_losses = {role: _role_objective(model, loss) for role, loss in losses.items()}
+
+  if micro_batch:
+    def role_partial(role):
+      def partial(params, mb, totals, *backbone):
+        backbone = frozen_backbone(backbone, "make_roles_update")
+        return role_losses[role](attach(backbone, params, spec, role), mb, totals)
+      return accumulate(partial, _minibatch_totals, micro_batch, grad_shardings=grad_shardings)
+
+    role_grads = {role: role_partial(role) for role in roles}
+
+    def value_and_grad(params, mbs, *backbone):
+      total, metrics, grads = 0.0, {}, None
+      for role in roles:  # the adapters share no parameter: the sum's gradient is the sum
+        (value, m), g = role_grads[role](params, mbs[role], *backbone)
+        total = total + value
+        metrics.update({f"{role}/{k}": v for k, v in m.items()})
+        metrics[f"{role}/loss"] = value
+        grads = g if grads is None else jax.tree.map(jnp.add, grads, g)
+      return (total, metrics), grads
+
+    return make_guarded_step(value_and_grad, optimizer, with_grad=True)
 
   def objective(params, mbs, *backbone):
     backbone = frozen_backbone(backbone, "make_roles_update")

@@ -25,6 +25,7 @@ from agentjax.agent import RolloutEngine
 from agentjax.dac.rewards import evidence_set, sufficient
 from agentjax.judge import build_judge
 from agentjax.judge.stage import JudgePass
+from agentjax.models.qwen import param_shardings
 from agentjax.parallel import use_mesh
 from agentjax.parallel.host import to_host
 from agentjax.rl import build_probes, outcome_rewards
@@ -32,6 +33,7 @@ from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.critic import Critic, needs_critic
+from agentjax.train.microbatch import global_micro
 from agentjax.train.optim import make_schedule
 from agentjax.train.rl import (advantage_kwargs, compute_advantages, make_policy_update,
                                minibatches, policy_loss_config, summarize, score_batch, trim)
@@ -48,6 +50,20 @@ def updates_per_step(config: Any) -> int:
     return 1
   batch = config.rl.prompts_per_step * config.rollout.group_size
   return config.rl.ppo_epochs * (batch // config.rl.minibatch_size)
+
+
+def micro_batch_rows(config: Any, mesh: jax.sharding.Mesh) -> int:
+  """Trajectories per forward/backward over all of `mesh`'s devices: rl.micro_batch_size (per
+  device) x the data x fsdp devices the batch is sharded over; 0: whole minibatches at once.
+  A ConfigError naming rl.micro_batch_size unless it divides rl.minibatch_size."""
+  from agentjax.train.config import ConfigError
+  micro = config.rl.get("micro_batch_size", 0)  # configs recorded before the key: one pass
+  rows = global_micro(micro, mesh)
+  if rows and config.rl.minibatch_size % rows:
+    raise ConfigError(f"config.rl.micro_batch_size={micro!r}: x the mesh's data x fsdp devices "
+                      f"= {rows} trajectories per pass must divide "
+                      f"rl.minibatch_size={config.rl.minibatch_size}")
+  return rows
 
 
 def schedule_args(config: Any) -> tuple[float, int, int, float]:
@@ -96,6 +112,8 @@ class RLStep:
   rewards: Callable[..., tuple[np.ndarray, dict[str, float]]] | None = None
   # PPO's value model (algorithm ppo | ppo_turn | ppo_round; its state is state["critic"]).
   critic: Critic | None = None
+  # Trajectories per forward/backward over all devices (micro_batch_rows; 0: one pass).
+  micro_batch: int = 0
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
@@ -106,10 +124,15 @@ class RLStep:
     params are the model's). ref_model: the reference's module when it is not engine.model.
     rewards: a task's reward in place of the outcome reward (see the field)."""
     rl = config.rl
-    update = make_policy_update(engine.model, optimizer, policy_loss_config(config))
-    judge = build_judge(config.judge, mesh=mesh)
     target = target or TrainTarget(engine.cfg, None, None, None)
-    critic = Critic.build(config, target, updates_per_step(config)) \
+    micro = micro_batch_rows(config, mesh)
+    # Accumulated gradients live in the trainable params' shardings (LoRA: the adapters').
+    grad_shardings = (target.shardings(mesh) or param_shardings(engine.cfg, mesh)) \
+        if micro else None
+    update = make_policy_update(engine.model, optimizer, policy_loss_config(config),
+                                micro_batch=micro, grad_shardings=grad_shardings)
+    judge = build_judge(config.judge, mesh=mesh)
+    critic = Critic.build(config, target, updates_per_step(config), micro, mesh) \
         if needs_critic(config) else None
     return cls(config=config, mesh=mesh, engine=engine, update=update, ref_params=ref_params,
                schedule=make_schedule(*schedule_args(config)),  # the optimizer's, for logging
@@ -117,7 +140,8 @@ class RLStep:
                             or (critic is not None and config.ppo.ig_weight > 0)),
                adv_kwargs=advantage_kwargs(config),
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
-               target=target, ref_model=ref_model, rewards=rewards, critic=critic)
+               target=target, ref_model=ref_model, rewards=rewards, critic=critic,
+               micro_batch=micro)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -171,7 +195,8 @@ class RLStep:
         if self.with_probes else None
     with use_mesh(mesh):
       scored = score_batch(self.engine.model, policy, self.ref_params, batch, probes,
-                           mode=rl.ig_mode, chunk=rl.chunk, ref_model=self.ref_model)
+                           mode=rl.ig_mode, chunk=rl.chunk, ref_model=self.ref_model,
+                           micro_batch=self.micro_batch)
       critic_fields = {}
       if self.critic is not None:  # PPO: the critic's values of the states tokens are sampled in
         critic_fields["values"] = self.critic.values(state["critic"]["params"], batch.tokens,
