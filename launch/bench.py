@@ -5,8 +5,10 @@
     python launch/bench.py decode --batch=16 --length=256   # sampler vs transformers generate
     python launch/bench.py decode --preset=qwen2.5-1.5b --dtype=bfloat16 --batch=64 --no_reference  # GPU
     python launch/bench.py decode --lora_rank=32   # sampler: bare vs LoRA (merged / unmerged)
+    python launch/bench.py decode_window     # decode step: 4096- vs 512-token budget, windowed
     python launch/bench.py rollout_mix        # rollout engines: turn-synchronous vs slots
     python launch/bench.py rollout_mix --mix_model=qwen2.5-1.5b --dtype=bfloat16 --group_size=16
+    python launch/bench.py attention          # attention memory/time: blockwise vs xla
     python launch/bench.py rewards            # outcome rewards vs plain Python; format rule
     python launch/bench.py synthworld         # world generation: full vs quarter size
     python launch/bench.py sft_step           # make demo's SFT step: micro-batches vs whole batch
@@ -14,6 +16,8 @@
     python launch/bench.py train_step --lora_rank=32   # PPO update: LoRA vs full fine-tuning
     python launch/bench.py coreact            # Co-ReAct guided rollouts vs plain ReAct
     python launch/bench.py ppo_step           # PPO: scoring + update with the critic vs without
+    python launch/bench.py fit --config=configs/igpo.py:qwen2.5-7b --devices=8 --device_memory_gb=80
+                                              # compile-only memory per device (launch/fit.py)
 
 The last printed line is one JSON object. Figures are recorded in docs/BENCHMARKS.md.
 Timings are medians over several runs after a warm-up (compilation excluded and reported apart).
@@ -502,6 +506,91 @@ def bench_decode_lora() -> dict:
   return result
 
 
+def bench_decode_window() -> dict:
+  """Decode step time with a 4096-token cache budget over the same with a 512-token budget, for
+  the same ~300 live tokens (a --length prompt, default 256, and 32 new tokens; batch 16; the
+  --preset shape, random weights): `ratio` for the windowed engine (`generate` with the key
+  window sampling.kv_window_size picks for the rows' live context), `ratio_before` for the engine
+  that reads the whole cache (window None), in the same run. The goal is ratio <= 1.15.
+
+  One prefill (into the 512-slot cache, copied into the 4096-slot one with copy_rows), then each
+  round times `generate` of the new tokens from a copy of the prefilled state for the three
+  programs, in an order that rotates between rounds (this machine's speed drifts over minutes).
+  Steps are medians over --repeats rounds; greedy tokens must agree between the programs.
+  """
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from agentjax.compiles import CompileCounter
+  from agentjax.models.qwen import Qwen, QwenConfig, init_params
+  from agentjax.sampling import (SamplingParams, StopTable, copy_rows, decode_layout, extend,
+                                 generate, init_state, kv_window_arg, kv_window_size)
+
+  cfg = QwenConfig.preset(FLAGS.preset, dtype=FLAGS.dtype, param_dtype=FLAGS.dtype,
+                          eos_token_id=None)
+  b, prompt_len = FLAGS.batch or 16, FLAGS.length or 256
+  new = FLAGS.new_tokens if FLAGS["new_tokens"].present else 32
+  small, large = 512, 4096
+  ids = np.random.RandomState(0).randint(0, cfg.vocab_size, (b, prompt_len)).astype(np.int32)
+  params = init_params(cfg, jax.random.key(0))
+  model = Qwen(cfg)
+  greedy = SamplingParams(greedy=True)
+  rows = jnp.arange(b, dtype=jnp.int32)
+
+  start = time.perf_counter()
+  prefilled = {small: init_state(cfg, b, small, jax.random.key(0))}
+  prefilled[small] = jax.block_until_ready(extend(
+      model, params, prefilled[small], jnp.asarray(ids), jnp.full((b,), prompt_len, jnp.int32),
+      jnp.full((b,), -1, jnp.int32)))
+  prefill_s = time.perf_counter() - start
+  prefilled[large] = jax.block_until_ready(copy_rows(
+      init_state(cfg, b, large, jax.random.key(0)), rows, prefilled[small], rows))
+  decoder = jax.block_until_ready(decode_layout(model, params))
+  del params
+  end = prompt_len + new
+  # (budget, window): today's engine reads every slot of the budget; the windowed one reads
+  # kv_window_size(live context) slots (None at 512: that cache is already the window).
+  programs = {"small": (small, kv_window_size(end, small)),
+              "large": (large, kv_window_size(end, large)),
+              "large_before": (large, None)}
+
+  def decode(name):
+    budget, window = programs[name]
+    state = jax.block_until_ready(jax.tree.map(jnp.copy, prefilled[budget]))
+    stop = (StopTable.build([b""] * cfg.vocab_size, []), jnp.zeros((0,), jnp.int32),
+            jnp.int32(budget))
+    t0 = time.perf_counter()
+    state, gen = generate(*decoder, state, jnp.ones((b,), bool), jnp.zeros((b,), jnp.int32),
+                          stop, greedy, new, **kv_window_arg(window))
+    tokens = np.asarray(gen.new_tokens)
+    return (time.perf_counter() - t0) / new, tokens
+
+  counter = CompileCounter()
+  start = time.perf_counter()
+  tokens = {name: decode(name)[1] for name in programs}  # warm-up: compiles each program once
+  warm_s, compiles_warmup = time.perf_counter() - start, counter.count
+  agree = {name: float((tokens[name] == tokens["small"]).mean()) for name in programs}
+
+  counter = CompileCounter()
+  names, rounds = list(programs), []
+  for i in range(FLAGS.repeats):
+    rounds.append({name: decode(name)[0] for name in names[i % 3:] + names[:i % 3]})
+  med = {name: statistics.median(r[name] for r in rounds) for name in names}
+  return dict(
+      preset=FLAGS.preset, dtype=FLAGS.dtype, batch=b, prompt_len=prompt_len, new_tokens=new,
+      budgets=[small, large], window=programs["large"][1],
+      ratio=round(med["large"] / med["small"], 3),
+      ratio_before=round(med["large_before"] / med["small"], 3),
+      ratio_range=[round(min(r["large"] / r["small"] for r in rounds), 3),
+                   round(max(r["large"] / r["small"] for r in rounds), 3)],
+      ratio_before_range=[round(min(r["large_before"] / r["small"] for r in rounds), 3),
+                          round(max(r["large_before"] / r["small"] for r in rounds), 3)],
+      step_ms={name: round(1000 * med[name], 2) for name in names},
+      greedy_agree=agree, prefill_s=round(prefill_s, 1), compiles=counter.count,
+      compiles_warmup=compiles_warmup, warmup_s=round(warm_s, 1), device=device_name())
+
+
 def bench_rollout() -> dict:
   """A 4-turn search rollout against local BM25 vs one single-turn generation of the same number
   of sampled tokens: what multi-turn costs on top of generating (search, cache extension, host
@@ -682,6 +771,138 @@ def bench_rollout_mix() -> dict:
           "device": device_name()}
 
 
+def _packing_figures(batches: list, pack_tokens: int, max_turns: int, multiple: int = 128) -> dict:
+  """Padded vs packed computed tokens over `batches` of (lengths [B], num_turns [B], probe_valid
+  [B, K, A] from info_gain.build_probes).
+
+  Padded: each batch as train/rl.trim leaves it (every row as wide as the longest trajectory,
+  rounded up to `multiple`); packed: train/packing.plan_packing into rows of pack_tokens. The
+  same for IGPO's scoring layout (each row followed by max_turns probes of A slots each): padded
+  B x (S + T*K*A), packed (probes of turns past num_turns dropped) rows of pack_tokens + T*K*A."""
+  import numpy as np
+
+  from agentjax.rl.info_gain import probe_keep
+  from agentjax.train import packing
+
+  real = padded = packed = igpo_real = igpo_padded = igpo_packed = rows = traj = 0
+  for lengths, turns, probe_valid in batches:
+    lengths = np.asarray(lengths)
+    width = max(multiple, -(-int(lengths.max()) // multiple) * multiple)
+    valid = np.arange(width)[None] < lengths[:, None]
+    plan = packing.plan_packing(valid, pack_tokens)
+    real, padded, packed = real + plan.real_tokens, padded + valid.size, packed + plan.source.size
+    rows, traj = rows + plan.shape[0], traj + len(lengths)
+    keep = probe_keep(valid, np.asarray(turns), max_turns, probe_valid)
+    plan = packing.plan_packing(keep, pack_tokens + keep.shape[1] - width)
+    igpo_real += plan.real_tokens
+    igpo_padded, igpo_packed = igpo_padded + keep.size, igpo_packed + plan.source.size
+  all_lengths = np.concatenate([np.asarray(b[0]) for b in batches])
+  return {"padded_efficiency": round(real / padded, 3),
+          "packing_efficiency": round(real / packed, 3),
+          "ratio": round(padded / packed, 3),
+          "igpo_padded_efficiency": round(igpo_real / igpo_padded, 3),
+          "igpo_packing_efficiency": round(igpo_real / igpo_packed, 3),
+          "igpo_ratio": round(igpo_padded / igpo_packed, 3),
+          "pack_tokens": pack_tokens, "batches": len(batches),
+          "trajectories_per_batch": traj // len(batches),
+          "rows_per_batch": round(rows / len(batches), 2),
+          "length_p10_p50_p90_max": [int(x) for x in np.percentile(all_lengths, [10, 50, 90, 100])],
+          "mean_turns": round(float(np.mean(np.concatenate([b[1] for b in batches]))), 2),
+          "probe_width": int(batches[0][2].shape[-1])}
+
+
+def _packing_report(name: str, batches: list, budget: int, max_turns: int) -> dict:
+  """_packing_figures at pack_tokens = the rollout budget, and the packed figures at twice it
+  (more trajectories share a row: less left over at each row's end)."""
+  out = _packing_figures(batches, budget, max_turns)
+  wide = _packing_figures(batches, 2 * budget, max_turns)
+  out.update({f"{k}_2x": wide[k] for k in ("packing_efficiency", "ratio",
+                                           "igpo_packing_efficiency", "igpo_ratio")})
+  print(json.dumps({"distribution": name, **out}), flush=True)
+  return out
+
+
+def bench_packing() -> dict:
+  """packing_efficiency (real tokens / computed tokens) of padded vs packed batches (issue 30 §3)
+  on two length distributions; compute-free apart from the rollouts that produce the lengths.
+
+  demo: the demo's SFT demonstrations (SynthWorld, its BPE tokenizer, retrieval.topk 1, laid out
+  as rollouts: sft.tokenize_demo), batches of prompts_per_step x group_size = 64 drawn at random,
+  packed into rows of rollout.max_total_tokens = 512 (the demo budget). The trained demo policy
+  imitates these; an untrained one's rollouts differ.
+  rollout_mix: --repeats rollouts of bench rollout_mix's scripted mix (turns engine, --questions x
+  --group_size trajectories, turns of 12..64 tokens, 1..6 turns, observations up to 128 tokens),
+  packed into rows of its budget 2048. Each also at twice the budget (the *_2x figures). IGPO's
+  scoring layout (rl/info_gain.py probe_keep, one alias) too: igpo_*. Last line one JSON object
+  with {demo,rollout_mix}_{padded_efficiency,packing_efficiency,ratio} on top.
+  """
+  import tempfile
+
+  import jax
+  import numpy as np
+
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
+  from configs import base as base_config
+  from agentjax.agent import RolloutConfig, RolloutEngine
+  from agentjax.data.demo_world import build_demo_world
+  from agentjax.models.tokenizer import load_tokenizer
+  from agentjax.retrieval import make_backend
+  from agentjax.rl.info_gain import build_probes
+  from agentjax.sampling import SamplingParams
+  from agentjax.train.sft import tokenize_demos
+  from tests import agent_fixtures as af
+  from tests import retrieval_fixtures
+
+  demo_cfg = base_config.get_config("demo")
+  rng = np.random.default_rng(0)
+  report = {"bench": "packing"}
+  with tempfile.TemporaryDirectory() as tmp:
+    world = os.path.join(base_config.DEMO_ROOT, "synthworld")
+    if not os.path.isfile(os.path.join(world, "tokenizer", "tokenizer.json")):
+      world = os.path.join(tmp, "synthworld")
+      build_demo_world(world, topk=demo_cfg.retrieval.topk)
+    tok = load_tokenizer(os.path.join(world, "tokenizer"))
+    with open(os.path.join(world, "demos.jsonl")) as f:
+      demos = [json.loads(line) for line in f]
+    lengths = np.array([len(ids) for ids, _ in tokenize_demos(tok, demos)])
+    turns = np.array([sum(s["role"] == "assistant" for s in d["segments"]) for d in demos])
+    budget = demo_cfg.rollout.max_total_tokens
+    lengths = np.minimum(lengths, budget)
+    encode = lambda text, t=tok: t.encode(text, add_special_tokens=False)  # noqa: E731
+    probe_valid = build_probes(encode, [d["golden_answers"] for d in demos]).valid
+    size = demo_cfg.rl.prompts_per_step * demo_cfg.rollout.group_size
+    batches = [(lengths[i], turns[i], probe_valid[i]) for i in
+               (rng.choice(len(lengths), size, replace=False) for _ in range(50))]
+    report["demo"] = _packing_report("demo", batches, budget, demo_cfg.rollout.max_turns)
+
+    questions, group = FLAGS.questions or 6, FLAGS.group_size or 8
+    stok = af.scripted_tokenizer(os.path.join(tmp, "tok"))
+    backend = make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(
+        os.path.join(tmp, "corpus.jsonl")), index_dir=os.path.join(tmp, "index"))
+    cfg, params = af.mix_params(af.ScriptedAgent(stok))
+    names = [f"Who founded {retrieval_fixtures.NAMES[i % len(retrieval_fixtures.NAMES)]}?"
+             for i in range(questions)]
+    config = RolloutConfig(engine="turns", group_size=group, max_turns=6, max_new_tokens=64,
+                           max_obs_tokens=128, max_total_tokens=2048, topk=3,
+                           sampling=SamplingParams(temperature=1.0))
+    engine = RolloutEngine(cfg, stok, backend, config)
+    encode = lambda text: stok.encode(text, add_special_tokens=False)  # noqa: E731
+    golds = [retrieval_fixtures.FOUNDERS[i % len(retrieval_fixtures.FOUNDERS)]
+             for i in range(questions)]
+    probe_valid = build_probes(encode, golds).valid  # [questions, 1, A]
+    batches = []
+    for key in range(FLAGS.repeats):
+      batch, _ = engine.run(params, names, jax.random.key(key))
+      batches.append((np.asarray(batch.valid).sum(1), np.asarray(batch.num_turns),
+                      probe_valid[np.asarray(batch.group_ids)]))
+    report["rollout_mix"] = _packing_report("rollout_mix", batches, config.max_total_tokens,
+                                            config.max_turns)
+  for name in ("demo", "rollout_mix"):
+    report.update({f"{name}_{k}": report[name][k]
+                   for k in ("padded_efficiency", "packing_efficiency", "ratio")})
+  return report
+
+
 def bench_info_gain() -> dict:
   """IGPO's ground-truth probes: ONE packed pass vs the official one-pass-per-turn, and vs the
   plain forward that training runs anyway (trajectory log-probs only).
@@ -746,6 +967,105 @@ def bench_info_gain() -> dict:
           "naive_over_packed": headline["naive_over_packed"],
           "max_abs_diff": max(r["max_abs_diff"] for r in rows), "headline": headline,
           "device": device_name()}
+
+
+def bench_attention() -> dict:
+  """Attention memory and time: blockwise (flash-style, agentjax/models/attention.py) vs xla
+  (the materialized [B, N, Q*G, K] scores), forward + backward.
+
+  The bare attention function at 8 query heads over 4 kv heads (GQA 2), head_dim 64, batch 1,
+  float32, a causal mask, block 512 (QwenConfig.attention_block's default): temp memory from
+  `jax.jit(jax.grad(f)).lower(...).compile().memory_analysis()` at L = --length (default 2048)
+  and 2L, and the issue's probe, a 2-layer 8-head model (hidden 256, remat full, batch 1) on the
+  loss sequence_logprobs(...).sum(), at the same lengths. Time (median of 5+ rounds) at L = 512,
+  where blockwise runs one block (and, as time_ratio_512_block128, 4 x 4 blocks of 128), and at
+  L = 2048 (4 x 4 blocks of 512; blocks above the causal diagonal are skipped). max_rel_diff: outputs and gradients of the timed runs (L = 512 and
+  2048, block 512), over the largest magnitude. Goals: mem_ratio_2x (blockwise temp at 2L over
+  L) <= 2.2, time_ratio_512 <= 1.3.
+  """
+  import dataclasses
+
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from agentjax.models import attention, masks
+  from agentjax.models.logprobs import sequence_logprobs
+  from agentjax.models.qwen import Qwen, QwenConfig, init_params
+
+  n, g, d, block = 4, 2, 64, 512
+  length = FLAGS.length or 2048
+  rng = np.random.RandomState(0)
+
+  def inputs(l):
+    q, k, v, w = (jnp.asarray(rng.randn(*shape), jnp.float32)
+                  for shape in [(1, n, l * g, d), (1, n, d, l), (1, n, l, d), (1, n, l * g, d)])
+    return q, k, v, w, masks.causal_padding_mask(jnp.ones((1, l), bool))
+
+  def grad_fn(impl, block=block):
+    def loss(q, k, v, w, mask):
+      out = attention.attend(q, k, v, mask, dtype=jnp.float32, implementation=impl, block=block)
+      return jnp.sum(out * w), out
+    return jax.jit(jax.grad(loss, argnums=(0, 1, 2), has_aux=True))
+
+  def temp_mb(fn, *args):
+    return fn.lower(*args).compile().memory_analysis().temp_size_in_bytes / 1e6
+
+  impls = ("xla", "blockwise")
+  mem = {impl: {l: round(temp_mb(grad_fn(impl), *inputs(l)), 1) for l in (length, 2 * length)}
+         for impl in impls}
+  print(json.dumps({"memory_mb_attention": mem}), flush=True)
+
+  cfg = QwenConfig.preset("tiny", hidden_size=256, intermediate_size=768, num_heads=8,
+                          num_kv_heads=8, head_dim=32, num_layers=2, remat_policy="full",
+                          attention_block=block)
+  params = init_params(cfg, jax.random.key(0))
+  model_mem = {}
+  for impl in impls:
+    model = Qwen(dataclasses.replace(cfg, attention=impl))
+    loss = lambda p, t, v: sequence_logprobs(model, p, t, v)[0].sum()  # noqa: E731
+    model_mem[impl] = {l: round(temp_mb(jax.jit(jax.grad(loss)), params,
+                                        jnp.zeros((1, l), jnp.int32), jnp.ones((1, l), bool)), 1)
+                       for l in (length, 2 * length)}
+  print(json.dumps({"memory_mb_2_layer_model": model_mem}), flush=True)
+
+  times, diffs = {}, []
+  for l in (512, 2048):
+    args = inputs(l)
+    results = {impl: jax.block_until_ready(grad_fn(impl)(*args)) for impl in impls}  # compiles
+    (ref_grads, ref_out), (grads, out) = results["xla"], results["blockwise"]
+    diffs += [float(jnp.abs(a - b).max() / jnp.abs(b).max())
+              for a, b in zip((out, *grads), (ref_out, *ref_grads))]
+    # At 512 also blockwise with blocks of 128 (4 x 4 blocks, the causal skip at work).
+    fns = {impl: grad_fn(impl) for impl in impls}
+    if l == 512:
+      fns["blockwise_128"] = grad_fn("blockwise", 128)
+      jax.block_until_ready(fns["blockwise_128"](*args))
+    # Rounds rotate the order of the programs (this machine's speed drifts).
+    names, rounds = list(fns), []
+    for i in range(max(FLAGS.repeats, 5)):
+      rounds.append({})
+      for name in names[i % len(names):] + names[:i % len(names)]:
+        start = time.perf_counter()
+        jax.block_until_ready(fns[name](*args))
+        rounds[-1][name] = time.perf_counter() - start
+    for name in names:
+      times[(name, l)] = statistics.median(r[name] for r in rounds)
+    print(json.dumps({"length": l, **{f"{name}_s": round(times[(name, l)], 4)
+                                      for name in names}}), flush=True)
+
+  ratio = lambda table, key: round(table[key][2 * length] / table[key][length], 3)  # noqa: E731
+  return {"bench": "attention", "length": length, "block": block,
+          "memory_mb": mem, "model_memory_mb": model_mem,
+          "model_mem_ratio_2x": ratio(model_mem, "blockwise"),
+          "model_mem_ratio_2x_xla": ratio(model_mem, "xla"),
+          "time_ratio_2048": round(times[("blockwise", 2048)] / times[("xla", 2048)], 3),
+          "time_ratio_512_block128": round(times[("blockwise_128", 512)] / times[("xla", 512)],
+                                           3),
+          "device": device_name(),
+          "mem_ratio_2x": ratio(mem, "blockwise"), "mem_ratio_2x_xla": ratio(mem, "xla"),
+          "time_ratio_512": round(times[("blockwise", 512)] / times[("xla", 512)], 3),
+          "max_rel_diff": max(diffs)}
 
 
 def bench_rewards() -> dict:
@@ -845,7 +1165,8 @@ def bench_sft_step() -> dict:
         s.max_len)
   cfg = QwenConfig.preset(m.preset, vocab_size=-(-len(tokenizer) // 64) * 64,
                           **{k: v for k, v in m.shape.items() if v}, param_dtype=m.param_dtype,
-                          dtype=m.dtype, remat_policy=m.remat_policy)
+                          dtype=m.dtype, remat_policy=m.remat_policy,
+                          attention=m.get("attention", "auto"))
   order = sft._round_robin_batches(len(examples), s.batch_size, np.random.default_rng(0))
   chosen = [[examples[j] for j in next(order)] for _ in range(steps)]
   pad = tokenizer.pad_token_id or 0
@@ -1547,11 +1868,24 @@ def bench_ppo_step() -> dict:
       "ratio": round((base + med["score_critic"] + med["update_critic"]) / base, 3)}
 
 
+import fit  # noqa: E402  (launch/fit.py: defines the fit flags --config, --devices, ...)
+
+
+def bench_fit() -> dict:
+  """The fit check (launch/fit.py): the preset's programs compiled, never run, on --devices fake
+  CPU devices; memory per device against --device_memory_gb. Must run before jax is imported."""
+  fit.quiet_logs()
+  return fit.run_from_flags()
+
+
 BENCHES = {"forward": bench_forward, "decode": bench_decode, "rollout": bench_rollout,
+           "decode_window": bench_decode_window,
            "rollout_mix": bench_rollout_mix,
-           "info_gain": bench_info_gain, "rewards": bench_rewards, "synthworld": bench_synthworld,
+           "packing": bench_packing,
+           "info_gain": bench_info_gain, "attention": bench_attention, "rewards": bench_rewards, "synthworld": bench_synthworld,
            "sft_step": bench_sft_step, "judge": bench_judge, "train_step": bench_train_step,
-           "coreact": bench_coreact, "ppo_step": bench_ppo_step}
+           "coreact": bench_coreact, "ppo_step": bench_ppo_step,
+           "fit": bench_fit}
 
 
 def main(argv):

@@ -37,7 +37,7 @@ from agentjax.retrieval import Document, SearchBackend, SearchResponse
 from agentjax.retrieval.base import guarded_search
 from agentjax.sampling import (STOP_BUDGET, DecodeState, SamplingParams, StopTable, bucket,
                                decode_bytes, decode_layout, extend, generate, init_state,
-                               token_byte_table)
+                               kv_window_arg, kv_window_size, token_byte_table)
 from agentjax.sampling.eos import eos_token_ids
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
@@ -125,9 +125,16 @@ class RolloutConfig:
   slots: int = 0                 # decode slots (KV-cache rows) in all; 0: every trajectory
   lanes: int = 2                 # slot groups that take turns on the device (1: no overlap)
   refill_fraction: float = 0.125  # a lane's decode call returns once this share of it stopped
+  # Decode and feed calls attend over a window of the cache that covers their rows' live
+  # context: the smallest of kv_window_min * 2^k slots that does (sampling.kv_window_size; a
+  # few programs per call shape), not the whole max_total_tokens budget. 0: the whole cache.
+  kv_window_min: int = 256
 
   def __post_init__(self):
     get_protocol(self.protocol)
+    if self.kv_window_min < 0:
+      raise ValueError("rollout.kv_window_min must be >= 0 (0: no windows), got "
+                       f"{self.kv_window_min}")
     for name in ("group_size", "max_turns", "max_new_tokens", "max_obs_tokens",
                  "max_total_tokens", "topk", "lanes"):
       if getattr(self, name) < 1:
@@ -408,17 +415,25 @@ class RolloutEngine:
 
   # ------------------------------------------------------------------ device calls
 
+  def kv_window(self, end: int | None, cache_len: int) -> int | None:
+    """The key window of a call whose rows end at or below slot `end` (None: unknown, the
+    whole cache); see RolloutConfig.kv_window_min."""
+    return None if end is None else kv_window_size(end, cache_len, self.config.kv_window_min)
+
   def _feed(self, params, state, rows_ids: Sequence[Sequence[int]], turn: np.ndarray,
-            count: bool = False):
+            count: bool = False, end: int | None = None):
     """Feeds each row's ids (possibly none) through one `extend` call, shapes bucketed.
-    count: also return the tokens the call computes (rows x bucketed width)."""
+    count: also return the tokens the call computes (rows x bucketed width).
+    end: an upper bound of every fed row's length after the feed (host bookkeeping): the call
+      then attends over a window of the cache (`kv_window`); None: over all of it."""
     lengths = np.array([len(x) for x in rows_ids], np.int32)
     width = bucket(int(lengths.max()) if len(lengths) else 1)
     block = np.zeros((len(rows_ids), width), np.int32)
     for b, ids in enumerate(rows_ids):
       block[b, :len(ids)] = ids
     state = extend(self.model, params, state, jnp.asarray(block), jnp.asarray(lengths),
-                   jnp.asarray(turn, jnp.int32))
+                   jnp.asarray(turn, jnp.int32),
+                   **kv_window_arg(self.kv_window(end, state.tokens.shape[1])))
     return (state, block.size) if count else state
 
   def _generate_turn(self, policy: Any, decoder: tuple[Qwen, Any], state: DecodeState,
@@ -439,9 +454,16 @@ class RolloutEngine:
       stop: (StopTable, eos ids, budget) as `generate` takes it.
       rows: the host-side view of the rollout so far (TurnRows).
     """
-    del policy, rows
+    del policy
+    end = None
+    if type(self)._generate_turn is RolloutEngine._generate_turn and active.any():
+      # rows.length is each row's context as the device holds it (nothing was fed since): a
+      # turn ends at most max_new tokens later. A subclass that shapes the step may have fed
+      # more (a rubric suffix) and calls this with the same rows: it reads the whole cache.
+      end = int(rows.length[active].max()) + self.config.max_new_tokens
     state, gen = generate(*decoder, state, jnp.asarray(active), jnp.asarray(turn_arr), stop,
-                          self.config.sampling, self.config.max_new_tokens)
+                          self.config.sampling, self.config.max_new_tokens,
+                          **kv_window_arg(self.kv_window(end, state.tokens.shape[1])))
     new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
     return GeneratedTurn(state=state, new_tokens=new_tokens, num_new=num_new, reason=reason)
 
@@ -518,7 +540,8 @@ class RolloutEngine:
     t0 = time.perf_counter()
     state = init_state(self.cfg, rows, self.cache_len, rng, mesh=self.mesh)
     state, work["prefill_tokens"] = self._feed(pick(0), state, [prompts[g] for g in group_ids],
-                                               np.full(rows, -1), count=True)
+                                               np.full(rows, -1), count=True,
+                                               end=int(book.length.max()))
     jax.block_until_ready(state.length)
     timings["extend_s"] += time.perf_counter() - t0
     sampled_tokens = 0
@@ -536,7 +559,9 @@ class RolloutEngine:
         inject[b] = ids
       if any(inject):
         t0 = time.perf_counter()
-        state, fed = self._feed(policy, state, inject, turn_arr, count=True)
+        # book.length counts the hook text already (as it counts the observations below).
+        state, fed = self._feed(policy, state, inject, turn_arr, count=True,
+                                end=int(book.length.max()))
         work["extend_tokens"] += fed
         timings["extend_s"] += time.perf_counter() - t0
 
@@ -573,7 +598,8 @@ class RolloutEngine:
 
       if any(observations[b] for b in active_rows):
         t0 = time.perf_counter()
-        state, fed = self._feed(policy, state, observations, turn_arr, count=True)
+        state, fed = self._feed(policy, state, observations, turn_arr, count=True,
+                                end=int(book.length.max()))
         work["extend_tokens"] += fed
         jax.block_until_ready(state.length)
         timings["extend_s"] += time.perf_counter() - t0

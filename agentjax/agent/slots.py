@@ -15,6 +15,12 @@ leaves the device idle while the retriever answers. Here instead:
   live slots fit a smaller size of the ladder 1, 2, 3, 4, 6, 8, 12, ... (`lane_size`) moves them
   into a lane of that size.
 
+Decode and feed calls attend over a window of the cache that covers their rows' live context
+(RolloutConfig.kv_window_min): the host's bookkeeping (_Book.length: each trajectory's context
+when its current turn began, feeds included) bounds where every row of a call ends, with no read
+of the device. Programs: lane sizes x window sizes for decode, row buckets x window sizes for
+feeds.
+
 Every trajectory of the call is sampled with the same parameters (on-policy per RL step);
 a trajectory's tokens are sampled with keys of (rng, trajectory, position)
 (sampling.slots.decode_slots), so they do not depend on the slot, the lane or the call that
@@ -37,7 +43,7 @@ import numpy as np
 from agentjax.agent.rollout import RolloutEngine, TrajectoryBatch, _Book
 from agentjax.parallel import logical_to_sharding
 from agentjax.parallel.host import to_host
-from agentjax.sampling import bucket, init_state
+from agentjax.sampling import bucket, init_state, kv_window_arg
 from agentjax.sampling.sampler import RUNNING
 from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories, extend_rows,
                                      init_progress, store_rows, take_rows)
@@ -270,9 +276,12 @@ class SlotRollout:
         tokens[i, :len(ids)] = ids
         turns[i, :len(ids)] = [t for seg, t in group[s] for _ in seg]
         lengths[i] = len(ids)
+      # book.length already counts what is fed (observations and hook text): where rows end.
+      window = self.engine.kv_window(int(self.book.length[lane.traj[slots]].max()),
+                                     lane.state.tokens.shape[1])
       lane.state = extend_rows(self.engine.model, self.pick(int(turns[0, 0])), lane.state,
                                _padded(slots, rows, lane.size), jnp.asarray(tokens),
-                               jnp.asarray(lengths), jnp.asarray(turns))
+                               jnp.asarray(lengths), jnp.asarray(turns), **kv_window_arg(window))
       self.work["extend_tokens"] += tokens.size
 
   def _compact(self, lane: _Lane) -> None:
@@ -310,11 +319,15 @@ class SlotRollout:
       turn = int(lane.turn[active].min())
     exit_after = max(1, math.ceil(self.config.refill_fraction * int(active.sum())))
     model, params = self.decoder(turn)
+    # A row's book.length is its context when its current turn began (the turn's tokens are
+    # counted once it ends), so its turn ends at or below that + max_new.
+    end = int(self.book.length[lane.traj[active]].max()) + self.config.max_new_tokens
     lane.state, lane.progress, call = decode_slots(
         model, params, lane.state, lane.progress, start=jnp.asarray(lane.starting & active),
         turn=jnp.asarray(lane.turn), traj=jnp.asarray(np.maximum(lane.traj, 0), jnp.int32),
         active=jnp.asarray(active), sampling=self.config.sampling,
-        max_new=self.config.max_new_tokens, stop=self.stop, exit_after=jnp.int32(exit_after))
+        max_new=self.config.max_new_tokens, stop=self.stop, exit_after=jnp.int32(exit_after),
+        **kv_window_arg(self.engine.kv_window(end, lane.state.tokens.shape[1])))
     lane.starting &= ~active
     lane.pending = (active, call)
     self.trace.append(("decode", lane.index, (int(active.sum()), lane.size)))

@@ -4,7 +4,7 @@ from agentjax.sampling.sample import SamplingParams, sample_token, sample_token_
 from agentjax.sampling.sampler import (STOP_BUDGET, STOP_EOS, STOP_MAX_NEW, STOP_REASONS,
                                        STOP_STRING, DecodeState, Generation, bucket,
                                        decode_layout, extend, generate, init_state,
-                                       state_logical_axes)
+                                       kv_window_arg, kv_window_size, state_logical_axes)
 from agentjax.sampling.slots import (DecodeCall, SlotProgress, Trajectories, copy_rows,
                                      decode_slots, empty_trajectories, extend_rows, init_progress,
                                      store_rows, take_rows)
@@ -17,5 +17,5 @@ __all__ = [
     "decode_layout", "extend", "generate", "init_state", "state_logical_axes", "StopTable",
     "push_and_match", "decode_bytes", "token_byte_table", "DecodeCall", "SlotProgress",
     "Trajectories", "copy_rows", "decode_slots", "empty_trajectories", "extend_rows",
-    "init_progress", "store_rows", "take_rows",
+    "init_progress", "store_rows", "take_rows", "kv_window_arg", "kv_window_size",
 ]

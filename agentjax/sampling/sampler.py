@@ -13,6 +13,12 @@ A `SharedPrefix` (the cache of a prompt prefix common to every row, prefilled on
 may be passed to `extend` and `generate`: each row then attends to the prefix's visible slots
 before its own, and its own slot j holds position prefix.length + j (the state's per-slot
 arrays cover the row's own tokens only). Without one, the programs are exactly the plain ones.
+
+Key windows: since every row owns slots [0, length), a call whose rows end below W (after the
+tokens it adds) needs only the first W cache slots as attention keys. `extend` and `generate`
+take a static `kv_window` (Qwen's) that the host picks per call with `kv_window_size`, from a
+ladder of powers of two, so a decode step reads the live context rather than the whole budget
+with a handful of programs. kv_window None (the default) reads every slot: today's programs.
 """
 
 from __future__ import annotations
@@ -38,12 +44,40 @@ STOP_REASONS = {RUNNING: "running", STOP_EOS: "eos", STOP_STRING: "stop_string",
                 STOP_MAX_NEW: "max_new_tokens", STOP_BUDGET: "budget"}
 
 
+# The smallest key window `kv_window_size` picks: below it a window saves little next to the
+# per-step cost of the weights, and each rung of the ladder is one more program.
+KV_WINDOW_MIN = 256
+
+
 def bucket(n: int, minimum: int = 16) -> int:
   """Smallest power of two >= max(n, minimum): shapes from a few buckets compile a few programs."""
   size = minimum
   while size < n:
     size *= 2
   return size
+
+
+def kv_window_size(need: int, cache_len: int, minimum: int = KV_WINDOW_MIN) -> int | None:
+  """The key window of a call whose rows all end at or below slot `need` (after the tokens the
+  call adds: for `generate`, max(length) + max_new; for `extend`, max(length + fed)).
+
+  The smallest of minimum * 2^k >= need; None (every slot: the plain program) when that reaches
+  cache_len or minimum <= 0 (windows off). From 256 to an 8192-slot cache: 6 sizes.
+  """
+  if minimum <= 0:
+    return None
+  size = minimum
+  while size < need:
+    size *= 2
+  return size if size < cache_len else None
+
+
+def kv_window_arg(kv_window: int | None) -> dict:
+  """The keyword arguments that pass `kv_window` to extend / generate / decode_slots /
+  extend_rows: none for None, so that a call without a window runs the very program of callers
+  that never name it (jit keys an explicit kv_window=None apart from an omitted one: a second
+  compile of the same program)."""
+  return {} if kv_window is None else {"kv_window": kv_window}
 
 
 @flax.struct.dataclass
@@ -125,9 +159,10 @@ def _positions(slots: jax.Array, prefix: SharedPrefix | None) -> tuple[jax.Array
   return slots + prefix.length, prefix.attention_args()
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+@functools.partial(jax.jit, static_argnames=("model", "kv_window"), donate_argnums=2)
 def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: jax.Array,
-           turn: jax.Array, prefix: SharedPrefix | None = None) -> DecodeState:
+           turn: jax.Array, prefix: SharedPrefix | None = None,
+           kv_window: int | None = None) -> DecodeState:
   """Feeds context tokens (prompt, observation, injected text) into the cache; nothing is sampled.
 
   Args:
@@ -135,17 +170,22 @@ def extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: 
     lengths: [B] int32, may be 0 (the row is untouched); clipped to the room left in the cache.
     turn: [B] int32 turn id recorded for these tokens.
     prefix: optional SharedPrefix every row's tokens follow (see the module docstring).
+    kv_window: static; attend over the first kv_window own cache slots only (`kv_window_size`):
+      every row fed here must end at or below it (length + lengths <= kv_window). None: all S.
   """
   return _extend(model, params, state, tokens, lengths,
-                 jnp.broadcast_to(turn[:, None], tokens.shape), prefix)
+                 jnp.broadcast_to(turn[:, None], tokens.shape), prefix, kv_window)
 
 
 def _extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths: jax.Array,
-            turn_tokens: jax.Array, prefix: SharedPrefix | None) -> DecodeState:
+            turn_tokens: jax.Array, prefix: SharedPrefix | None,
+            kv_window: int | None = None) -> DecodeState:
   """`extend`'s body (traced inside a caller's jit), with a turn id per token.
 
   Args:
-    tokens, lengths: as `extend`.
+    tokens, lengths, kv_window: as `extend`. With a window the attention scores are
+      [B, N, T*G, kv_window] instead of [B, N, T*G, S]; rows not fed (lengths 0) may lie past it:
+      their queries' outputs are discarded.
     turn_tokens: [B, T] int32 turn id recorded for each fed token.
   """
   b, s = state.tokens.shape
@@ -157,7 +197,8 @@ def _extend(model: Qwen, params, state: DecodeState, tokens: jax.Array, lengths:
   positions, shared = _positions(slots, prefix)
   hidden, cache = model.apply({"params": params}, tokens, positions,
                               masks.cache_mask(valid, slots), cache=state.cache,
-                              cache_index=state.length, return_hidden=True, **shared)
+                              cache_index=state.length, return_hidden=True, kv_window=kv_window,
+                              **shared)
   last = hidden[jnp.arange(b), jnp.maximum(lengths - 1, 0)]                 # [B, E]
   logits = model.apply({"params": params}, last, method=Qwen.logits)       # [B, V] only
   return state.replace(
@@ -230,10 +271,12 @@ def decode_layout(model: Qwen, params) -> tuple[Qwen, object]:
   return Qwen(model.cfg, out_major=True, lora=model.lora), out_major_params(params)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 6, 7), donate_argnums=2)
+@functools.partial(jax.jit, static_argnames=("model", "sampling", "max_new", "kv_window"),
+                   donate_argnums=2)
 def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: jax.Array,
              stop: tuple[StopTable, jax.Array, jax.Array], sampling: SamplingParams,
-             max_new: int, prefix: SharedPrefix | None = None) -> tuple[DecodeState, Generation]:
+             max_new: int, prefix: SharedPrefix | None = None,
+             kv_window: int | None = None) -> tuple[DecodeState, Generation]:
   """Samples up to max_new tokens per active row, each row stopping on its own.
 
   Args:
@@ -242,6 +285,9 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     turn: [B] int32 turn id recorded for the sampled tokens.
     stop: (StopTable, eos_ids [E] int32, budget: scalar int32 max slots a row may fill).
     prefix: optional SharedPrefix every row follows (the one its state was extended with).
+    kv_window: static; each step attends over the first kv_window own cache slots only
+      (`kv_window_size(max(length of the active rows) + max_new, S)`): every active row must
+      end at or below it. None: all S slots (the plain program).
   A row stops after an EOS id, after a stop string completes (the completing token is kept), at
   max_new tokens, or when it reaches the budget. Every sampled token is fed to the model, so the
   cache always holds the whole trajectory.
@@ -264,7 +310,7 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     rng, key = jax.random.split(state.rng)
     tok, logp = sample_token(key, logits_vb, sampling, vocab_major=True)
     state, logits_vb = _decode_step(model, params, state, logits_vb, tok, logp, active, turn,
-                                    prefix)
+                                    prefix, kv_window)
     state = state.replace(rng=rng)
     new_tokens = new_tokens.at[:, step].set(jnp.where(active, tok, 0))
     num_new = num_new + active
@@ -283,7 +329,8 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
 
 def _decode_step(model: Qwen, params, state: DecodeState, logits_vb: jax.Array, tok: jax.Array,
                  logp: jax.Array, active: jax.Array, turn: jax.Array,
-                 prefix: SharedPrefix | None) -> tuple[DecodeState, jax.Array]:
+                 prefix: SharedPrefix | None,
+                 kv_window: int | None = None) -> tuple[DecodeState, jax.Array]:
   """One step of a token loop: records the sampled tokens of the active rows in their next slot
   and runs the model on them (inactive rows: nothing written, their logits kept).
 
@@ -291,6 +338,8 @@ def _decode_step(model: Qwen, params, state: DecodeState, logits_vb: jax.Array, 
     logits_vb: [V, B] the logits the tokens were sampled from (vocab-major).
     tok, logp: [B] int32 sampled tokens, float32 their temperature-1 log-probs.
     active: [B] bool; turn: [B] int32 turn id recorded for the tokens.
+    kv_window: static key window (see `generate`): the attention scores are
+      [B, N, G, kv_window]. Inactive rows may lie past it: their logits are discarded.
   Returns:
     the state (length + active) and the next logits [V, B].
   """
@@ -301,7 +350,8 @@ def _decode_step(model: Qwen, params, state: DecodeState, logits_vb: jax.Array, 
   position, shared = _positions(slot[:, None], prefix)
   hidden, cache = model.apply({"params": params}, tok[:, None], position,
                               masks.cache_mask(valid, slot[:, None]), cache=state.cache,
-                              cache_index=slot, return_hidden=True, **shared)
+                              cache_index=slot, return_hidden=True, kv_window=kv_window,
+                              **shared)
   logits = model.apply({"params": params}, hidden[:, 0], method=Qwen.logits_vocab_major)
   state = state.replace(
       cache=cache, valid=valid,

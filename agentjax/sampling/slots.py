@@ -16,6 +16,10 @@ trajectory samples the same tokens whichever slot, batch and decode call it runs
 
 Shapes: N slots, S cache slots, V vocab, W the stop-string window, K rows of a row-wise call,
 T tokens fed per row, M max new tokens per turn.
+
+`decode_slots` and `extend_rows` take a static key window `kv_window` (sampler.kv_window_size;
+None: all S slots) so that they read the live context only: the host knows where each row's turn
+began.
 """
 
 from __future__ import annotations
@@ -73,12 +77,15 @@ class DecodeCall:
                           #   Rows not active in this call: all 0.
 
 
-@functools.partial(jax.jit, static_argnums=(0, 8, 9), donate_argnums=(2, 3))
+@functools.partial(jax.jit, static_argnames=("model", "sampling", "max_new", "kv_window"),
+                   donate_argnums=(2, 3))
 def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress,
                  start: jax.Array, turn: jax.Array, traj: jax.Array, active: jax.Array,
                  sampling: SamplingParams, max_new: int,
                  stop: tuple[StopTable, jax.Array, jax.Array],
-                 exit_after: jax.Array) -> tuple[DecodeState, SlotProgress, DecodeCall]:
+                 exit_after: jax.Array,
+                 kv_window: int | None = None
+                 ) -> tuple[DecodeState, SlotProgress, DecodeCall]:
   """Decodes the active slots until they all stopped or `exit_after` of them stopped.
 
   On a mesh, give it a progress placed like the state's rows (init_progress(mesh=...)).
@@ -102,6 +109,9 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
     stop: (StopTable, eos_ids [E] int32, budget: scalar int32 max slots a row may fill).
     exit_after: scalar int32: return once this many active rows stopped in this call (a row
       already at its budget or at max_new stops at once and counts).
+    kv_window: static key window (sampler.kv_window_size; None: all S slots). Every active row
+      must end at or below it: its length when its turn began + max_new (a turn never exceeds
+      max_new tokens), or its budget.
   Returns:
     (state, progress, DecodeCall).
   """
@@ -135,7 +145,7 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
     keys = jax.vmap(jax.random.fold_in)(row_keys, state.length)
     tok, logp = sample_token_rows(keys, logits_vb, sampling, vocab_major=True)
     state, logits_vb = _decode_step(model, params, state, logits_vb, tok, logp, running,
-                                    turn_ids, None)
+                                    turn_ids, None, kv_window)
     num_new = progress.num_new + running
     window, why = _stop_rules(table, eos_ids, budget, max_new, progress.window, tok,
                               state.length, num_new)
@@ -172,7 +182,7 @@ def _put(x: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
 
 
 def extend_rows(model: Qwen, params, state: DecodeState, rows: jax.Array, tokens: jax.Array,
-                lengths: jax.Array, turn: jax.Array) -> DecodeState:
+                lengths: jax.Array, turn: jax.Array, kv_window: int | None = None) -> DecodeState:
   """`extend` of K listed rows only: the model runs on K x T tokens, not N x T.
 
   Three programs: gather the K rows, extend them (the model's program: its shapes are K and T
@@ -184,8 +194,11 @@ def extend_rows(model: Qwen, params, state: DecodeState, rows: jax.Array, tokens
     tokens: [K, T] int32, row rows[k] is fed the first lengths[k] of tokens[k].
     lengths: [K] int32 (clipped to the room left in the row's cache).
     turn: [K, T] int32 turn id recorded for each token.
+    kv_window: static key window (sampler.kv_window_size; None: all S slots); every listed row
+      must end at or below it after the feed.
   """
-  sub = _extend_tokens(model, params, _gather_rows(state, rows), tokens, lengths, turn)
+  sub = _extend_tokens(model, params, _gather_rows(state, rows), tokens, lengths, turn,
+                       kv_window=kv_window)
   return _scatter_rows(state, rows, sub)
 
 
@@ -202,11 +215,12 @@ def _scatter_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> Deco
                       sub.replace(rng=None)).replace(rng=state.rng)
 
 
-@functools.partial(jax.jit, static_argnums=0, donate_argnums=2)
+@functools.partial(jax.jit, static_argnames=("model", "kv_window"), donate_argnums=2)
 def _extend_tokens(model: Qwen, params, state: DecodeState, tokens: jax.Array,
-                   lengths: jax.Array, turn: jax.Array) -> DecodeState:
+                   lengths: jax.Array, turn: jax.Array,
+                   kv_window: int | None = None) -> DecodeState:
   """`extend` with a turn id per token ([B, T])."""
-  return _extend(model, params, state, tokens, lengths, turn, None)
+  return _extend(model, params, state, tokens, lengths, turn, None, kv_window)
 
 
 @functools.partial(jax.jit, donate_argnums=0)
