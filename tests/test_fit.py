@@ -1,0 +1,57 @@
+"""launch/fit.py, the compile-only fit check, at the tiny shape on 2 fake CPU devices (a
+subprocess: XLA_FLAGS must be set before jax is imported)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The demo's IGPO settings, smaller: every program kind still compiles (rollout prefill, decode
+# and feed, the scoring pass with probes, the update), each in a second or two.
+SMALL = ["--config=configs/igpo.py:demo", "--model_preset=tiny", "--devices=2",
+         "--config.rl.prompts_per_step=2", "--config.rollout.group_size=2",
+         "--config.rl.minibatch_size=4", "--config.rollout.max_turns=2",
+         "--config.rollout.max_total_tokens=256", "--config.rollout.max_obs_tokens=64",
+         "--config.rollout.max_new_tokens=32", "--prompt_tokens=64",
+         "--config.mesh.data=1", "--config.mesh.fsdp=2"]
+
+
+def _fit(*args: str) -> tuple[int, str, dict]:
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run([sys.executable, "launch/fit.py", *SMALL, *args], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=600)
+  lines = proc.stdout.strip().splitlines()
+  assert lines, proc.stderr[-3000:]
+  return proc.returncode, proc.stdout, json.loads(lines[-1])
+
+
+def test_fit_check_fits_at_a_generous_limit_with_sharded_update_outputs():
+  rc, out, result = _fit("--device_memory_gb=80", "--config.rl.kl_coef=0.001")
+  assert rc == 0, out
+  assert result["fits"] is True and result["device_memory_gb"] == 80.0
+  assert result["devices"] == 2 and result["mesh"] == {"data": 1, "fsdp": 2, "tensor": 1}
+  names = set(result["programs"])
+  assert {"rollout/prefill", "rollout/decode", "rollout/feed", "score/policy",
+          "score/reference", "update"} <= names, names
+  for name, row in result["programs"].items():
+    assert row["peak_gb"] > 0, (name, row)
+    assert row["total_gb"] >= row["peak_gb"], (name, row)
+    assert abs(row["peak_gb"] - (row["argument_gb"] + row["output_gb"] + row["temp_gb"]
+                                 - row["alias_gb"])) < 2e-3, (name, row)
+  assert result["peak_gb"] == max(r["total_gb"] for r in result["programs"].values())
+  # FSDP over 2 devices: the update's new params and Adam moments come out sharded as they went
+  # in (no replicated gradients); with KL the frozen reference is a second copy of the params.
+  assert result["problems"] == {}, result["problems"]
+  assert result["state_gb"]["reference"] == result["state_gb"]["params"]
+
+
+def test_fit_check_fails_at_a_tiny_limit_naming_the_program():
+  rc, out, result = _fit("--device_memory_gb=0.001", "--programs=rollout/decode")
+  assert rc == 1
+  assert result["fits"] is False and result["too_big"] == ["rollout/decode"]
+  assert list(result["programs"]) == ["rollout/decode"]
+  assert "DOES NOT FIT in 0.001 GB: rollout/decode" in out
