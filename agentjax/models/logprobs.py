@@ -46,7 +46,9 @@ def chunked_token_logprobs(logits_fn: Callable[[jax.Array], jax.Array], hidden: 
     probs = jnp.exp(logits - lse[..., None])
     return logp, lse - jnp.sum(probs * logits, axis=-1)
 
-  logp, ent = jax.lax.map(one, (hs, ts))
+  # Rematerialized per chunk: without it the backward of lax.map keeps every chunk's [B, C, V]
+  # logits (the whole [B, L, V] this function exists to avoid); with it only the hidden chunk.
+  logp, ent = jax.lax.map(jax.checkpoint(one), (hs, ts))
   logp = logp.swapaxes(0, 1).reshape(b, -1)[:, :length]
   ent = ent.swapaxes(0, 1).reshape(b, -1)[:, :length]
   return logp, (ent if with_entropy else None)
