@@ -113,6 +113,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # A lane's decode call returns to the host once this share of its rows stopped: smaller leaves
   # fewer rows idle within a call, but makes more (and smaller) decode and retriever calls.
   c.rollout.refill_fraction = 0.125
+  # Decode attends over the smallest window of kv_window_min x 2^k cache slots that covers its
+  # rows' live context, not the whole max_total_tokens budget (each step's cost follows the
+  # context, at a few programs per call shape). 0: every step reads the whole cache.
+  c.rollout.kv_window_min = 256
 
   # ---- RL
   c.rl = ml_collections.ConfigDict()
@@ -121,6 +125,14 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # Trajectories per device per forward/backward (scoring, updates, critic), like verl's
   # ppo_micro_batch_size_per_gpu; one optimizer step per minibatch either way. 0: one pass.
   c.rl.micro_batch_size = 0
+  # Padding-free batches (agentjax/train/packing.py): scoring and the policy's updates run on rows
+  # of this many tokens, several trajectories side by side (attention kept within each), instead
+  # of one trajectory per row padded to the longest: multi-turn lengths differ by 10x, so most of
+  # a padded pass is padding (metrics packing_efficiency vs padded_efficiency). A multiple of 128;
+  # rollout.max_total_tokens keeps a packed row no wider than a padded one (a longer trajectory
+  # widens its batch's rows to pack_tokens x 2^k). With it, micro_batch_size counts packed rows
+  # in scoring. 0: padded rows. The critic's passes stay padded.
+  c.rl.pack_tokens = 0
   c.rl.ppo_epochs = 1
   c.rl.reward_metric = "f1"          # f1 | em
   c.rl.format_penalty = 0.0          # reward of a trajectory with a format error (IGPO: -2)

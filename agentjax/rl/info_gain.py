@@ -325,21 +325,26 @@ def rows_logprobs(model: Qwen, params, rows: ProbeRows, *, with_entropy: bool = 
                                 with_entropy=with_entropy)
 
 
-@functools.partial(jax.jit, static_argnames=("model", "mode", "with_entropy", "chunk"))
+@functools.partial(jax.jit, static_argnames=("model", "mode", "with_entropy", "chunk",
+                                             "micro_batch"))
 def score_packed_rows(model: Qwen, params, index, tokens: jax.Array, valid: jax.Array,
                       turn_ends: jax.Array, num_turns: jax.Array, probe_tokens: jax.Array,
                       probe_score: jax.Array, probe_valid: jax.Array, alias_valid: jax.Array, *,
                       mode: str = "log_prob", with_entropy: bool = False,
-                      chunk: int = 256) -> PackedScores:
+                      chunk: int = 256, micro_batch: int = 0) -> PackedScores:
   """score_packed with the trajectories and their probes packed into rows (padding-free).
 
   index: packing.PackIndex of plan_packing(probe_keep(valid, num_turns, T, probe_valid), ...),
   planned on the host from the same arrays. Other arguments and the result ([B, ...] per
   trajectory) as score_packed's: the same numbers, over R x W slots instead of B x (S + T*K*A).
+  micro_batch: packed rows per forward (train/microbatch.map_micro; 0: all R at once).
   """
+  from agentjax.train.microbatch import map_micro  # local: train imports this module
+
   t = turn_ends.shape[1] - 1
   rows = probe_rows(index, tokens, valid, turn_ends, probe_tokens, probe_valid)
-  logp, ent = rows_logprobs(model, params, rows, with_entropy=with_entropy, chunk=chunk)
+  logp, ent = map_micro(lambda r: rows_logprobs(model, params, r, with_entropy=with_entropy,
+                                                chunk=chunk), micro_batch, rows)
   return _scores(index.unpack(logp), None if ent is None else index.unpack(ent), valid,
                  num_turns, probe_score, alias_valid, t, mode)
 

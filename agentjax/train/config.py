@@ -34,6 +34,9 @@ GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_basel
 # Estimators that read per-round judge verdicts (retrieval_scores / thinking_scores).
 NEEDS_JUDGE = ("cw_grpo",)
 JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
+# rl.pack_tokens is a multiple of this: the multiple train/rl.trim rounds padded widths to, so a
+# packed row lines up with attention blocks and log-prob chunks as a padded one does.
+PACK_MULTIPLE = 128
 
 
 def _fail(field: str, value: Any, why: str) -> None:
@@ -302,6 +305,16 @@ def _validate_rl(config: Any) -> None:
   elif micro and mb % micro:
     _fail("rl.micro_batch_size", micro, f"must divide rl.minibatch_size={mb} (with the mesh's "
           f"data x fsdp devices: trajectories per device per pass)")
+  # Configs recorded before packing read 0 (padded rows).
+  pack = config.rl.get("pack_tokens", 0)
+  if isinstance(pack, bool) or not isinstance(pack, int) or pack < 0 or pack % PACK_MULTIPLE:
+    _fail("rl.pack_tokens", pack, f"must be 0 (padded rows) or a positive multiple of "
+          f"{PACK_MULTIPLE} (tokens per packed row)")
+  if pack and _get(config, "trainer") == "dac":
+    _fail("rl.pack_tokens", pack, "DAC's roles score and update padded rows; set it to 0")
+  kv_min = config.rollout.get("kv_window_min", 256)
+  if isinstance(kv_min, bool) or not isinstance(kv_min, int) or kv_min < 0:
+    _fail("rollout.kv_window_min", kv_min, "must be an int >= 0 (0: decode reads the whole cache)")
   new, obs, total = (_get(config, f"rollout.{k}") for k in
                      ("max_new_tokens", "max_obs_tokens", "max_total_tokens"))
   if new + obs >= total:

@@ -11,6 +11,12 @@ together, logs, checkpoints and evaluates. The update skips a step whose loss or
 finite and leaves params and optimizer state untouched. With `micro_batch` (rl.micro_batch_size x
 the batch's devices) scoring and updates run that many rows per forward/backward, with the same
 results: the update sums the micro-batches' gradients and applies one step (microbatch.py).
+
+Padding-free (rl.pack_tokens > 0; train/packing.py): scoring runs on packed rows
+(`plan_scoring` on the host, then `score_batch(..., packing=plans)`), and each minibatch carries
+the maps of its packed rows (`minibatches(..., packer=MinibatchPacker(...))`): the update's
+forward runs on them and unpacks the log-probs to [b, S] before the unchanged loss, so loss,
+metrics and gradients are the padded update's (the unpack's gradient is a scatter-add).
 """
 
 from __future__ import annotations
@@ -26,15 +32,18 @@ import numpy as np
 import optax
 
 from agentjax.agent.rollout import TrajectoryBatch
-from agentjax.models.logprobs import sequence_logprobs
+from agentjax.models import masks
+from agentjax.models.logprobs import packed_logprobs, sequence_logprobs
 from agentjax.models.lora import attach, frozen_backbone
 from agentjax.models.qwen import Qwen
 from agentjax.parallel.host import to_host
 from agentjax.rl.advantages import CRITIC_ESTIMATORS, get_advantage_estimator
-from agentjax.rl.info_gain import Probes, score_packed
+from agentjax.rl.info_gain import Probes, probe_keep, score_packed, score_packed_rows
 from agentjax.rl.losses import get_policy_loss, loss_totals
-from agentjax.train.microbatch import accumulate, map_micro
+from agentjax.train.microbatch import accumulate, map_micro, num_micro
 from agentjax.train.optim import make_guarded_step
+from agentjax.train.packing import (PackIndex, PackPlan, micro_batch_order, plan_micro_packing,
+                                    plan_packing)
 
 
 @flax.struct.dataclass
@@ -45,16 +54,73 @@ class ScoredBatch:
   ig: jax.Array         # [B, T] information gain of each non-answer turn
 
 
+@dataclasses.dataclass(frozen=True)
+class ScorePlans:
+  """Where the scoring passes put each token when packed (host; `plan_scoring`).
+
+  plain: the trajectories' real tokens (the reference's pass, and the policy's without probes);
+  probes: each trajectory followed by the probes of its live boundaries (IGPO's policy pass).
+  Either is None when no pass needs it."""
+
+  plain: PackPlan | None
+  probes: PackPlan | None
+
+  def stats(self) -> dict[str, float]:
+    """score_packing_efficiency: real / computed slots over the packed passes."""
+    plans = [p for p in (self.plain, self.probes) if p is not None]
+    real = sum(p.real_tokens for p in plans)
+    return {"score_packing_efficiency": real / max(sum(p.source.size for p in plans), 1)}
+
+
+# Room a probe pass's rows get on top of pack_tokens: T * K * A probe slots rounded up to this, so
+# that a trajectory of pack_tokens and all its probes share one row (few distinct widths).
+PROBE_ROOM_MULTIPLE = 128
+
+
+def plan_scoring(valid: np.ndarray, num_turns: np.ndarray, num_boundaries: int,
+                 probes: Probes | None, pack_tokens: int, *, reference: bool = True,
+                 row_multiple: int = 1) -> ScorePlans:
+  """The packed rows of score_batch's passes (host, first-fit-decreasing: packing.plan_packing).
+
+  Args:
+    valid: [B, S] bool (host) real tokens, each row's a prefix when probes are given.
+    num_turns: [B]; num_boundaries: T = turn_ends.shape[1] - 1.
+    probes: IGPO's (None: the policy's pass is plain).
+    pack_tokens: tokens per packed row (rl.pack_tokens); the probe pass's rows are wider by
+      T * K * A rounded up to PROBE_ROOM_MULTIPLE. A longer item widens its batch's rows to the
+      next power-of-two multiple (packing.width_ladder).
+    reference: whether a reference pass runs (a plain plan is needed even with probes).
+    row_multiple: the number of rows is a multiple of it (the global micro-batch, else the
+      devices the rows are sharded over).
+  """
+  valid = np.asarray(valid, bool)
+  plain = plan_packing(valid, pack_tokens, row_multiple=row_multiple) \
+      if probes is None or reference else None
+  probe_plan = None
+  if probes is not None:
+    _, k, a = probes.tokens.shape
+    room = -(-(num_boundaries * k * a) // PROBE_ROOM_MULTIPLE) * PROBE_ROOM_MULTIPLE
+    keep = probe_keep(valid, np.asarray(num_turns), num_boundaries, probes.valid)
+    probe_plan = plan_packing(keep, pack_tokens + room, row_multiple=row_multiple)
+  return ScorePlans(plain=plain, probes=probe_plan)
+
+
 def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: TrajectoryBatch,
                 probes: Probes | None, mode: str = "log_prob", chunk: int = 256,
-                ref_model: Qwen | None = None, micro_batch: int = 0) -> ScoredBatch:
+                ref_model: Qwen | None = None, micro_batch: int = 0,
+                packing: ScorePlans | None = None) -> ScoredBatch:
   """Step 3: the policy's log-probs and IGPO's probes in ONE packed pass; the reference's log-probs
   in a plain pass (no probes needed). Without probes (GRPO family) the policy pass is plain too.
 
   ref_model: the reference's module when it is not `model` (a LoRA run: the policy is
   Qwen(cfg, lora=...), the reference the bare backbone Qwen(cfg) with the same arrays).
   micro_batch: rows per forward over all devices (microbatch.global_micro; 0: the whole batch
-  at once); each pass is one program looping over the slices, the same numbers either way."""
+  at once); each pass is one program looping over the slices, the same numbers either way.
+  packing: plan_scoring(...) of this batch and probes: every pass runs on packed rows
+  (micro_batch then counts packed rows), the same numbers as the padded passes."""
+  if packing is not None:
+    return _score_packed_batch(model, params, ref_params, batch, probes, mode, chunk,
+                               ref_model, micro_batch, packing)
   tokens, valid = batch.tokens, batch.valid
   num_turns = jnp.asarray(batch.num_turns)
   t = batch.turn_ends.shape[1] - 1
@@ -76,6 +142,48 @@ def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: Traject
 def _plain_logprobs(model, params, tokens, valid, chunk, micro_batch=0):
   return map_micro(lambda t, v: sequence_logprobs(model, params, t, v, chunk=chunk)[0],
                    micro_batch, tokens, valid)
+
+
+def _score_packed_batch(model, params, ref_params, batch, probes, mode, chunk, ref_model,
+                        micro_batch, plans: ScorePlans) -> ScoredBatch:
+  """score_batch on the packed rows of `plans`."""
+  tokens, valid = batch.tokens, batch.valid
+  num_turns = jnp.asarray(batch.num_turns)
+  t = batch.turn_ends.shape[1] - 1
+  plain = None if plans.plain is None else plans.plain.index()  # one transfer for both passes
+  if probes is not None:
+    if plans.probes is None:
+      raise ValueError("score_batch: probes given but plan_scoring(...) planned none")
+    scores = score_packed_rows(model, params, plans.probes.index(), tokens, valid,
+                               jnp.asarray(batch.turn_ends), num_turns, jnp.asarray(probes.tokens),
+                               jnp.asarray(probes.score), jnp.asarray(probes.valid),
+                               jnp.asarray(probes.alias_valid), mode=mode, chunk=chunk,
+                               micro_batch=micro_batch)
+    old, values, ig = scores.token_logprobs, scores.values, scores.info_gain
+  else:
+    old = _packed_plain_logprobs(model, params, tokens, valid, plain, chunk=chunk,
+                                 micro_batch=micro_batch)
+    values = ig = jnp.zeros((tokens.shape[0], t), jnp.float32)
+  if ref_params is None:
+    ref = jnp.zeros_like(old)
+  else:
+    if plain is None:
+      raise ValueError("score_batch: a reference pass but plan_scoring(..., reference=False)")
+    ref = _packed_plain_logprobs(ref_model or model, ref_params, tokens, valid, plain,
+                                 chunk=chunk, micro_batch=micro_batch)
+  return ScoredBatch(old_logp=old, ref_logp=ref, values=values, ig=ig)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "chunk", "micro_batch"))
+def _packed_plain_logprobs(model, params, tokens, valid, index: PackIndex, *, chunk,
+                           micro_batch):
+  """sequence_logprobs of [B, S] tokens computed on index's packed rows ([R, W], micro_batch
+  rows per forward) -> [B, S]."""
+  positions = index.pack(masks.positions_from_padding(valid))
+  logp = map_micro(lambda tok, pos, seg: packed_logprobs(model, params, tok, pos, seg,
+                                                         chunk=chunk)[0],
+                   micro_batch, index.pack(tokens), positions, index.segment_ids)
+  return index.unpack(logp)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "mode", "chunk", "micro_batch"))
@@ -181,14 +289,22 @@ def policy_loss_config(config: Any, norm_length: int | None = None) -> PolicyLos
 def _role_objective(model: Qwen, loss: PolicyLossConfig):
   """loss(params, minibatch, totals=None) -> (value, metrics) of the policy loss on one
   minibatch; `params` are the model's (a LoRA model's with its adapter selected). totals: the
-  losses.loss_totals of the minibatch `minibatch` is a micro-batch of (its share is returned)."""
+  losses.loss_totals of the minibatch `minibatch` is a micro-batch of (its share is returned).
+  A minibatch with MinibatchPacker's maps runs its forward on packed rows."""
   loss_fn = get_policy_loss(loss.name)
   kwargs = loss.as_kwargs()
   use_ref = kwargs.get("kl_coef", 0.0) > 0
 
   def objective(params, mb, totals=None):
-    logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
-                                  with_entropy=loss.entropy)
+    if PACK_SEGMENT_IDS in mb:  # packed rows (MinibatchPacker): forward on them, loss on [b, S]
+      index = PackIndex.from_arrays(mb)
+      positions = index.pack(masks.positions_from_padding(mb["valid"]))
+      logp, ent = packed_logprobs(model, params, index.pack(mb["tokens"]), positions,
+                                  index.segment_ids, chunk=loss.chunk, with_entropy=loss.entropy)
+      logp, ent = index.unpack(logp), (None if ent is None else index.unpack(ent))
+    else:
+      logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
+                                    with_entropy=loss.entropy)
     return loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
                    ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, totals=totals,
                    **kwargs)
@@ -295,20 +411,71 @@ def make_roles_update(model: Qwen, optimizer: optax.GradientTransformation,
   return make_guarded_step(objective, optimizer)
 
 
+# The key of a packed minibatch's segment ids (PackIndex.arrays): its presence selects the packed
+# forward in the update.
+PACK_SEGMENT_IDS = "pack_segment_ids"
+# What MinibatchPacker adds to a minibatch: PackIndex.arrays()'s keys, one per map.
+PACK_KEYS = tuple(f"pack_{f.name}" for f in dataclasses.fields(PackIndex)
+                  if f.metadata.get("pytree_node", True))
+
+
+@dataclasses.dataclass
+class MinibatchPacker:
+  """Plans each minibatch's packed rows on the host (train/packing.py), for `minibatches`.
+
+  valid: [B, S] bool, the batch's real tokens (host: one transfer per step).
+  pack_tokens: tokens per packed row (rl.pack_tokens).
+  micro_batch: the update's rows per pass (0: one pass): the minibatch is reordered so that its
+    strided micro-batches carry balanced token counts (packing.micro_batch_order) and each
+    micro-batch is packed on its own (plan_micro_packing), as microbatch.split will cut it.
+  row_multiple: each micro-batch's packed row count is a multiple of it (the devices the rows
+    are sharded over).
+  plans: every plan made, in order (packing_efficiency)."""
+
+  valid: np.ndarray
+  pack_tokens: int
+  micro_batch: int = 0
+  row_multiple: int = 1
+  plans: list[PackPlan] = dataclasses.field(default_factory=list)
+
+  def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, dict[str, jax.Array]]:
+    """idx [b] (the minibatch's trajectories) -> (idx reordered, the packed rows' maps
+    ({PACK_KEYS}: [n * R_m, W] and [b, ...] arrays, split by microbatch.split like the rest))."""
+    keep = self.valid[idx]
+    n = num_micro(len(idx), self.micro_batch)
+    if n > 1:  # the order does not change the loss: every aggregation sums over trajectories
+      idx = idx[micro_batch_order(keep.sum(axis=1), n)]
+      keep = self.valid[idx]
+    plan = plan_micro_packing(keep, self.pack_tokens, n, row_multiple=self.row_multiple)
+    self.plans.append(plan)
+    return idx, plan.index().arrays()
+
+  def stats(self) -> dict[str, float]:
+    """packing_efficiency: real / computed slots over the packed rows of every plan."""
+    real = sum(p.real_tokens for p in self.plans)
+    return {"packing_efficiency": real / max(sum(p.source.size for p in self.plans), 1)}
+
+
 def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Array,
                 size: int, rng: np.random.Generator,
-                extra: Mapping[str, jax.Array] | None = None) -> list[dict[str, jax.Array]]:
+                extra: Mapping[str, jax.Array] | None = None,
+                packer: MinibatchPacker | None = None) -> list[dict[str, jax.Array]]:
   """Shuffled minibatches of `size` trajectories (the last partial one is dropped).
 
-  extra: more [B, ...] arrays cut the same way (the critic's old_values, returns, value_mask)."""
+  extra: more [B, ...] arrays cut the same way (the critic's old_values, returns, value_mask).
+  packer: with it, each minibatch's trajectories are reordered within it and it carries the
+  maps of its packed rows (PACK_KEYS); the update then runs its forward on those rows."""
   arrays = dict(tokens=batch.tokens, valid=batch.valid, loss_mask=batch.loss_mask,
                 old_logp=scored.old_logp, ref_logp=scored.ref_logp, advantages=advantages,
                 **(extra or {}))
   order = rng.permutation(batch.tokens.shape[0])
   out = []
   for start in range(0, len(order) - size + 1, size):
-    idx = jnp.asarray(order[start:start + size])
-    out.append({k: v[idx] for k, v in arrays.items()})
+    idx, packed = order[start:start + size], {}
+    if packer is not None:
+      idx, packed = packer(idx)
+    idx = jnp.asarray(idx)
+    out.append({**{k: v[idx] for k, v in arrays.items()}, **packed})
   return out
 
 

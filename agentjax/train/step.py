@@ -35,8 +35,9 @@ from agentjax.train.adapters import TrainTarget
 from agentjax.train.critic import Critic, needs_critic
 from agentjax.train.microbatch import global_micro
 from agentjax.train.optim import make_schedule
-from agentjax.train.rl import (advantage_kwargs, compute_advantages, make_policy_update,
-                               minibatches, policy_loss_config, summarize, score_batch, trim)
+from agentjax.train.rl import (PACK_KEYS, MinibatchPacker, advantage_kwargs, compute_advantages,
+                               make_policy_update, minibatches, plan_scoring, policy_loss_config,
+                               summarize, score_batch, trim)
 
 
 # What each update reads of a minibatch (minibatches() cuts every array of the step).
@@ -114,6 +115,9 @@ class RLStep:
   critic: Critic | None = None
   # Trajectories per forward/backward over all devices (micro_batch_rows; 0: one pass).
   micro_batch: int = 0
+  # rl.pack_tokens: scoring and the policy's updates on packed rows of this many tokens (0: padded
+  # rows). The critic's passes stay padded.
+  pack_tokens: int = 0
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
@@ -141,7 +145,7 @@ class RLStep:
                adv_kwargs=advantage_kwargs(config),
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
                target=target, ref_model=ref_model, rewards=rewards, critic=critic,
-               micro_batch=micro)
+               micro_batch=micro, pack_tokens=rl.get("pack_tokens", 0))  # .get: older configs
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -193,10 +197,20 @@ class RLStep:
     probes = build_probes(self.engine.encode, row_golds,
                           template=ANSWER_TEMPLATES[config.rollout.protocol]) \
         if self.with_probes else None
+    packer, score_plans, pack_stats = None, None, {}
+    if self.pack_tokens:  # plan the packed rows of scoring and updates: one transfer of valid
+      host_valid = np.asarray(to_host(batch.valid), bool)
+      devices = global_micro(1, mesh)  # the packed rows are sharded over data x fsdp too
+      score_plans = plan_scoring(host_valid, batch.num_turns, batch.turn_ends.shape[1] - 1,
+                                 probes, self.pack_tokens, reference=self.ref_params is not None,
+                                 row_multiple=self.micro_batch or devices)
+      packer = MinibatchPacker(host_valid, self.pack_tokens, micro_batch=self.micro_batch,
+                               row_multiple=devices)
+      pack_stats = score_plans.stats()
     with use_mesh(mesh):
       scored = score_batch(self.engine.model, policy, self.ref_params, batch, probes,
                            mode=rl.ig_mode, chunk=rl.chunk, ref_model=self.ref_model,
-                           micro_batch=self.micro_batch)
+                           micro_batch=self.micro_batch, packing=score_plans)
       critic_fields = {}
       if self.critic is not None:  # PPO: the critic's values of the states tokens are sampled in
         critic_fields["values"] = self.critic.values(state["critic"]["params"], batch.tokens,
@@ -225,10 +239,12 @@ class RLStep:
     shuffle = np.random.default_rng([config.seed, step])
     with use_mesh(mesh):
       for _ in range(rl.ppo_epochs):
-        for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle, value_targets):
+        for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle, value_targets,
+                              packer=packer):
           if train_policy:
-            params, opt_state, m = self.update(params, opt_state,
-                                               {k: mb[k] for k in POLICY_MINIBATCH}, *frozen)
+            keys = POLICY_MINIBATCH + (PACK_KEYS if packer is not None else ())
+            params, opt_state, m = self.update(params, opt_state, {k: mb[k] for k in keys},
+                                               *frozen)
             update_metrics.append(m)
           if critic_state is not None:
             critic_state["params"], critic_state["opt_state"], m = self.critic.update(
@@ -248,6 +264,12 @@ class RLStep:
     # 6. metrics
     ig = ig_statistics(scored.ig, jnp.asarray(batch.num_turns))
     valid_tokens = float(to_host(jnp.sum(batch.valid)))
+    # Real tokens / computed tokens: of the trimmed padded batch, and of what the policy's
+    # update computed (its packed rows; the padded batch when rl.pack_tokens is 0).
+    padded_efficiency = valid_tokens / max(batch.valid.size, 1)
+    if packer is not None and packer.plans:
+      pack_stats.update(packer.stats())
+    pack_stats.setdefault("packing_efficiency", padded_efficiency)
     step_s = time.perf_counter() - t_step
     queries = int(rollout_metrics["search_queries"])
     failed = int(batch.num_search_failures.sum())
@@ -282,7 +304,8 @@ class RLStep:
         # the rollout engine's decode efficiency (docs/BENCHMARKS.md rollout_mix)
         "useful_row_share": rollout_metrics["decode_useful_row_steps"]
         / max(rollout_metrics["decode_row_steps"], 1.0),
-        "search_wait_s": rollout_metrics["search_wait_s"], **judge_metrics, **task_metrics}
+        "search_wait_s": rollout_metrics["search_wait_s"],
+        "padded_efficiency": padded_efficiency, **pack_stats, **judge_metrics, **task_metrics}
     if self.critic is not None:
       # The update's loss and clip fraction (mean over minibatches); the values' fit as scored.
       metrics["critic/value_loss"] = crit.get("critic/value_loss", 0.0)
