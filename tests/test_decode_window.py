@@ -196,3 +196,26 @@ def test_rollouts_with_windows_equal_rollouts_without(scripted_world, engine, mo
   windowed = rollout()
   assert set(picked) == {512, None}, set(picked)
   assert_same_trajectories(windowed, rollout(kv_window_min=0), logprob_atol=1e-6)
+
+
+def test_decode_layout_casts_master_weights_to_the_compute_dtype_without_changing_logits(setup):
+  """float32 master weights with bfloat16 compute: decode_layout hands the token loop bfloat16
+  weights (half the bytes a step reads), and the model's logits are bit-identical, since every
+  use casts the weights to the compute dtype anyway; integer leaves stay as they are."""
+  from agentjax.models import masks
+  from agentjax.sampling.sampler import compute_dtype_params, decode_layout
+
+  cfg, params = setup
+  cfg = cfg.replace(dtype="bfloat16")
+  model, decoded = decode_layout(Qwen(cfg), params)
+  leaves = jax.tree.leaves(decoded)
+  assert leaves and all(x.dtype == jnp.bfloat16 for x in leaves)
+  mixed = {"w": jnp.ones((2,), jnp.float32), "index": jnp.int32(3)}
+  cast = compute_dtype_params(mixed, "bfloat16")
+  assert cast["w"].dtype == jnp.bfloat16 and cast["index"].dtype == jnp.int32
+  tokens = jnp.asarray(ids(3, [9, 9]))
+  valid = jnp.ones(tokens.shape, bool)
+  args = (tokens, masks.positions_from_padding(valid), masks.causal_padding_mask(valid))
+  run = jax.jit(lambda p: Qwen(cfg).apply({"params": p}, *args)[0])
+  np.testing.assert_array_equal(np.asarray(run(params)),
+                                np.asarray(run(compute_dtype_params(params, "bfloat16"))))
