@@ -265,4 +265,5 @@ PRESETS: dict[str, dict[str, Any]] = {
     "qwen3-1.7b": _qwen3(2048, 6144, 28, 16, 8, tied=True),
     "qwen3-4b": _qwen3(2560, 9728, 36, 32, 8, tied=True),
     "qwen3-8b": _qwen3(4096, 12288, 36, 32, 8, tied=False),
+    "qwen3-14b": _qwen3(5120, 17408, 40, 40, 8, tied=False),   # Co-ReAct's 14B trainer
 }
