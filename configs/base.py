@@ -508,5 +508,13 @@ def _paper(c, arg):
   c.train.steps = 300
   c.train.eval_every = 50
   c.train.eval_batch = 256
+  # What fits the papers' 8 x 80 GB (launch/fit.py; docs/BENCHMARKS.md "fit"): tensor parallelism
+  # over 4 devices (the heads, MLP and vocabulary: 4 divides 28 and 32 heads and 4 or 8 KV heads;
+  # Qwen2.5-3B's 2 KV heads take 2) and FSDP over the rest; one trajectory per device per
+  # forward/backward; 256 KV-cache rows (2 lanes x 128 of the 512 trajectories: each 8192-slot
+  # row of a 7B model is 0.46 GB of bf16 KV).
   c.mesh.data = 1
   c.mesh.fsdp = -1
+  c.mesh.tensor = 2 if arg == "qwen2.5-3b" else 4
+  c.rl.micro_batch_size = 1
+  c.rollout.slots = 256

@@ -130,6 +130,10 @@ def get_config(arg: str = "demo"):
   # The code's eval: the rubric generator at temperature 0, 2048 new tokens.
   c.coreact.generator_max_new_tokens = 2048
   c.coreact.generator_max_total_tokens = 8192 + 2048
+  # Memory (launch/fit.py; docs/BENCHMARKS.md "fit"): tensor parallelism over all 8 devices (40
+  # heads, 8 KV heads: the 16384-slot KV rows split 8 ways) and 32 KV-cache rows (2 lanes x 16).
+  c.mesh.tensor = 8
+  c.rollout.slots = 32
   return config
 
 

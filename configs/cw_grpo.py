@@ -85,4 +85,9 @@ def get_config(arg: str = "demo"):
   c.judge.temperature = 0.0
   c.judge.max_retries = 3
   c.judge.max_concurrency = 64
+  # Memory (launch/fit.py; docs/BENCHMARKS.md "fit"): 4 devices, tensor parallelism over all 4
+  # (base._paper), 16 KV-cache rows of 16384 slots (2 lanes x 8; Qwen3-8B's 8 KV heads make a
+  # row 2.4 GB of bf16 KV).
+  if arg == "qwen3-8b":
+    c.rollout.slots = 16
   return config

@@ -91,4 +91,8 @@ def get_config(arg: str = "demo"):
   c.dac.max_evidence_docs = 10
   c.dac.generator_max_new_tokens = 256
   c.dac.generator_max_total_tokens = 8192
+  # Memory (launch/fit.py; docs/BENCHMARKS.md "fit"): Qwen3-8B's 8 KV heads make an 8192-slot
+  # row twice Qwen2.5-7B's, so half base._paper's KV-cache rows (2 lanes x 64).
+  if arg == "qwen3-8b":
+    c.rollout.slots = 128
   return config
