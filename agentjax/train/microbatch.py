@@ -104,14 +104,19 @@ def accumulate(partial_loss: Callable[..., tuple[Array, dict[str, Array]]],
       (loss, metrics), grads = grad_fn(params, minibatch, totals, *frozen)
       return (loss, combine(jax.tree.map(lambda x: x[None], metrics), totals)), grads
 
-    def body(acc, mb):
-      (loss, metrics), grads = grad_fn(params, mb, totals, *frozen)
+    # The params (and a frozen backbone) ride in the carry behind an optimization barrier: left
+    # loop-invariant, XLA hoists their FSDP all-gathers out of the loop and every layer's
+    # gathered weights stay live at once (docs/BENCHMARKS.md "fit": 7B update 68.4 -> ~61.7 GB).
+    def body(carry, mb):
+      (p, fz), acc = carry
+      p, fz = jax.lax.optimization_barrier((p, fz))
+      (loss, metrics), grads = grad_fn(p, mb, totals, *fz)
       acc = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), acc, grads)
-      return place(acc), (loss, metrics)
+      return ((p, fz), place(acc)), (loss, metrics)
 
     zeros = place(jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params))
-    grads, (losses, metrics) = jax.lax.scan(
-        body, zeros, jax.tree.map(lambda x: split(x, n), minibatch))
+    (_, grads), (losses, metrics) = jax.lax.scan(
+        body, ((params, frozen), zeros), jax.tree.map(lambda x: split(x, n), minibatch))
     grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
     return (jnp.sum(losses), combine(metrics, totals)), grads
 
