@@ -844,7 +844,6 @@ def bench_packing() -> dict:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
   from configs import base as base_config
   from agentjax.agent import RolloutConfig, RolloutEngine
-  from agentjax.data.demo_world import build_demo_world
   from agentjax.models.tokenizer import load_tokenizer
   from agentjax.retrieval import make_backend
   from agentjax.rl.info_gain import build_probes
@@ -857,10 +856,7 @@ def bench_packing() -> dict:
   rng = np.random.default_rng(0)
   report = {"bench": "packing"}
   with tempfile.TemporaryDirectory() as tmp:
-    world = os.path.join(base_config.DEMO_ROOT, "synthworld")
-    if not os.path.isfile(os.path.join(world, "tokenizer", "tokenizer.json")):
-      world = os.path.join(tmp, "synthworld")
-      build_demo_world(world, topk=demo_cfg.retrieval.topk)
+    world = _demo_world(tmp, demo_cfg.retrieval.topk)
     tok = load_tokenizer(os.path.join(world, "tokenizer"))
     with open(os.path.join(world, "demos.jsonl")) as f:
       demos = [json.loads(line) for line in f]
@@ -1428,6 +1424,18 @@ def bench_train_step() -> dict:
   return result
 
 
+def _demo_world(tmp: str, topk: int) -> str:
+  """The SynthWorld folder of `make demo` if it was built, else a fresh one under tmp."""
+  from agentjax.data.demo_world import build_demo_world
+  from configs import base as base_config
+
+  world = os.path.join(base_config.DEMO_ROOT, "synthworld")
+  if not os.path.isfile(os.path.join(world, "tokenizer", "tokenizer.json")):
+    world = os.path.join(tmp, "synthworld")
+    build_demo_world(world, topk=topk)
+  return world
+
+
 def _demo_judge_requests(world: str, n: int) -> list:
   """Judge requests of n SynthWorld demonstrations (the rounds of correct trajectories, as a
   CW-GRPO step sends them): each assistant segment a round, the observation after it its
@@ -1471,7 +1479,6 @@ def bench_judge() -> dict:
   sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
   from configs import base as base_config
   from agentjax.compiles import CompileCounter
-  from agentjax.data.demo_world import build_demo_world
   from agentjax.judge import build_judge
   from agentjax.judge.render import build_messages
   from agentjax.models.qwen import QwenConfig, init_params
@@ -1482,10 +1489,7 @@ def bench_judge() -> dict:
   m = config.model
   trajectories = FLAGS.batch or 16
   with tempfile.TemporaryDirectory() as tmp:
-    world = os.path.join(base_config.DEMO_ROOT, "synthworld")
-    if not os.path.isfile(os.path.join(world, "tokenizer", "tokenizer.json")):
-      world = os.path.join(tmp, "synthworld")
-      build_demo_world(world, topk=config.retrieval.topk)
+    world = _demo_world(tmp, config.retrieval.topk)
     tokenizer = load_tokenizer(os.path.join(world, "tokenizer"))
     requests = _demo_judge_requests(world, trajectories)
     cfg = QwenConfig.preset(m.preset, vocab_size=-(-len(tokenizer) // 64) * 64,
@@ -1602,7 +1606,6 @@ def bench_coreact() -> dict:
   from agentjax.compiles import CompileCounter
   from agentjax.coreact.guided import GuidedEngine, GuidedSettings
   from agentjax.coreact.rubric import parse_rubric, rubric_suffix
-  from agentjax.data.demo_world import build_demo_world
   from agentjax.models.qwen import QwenConfig
   from agentjax.models.tokenizer import load_tokenizer
   from agentjax.retrieval import make_backend
@@ -1612,10 +1615,7 @@ def bench_coreact() -> dict:
   m = config.model
   turns, questions_n, n_best = 4, 4, 4
   tmp = tempfile.mkdtemp(prefix="agentjax-bench-coreact-")
-  world = os.path.join(base_config.DEMO_ROOT, "synthworld")
-  if not os.path.isfile(os.path.join(world, "tokenizer", "tokenizer.json")):
-    world = os.path.join(tmp, "synthworld")
-    build_demo_world(world, topk=config.retrieval.topk)
+  world = _demo_world(tmp, config.retrieval.topk)
   tok = load_tokenizer(os.path.join(world, "tokenizer"))
   backend = make_backend("bm25", corpus_path=os.path.join(world, "corpus.jsonl"),
                          index_dir=os.path.join(tmp, "bm25_index"))
