@@ -235,6 +235,15 @@ def plan_micro_packing(keep: np.ndarray, pack_tokens: int, num_micro: int, **kwa
                   max_segments=max(p.max_segments for p in plans), num_micro=n)
 
 
+def _gather(x: Array, where: Array, fill) -> Array:
+  """out[i, j, ...] = x.flat2d[where[i, j], ...], fill where where < 0: pack and unpack are the
+  same gather with the two index maps (x [P, Q, ...] read as [P * Q, ...]; where [I, J] int)."""
+  flat = x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+  out = jnp.take(flat, jnp.maximum(where, 0), axis=0)
+  real = (where >= 0).reshape(where.shape + (1,) * (x.ndim - 2))
+  return jnp.where(real, out, jnp.asarray(fill, x.dtype))
+
+
 @flax.struct.dataclass
 class PackIndex:
   """PackPlan's maps on device (fields as in PackPlan); gathers between the two layouts."""
@@ -271,21 +280,13 @@ class PackIndex:
     """[B, U, ...] source-layout array -> [R, W, ...] packed (padding slots = fill)."""
     if self.num_micro > 1:
       return self._slices(lambda index, y: index.pack(y, fill), x)
-    b, u = self.slot.shape
-    flat = x.reshape(b * u, *x.shape[2:])
-    out = jnp.take(flat, jnp.maximum(self.source, 0), axis=0)
-    real = (self.source >= 0).reshape(self.source.shape + (1,) * (x.ndim - 2))
-    return jnp.where(real, out, jnp.asarray(fill, x.dtype))
+    return _gather(x, self.source, fill)
 
   def unpack(self, y: Array, fill=0) -> Array:
     """[R, W, ...] packed -> [B, U, ...] source layout (slots not kept = fill)."""
     if self.num_micro > 1:
       return self._slices(lambda index, z: index.unpack(z, fill), y)
-    r, w = self.source.shape
-    flat = y.reshape(r * w, *y.shape[2:])
-    out = jnp.take(flat, jnp.maximum(self.slot, 0), axis=0)
-    kept = (self.slot >= 0).reshape(self.slot.shape + (1,) * (y.ndim - 2))
-    return jnp.where(kept, out, jnp.asarray(fill, y.dtype))
+    return _gather(y, self.slot, fill)
 
   def trajectory_sums(self, x: Array) -> Array:
     """Per-trajectory sums of a packed per-token array: x [R, W] -> [B] (padding ignored).
