@@ -95,6 +95,10 @@ _JUDGE = flags.DEFINE_string("judge_preset", "", "fit: the local judge's shape (
 _LAYERS = flags.DEFINE_integer("num_layers", 0, "fit: a reduced-depth proxy (the model's widths "
                               "with this many layers; 0: the model's own) to attribute memory to "
                               "what grows with depth and what does not, in seconds.")
+_BACKEND = flags.DEFINE_enum("backend", "cpu", ["cpu", "gpu"], "fit: compile with the CPU "
+                             "compiler on --devices fake CPU devices (anywhere), or with the GPU "
+                             "compiler on --devices mock GPUs (jax_mock_gpu_topology: one real "
+                             "GPU stands for each; compile only, on a machine with one GPU).")
 _PROGRAMS = flags.DEFINE_list("programs", [], "fit: only these programs (names or prefixes; "
                               "default: all).")
 
@@ -759,6 +763,8 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
   return {"bench": "fit", "config": config.get("preset", ""), "fits": not too_big,
           "peak_gb": worst, "device_memory_gb": device_memory_gb, "too_big": too_big,
           "problems": problems, "devices": jax.device_count(), "mesh": dict(mesh.shape),
+          "compiler": f"{jax.devices()[0].platform} ({jax.devices()[0].device_kind}), jax "
+                      f"{jax.__version__}",
           "model": {"type": cfg.model_type, "hidden": cfg.hidden_size, "layers": cfg.num_layers,
                     "params_b": round(cfg.num_params() / 1e9, 3), "param_dtype": cfg.param_dtype,
                     "dtype": cfg.dtype, "remat": cfg.remat_policy, "attention": cfg.attention},
@@ -768,13 +774,29 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
           "programs": report}
 
 
-def force_devices(n: int) -> None:
-  """Asks for n fake CPU devices; must run before jax is imported (it reads XLA_FLAGS once)."""
+def force_devices(n: int, backend: str = "cpu") -> None:
+  """Asks for n fake CPU devices (backend "cpu"), or n mock GPUs (backend "gpu": XLA's mock
+  topology of n one-GPU hosts, collectives mocked, each host's device the one real GPU, so that
+  programs compile, never run, with the GPU compiler); before jax is imported (it reads XLA_FLAGS
+  and its platform once)."""
   if "jax" in sys.modules:
     import jax
     if jax.device_count() != n:
       raise RuntimeError(f"jax was imported before the fit check set {n} fake devices "
                          f"(it has {jax.device_count()}); run launch/fit.py itself")
+    return
+  if backend == "gpu":
+    os.environ["JAX_PLATFORMS"] = "cuda"
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # nothing runs
+    # Autotuning runs candidate kernels, collectives included, on the mock devices: it hangs
+    # (seen on an H200 with jax 0.11.2). Buffer sizes do not depend on the kernels it would pick.
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_gpu_autotune_level=0").strip()
+    import jax
+    jax.config.update("jax_mock_gpu_topology", f"1x{n}x1")
+    if jax.device_count() != n:
+      raise RuntimeError(f"--backend=gpu: asked for {n} mock GPUs, jax has "
+                         f"{jax.device_count()} devices")
     return
   flag = f"--xla_force_host_platform_device_count={n}"
   old = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
@@ -795,7 +817,7 @@ def run_from_flags() -> dict[str, Any]:
   """The check as the flags ask (launch/bench.py fit calls this)."""
   if _CONFIG.value is None:
     raise app.UsageError("fit: --config=configs/<method>.py:<preset> is required")
-  force_devices(_DEVICES.value)
+  force_devices(_DEVICES.value, _BACKEND.value)
   return fit_check(_CONFIG.value, _MEMORY.value, _MODEL.value, _PROGRAMS.value, _PROMPT.value,
                    _PROBE.value, _JUDGE.value, _LAYERS.value,
                    log=lambda line: print(line, flush=True))

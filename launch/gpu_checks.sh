@@ -1,0 +1,51 @@
+#!/bin/bash
+# Issue 30 §6 on a one-GPU machine, in one short run (results under $OUT):
+#   1. python launch/bench.py gpu: the qwen2.5-1.5b shape run for real in bfloat16: decode
+#      tokens/s against the HBM roofline, train-step MFU, attention cudnn vs blockwise vs xla.
+#   2. launch/fit.py --backend=gpu: the paper presets' programs compiled (never run) by the GPU
+#      compiler on mock GPUs (jax_mock_gpu_topology), at 2 and 4 layers (--num_layers), to set
+#      beside the CPU compiler's figures (docs/BENCHMARKS.md, fit). CPU-bound; it runs beside 1.
+# Packages the machine lacks travel as wheels in .whl (the device tool's README says how).
+#   bash launch/gpu_checks.sh [fit specs...]   spec: config:preset:devices:programs
+set -u
+OUT=${OUT:-/tmp/gpu_checks}
+mkdir -p "$OUT"
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import jax, flax, optax, orbax.checkpoint, chex, transformers; \
+print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, \
+'transformers', transformers.__version__, jax.devices())"
+} > "$OUT/env.txt" 2>&1
+cat "$OUT/env.txt"
+
+specs=("$@")
+if [ ${#specs[@]} -eq 0 ]; then
+  specs=(cw_grpo:qwen3-8b:4:update,rollout coreact:qwen3-14b:8:update,rollout
+         igpo:qwen2.5-7b:8:update)
+fi
+(
+  for spec in "${specs[@]}"; do
+    IFS=: read -r method preset devices programs <<< "$spec"
+    for layers in 2 4; do
+      if [ $SECONDS -gt ${FIT_SECONDS:-330} ]; then echo "# skipped: $spec $layers (time)"; continue; fi
+      echo "# $method $preset devices=$devices layers=$layers programs=$programs"
+      timeout 180 python3 launch/fit.py --config=configs/$method.py:$preset --backend=gpu \
+        --devices=$devices --device_memory_gb=80 --num_layers=$layers --programs=$programs 2>&1 \
+        | grep -v "^[IW][0-9]"
+    done
+  done
+) > "$OUT/fit_gpu.log" 2>&1 &
+fit_pid=$!
+
+timeout ${BENCH_TIMEOUT:-330} python3 launch/bench.py gpu 2>&1 | grep -v "^[IW][0-9]" \
+  | tee "$OUT/bench_gpu.log"
+wait $fit_pid
+cat "$OUT/fit_gpu.log"
