@@ -117,6 +117,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # rows' live context, not the whole max_total_tokens budget (each step's cost follows the
   # context, at a few programs per call shape). 0: every step reads the whole cache.
   c.rollout.kv_window_min = 256
+  # The slot engine prefills the prompts this many at a time and holds only their caches (the
+  # next chunk when its first trajectory takes a slot); 0: all at once. Our reading: vLLM (verl's
+  # rollout) bounds a prefill by tokens per batch (max_num_batched_tokens); rows are simpler to
+  # reason about with one prompt per question.
+  c.rollout.prefill_rows = 32
 
   # ---- RL
   c.rl = ml_collections.ConfigDict()

@@ -44,7 +44,7 @@ outputs, temporaries and of the outputs aliased to (donated) arguments. For each
           live buffers)
 
 The shapes are the worst case the code can reach at the preset's settings: the full KV-cache
-budget bucket(rollout.max_total_tokens) (decode and feed without a kv_window: the widest program
+budget cache_size(rollout.max_total_tokens) (decode and feed without a kv_window: the widest program
 of the window ladder), every slot of a lane fed at once, batches trimmed to the token budget
 (rl.trim's widest), rollout prompts of --prompt_tokens. Decode programs are
 compiled in the layout GPUs and TPUs run (checkpoint-size kernels, LoRA adapters unmerged), not
@@ -99,6 +99,11 @@ _BACKEND = flags.DEFINE_enum("backend", "cpu", ["cpu", "gpu"], "fit: compile wit
                              "compiler on --devices fake CPU devices (anywhere), or with the GPU "
                              "compiler on --devices mock GPUs (jax_mock_gpu_topology: one real "
                              "GPU stands for each; compile only, on a machine with one GPU).")
+_EXTRAPOLATE = flags.DEFINE_list("extrapolate", [], "fit: two depths (e.g. 2,4): compile the "
+                                 "preset at each (--num_layers) and extrapolate each program's "
+                                 "total linearly to the model's depth; `fits` then says whether "
+                                 "the extrapolated totals fit (a full compile takes 10-25 min "
+                                 "on a CPU; these, seconds to a minute).")
 _PROGRAMS = flags.DEFINE_list("programs", [], "fit: only these programs (names or prefixes; "
                               "default: all).")
 
@@ -332,7 +337,8 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
                      prompt_tokens: int = 0, live: int = 0) -> list[Program]:
   """The rollout's programs for `questions` x rollout.group_size trajectories.
 
-  slots engine: the prompts' prefill (`extend` on a [Q, bucket(prompt)] state), one lane's
+  slots engine: the prompts' prefill (`extend` on a [rollout.prefill_rows, bucket(prompt)]
+  state: one chunk of the Q prompts), one lane's
   decode call (`decode_slots` over ceil(slots / lanes) rows, the whole KV budget), the
   observation feed of a lane's rows (`_extend_tokens` on every row of the lane at once, the
   widest feed); turns engine: the prefill, `generate` and the feed on the whole batch.
@@ -340,14 +346,15 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
   import jax.numpy as jnp
   from agentjax.agent.slots import MIN_ROWS
   from agentjax.models.qwen import Qwen
-  from agentjax.sampling import SamplingParams, bucket, decode_slots, extend, generate
+  from agentjax.sampling import (SamplingParams, bucket, cache_size, decode_slots, extend,
+                                 generate)
   from agentjax.sampling import slots as slot_programs
   from agentjax.sampling.slots import SlotProgress
 
   model = Qwen(s.cfg, lora=s.spec)
   dmodel, dparams = _decode_model(s)
   count = questions * rollout.group_size
-  cache_len = bucket(rollout.max_total_tokens)
+  cache_len = cache_size(rollout.max_total_tokens)
   budget = min(rollout.max_total_tokens, cache_len)
   if not prompt_tokens:
     one_turn = budget - rollout.max_new_tokens - 1
@@ -377,7 +384,8 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
   slots = min(rollout.slots or count, count)
   lanes = min(rollout.lanes, slots)
   per_lane = math.ceil(slots / lanes)
-  prompts = _state(s, questions, width)
+  chunk = min(rollout.prefill_rows or questions, questions)  # the shared prefill's chunk
+  prompts = _state(s, chunk, width)
   lane = _state(s, per_lane, cache_len)
   # The finished trajectories' buffer (tokens, valid, sampled, logprobs, turn_id per slot).
   traj = count * cache_len * (4 + 1 + 1 + 4 + 4)
@@ -385,9 +393,9 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
   rollout_live = state_live + lanes * device_bytes(lane) + device_bytes(prompts) + traj
   note = f"{count} trajectories, {lanes} lanes x {per_lane} slots x {cache_len} cache slots"
   out.append(Program(f"{prefix}/prefill", extend,
-                     (model, s.params, prompts, sds((questions, width), i32),
-                      sds((questions,), i32), sds((questions,), i32)), live=state_live,
-                     note=f"{questions} prompts x {width} tokens"))
+                     (model, s.params, prompts, sds((chunk, width), i32),
+                      sds((chunk,), i32), sds((chunk,), i32)), live=state_live,
+                     note=f"{chunk} of {questions} prompts x {width} tokens"))
   progress = sharded_like(s.mesh, SlotProgress(
       traj=sds((per_lane,), i32), turn=sds((per_lane,), i32), num_new=sds((per_lane,), i32),
       window=sds((per_lane, stop[0].window_size), jnp.uint8), reason=sds((per_lane,), i32)),
@@ -586,7 +594,7 @@ def build_programs(config: Any, mesh: Any, cfg: Any, prompt_tokens: int = 0,
   import copy
   import types
   from agentjax.models.qwen import Qwen
-  from agentjax.sampling import bucket
+  from agentjax.sampling import cache_size
   from agentjax.train.trainer import rollout_config
 
   judge_cfg = None
@@ -602,7 +610,7 @@ def build_programs(config: Any, mesh: Any, cfg: Any, prompt_tokens: int = 0,
   rollout = rollout_config(config)
   questions = rl.prompts_per_step
   batch_rows = questions * rollout.group_size
-  cache_len = bucket(rollout.max_total_tokens)
+  cache_len = cache_size(rollout.max_total_tokens)
   width = trimmed_width(cache_len, rollout.max_total_tokens)
   programs = rollout_programs(s, rollout, questions, prompt_tokens=prompt_tokens)
   # The judge is not part of the update (a local judge is its own program, below).
@@ -632,7 +640,7 @@ def dac_programs(s: Setup, config: Any, rollout: Any, batch_rows: int, width: in
   import jax.numpy as jnp
   from agentjax.dac.roles import DacSettings
   from agentjax.dac.step import DacStep
-  from agentjax.sampling import bucket
+  from agentjax.sampling import cache_size
   from agentjax.train.step import POLICY_MINIBATCH
   settings = DacSettings.from_config(config)
   m = settings.generator_samples
@@ -640,7 +648,7 @@ def dac_programs(s: Setup, config: Any, rollout: Any, batch_rows: int, width: in
       rollout, protocol="answer_only", group_size=m, max_turns=1,
       max_new_tokens=settings.generator_max_new_tokens,
       max_total_tokens=settings.generator_max_total_tokens)
-  g_cache = bucket(generator.max_total_tokens)
+  g_cache = cache_size(generator.max_total_tokens)
   g_width = trimmed_width(g_cache, generator.max_total_tokens, 256)
   s_batch = batch_rows * width * 14 // _batch_shards(s.mesh, batch_rows)  # the searcher's batch
   out = rollout_programs(s, generator, batch_rows, prefix="generator_rollout",
@@ -813,14 +821,60 @@ def quiet_logs() -> None:
   logging.getLogger("agentjax").setLevel(logging.WARNING)
 
 
+def extrapolate(config: Any, device_memory_gb: float, depths: tuple[int, int],
+                log: Callable[[str], None] = print, **kwargs) -> dict[str, Any]:
+  """fit_check at two reduced depths, each program's total extrapolated linearly to the
+  model's own depth (what grows per layer: weights, their gradients and optimizer state, saved
+  activations, KV caches; the rest does not). Measured against full compiles: within 0.2 GB per
+  program on igpo and ppo qwen2.5-7b, 1.3 GB on igpo qwen2.5-3b (docs/BENCHMARKS.md, fit)."""
+  lo, hi = sorted(depths)
+  if lo < 1 or lo == hi:
+    raise ValueError(f"--extrapolate needs two different depths >= 1, got {depths}")
+  depth = model_config(config, kwargs.get("model_preset", "")).num_layers
+  runs = {n: fit_check(config, device_memory_gb, num_layers=n, log=log, **kwargs)
+          for n in (lo, hi)}
+  programs = {}
+  for name, row in runs[lo]["programs"].items():
+    a, b = row["total_gb"], runs[hi]["programs"][name]["total_gb"]
+    per_layer = (b - a) / (hi - lo)
+    programs[name] = {"total_gb": round(a + (depth - lo) * per_layer, 2),
+                      "per_layer_gb": round(per_layer, 3), f"total_gb_{lo}": a,
+                      f"total_gb_{hi}": b}
+  log(f"{'program':28s} {'L' + str(lo):>8s} {'L' + str(hi):>8s} {'per layer':>9s} "
+      f"{'L' + str(depth):>8s}  (total GB per device, extrapolated)")
+  for name, row in programs.items():
+    log(f"{name:28s} {row[f'total_gb_{lo}']:8.2f} {row[f'total_gb_{hi}']:8.2f} "
+        f"{row['per_layer_gb']:9.3f} {row['total_gb']:8.2f}")
+  too_big = [name for name, row in programs.items() if row["total_gb"] > device_memory_gb]
+  if too_big:
+    log(f"DOES NOT FIT in {device_memory_gb:g} GB (extrapolated): " + ", ".join(
+        f"{name} ({programs[name]['total_gb']:.2f} GB)" for name in too_big))
+  top = runs[hi]
+  return {**{k: v for k, v in top.items() if k not in ("programs", "model", "state_gb")},
+          "fits": not too_big, "too_big": too_big,
+          "peak_gb": max((row["total_gb"] for row in programs.values()), default=0.0),
+          "how": f"extrapolated from {lo} and {hi} layers to {depth}",
+          "model": {**top["model"], "layers": depth},
+          "problems": {**runs[lo]["problems"], **top["problems"]}, "programs": programs}
+
+
 def run_from_flags() -> dict[str, Any]:
   """The check as the flags ask (launch/bench.py fit calls this)."""
   if _CONFIG.value is None:
     raise app.UsageError("fit: --config=configs/<method>.py:<preset> is required")
   force_devices(_DEVICES.value, _BACKEND.value)
-  return fit_check(_CONFIG.value, _MEMORY.value, _MODEL.value, _PROGRAMS.value, _PROMPT.value,
-                   _PROBE.value, _JUDGE.value, _LAYERS.value,
-                   log=lambda line: print(line, flush=True))
+  kwargs = dict(model_preset=_MODEL.value, programs=_PROGRAMS.value,
+                prompt_tokens=_PROMPT.value, probe_tokens=_PROBE.value,
+                judge_preset=_JUDGE.value)
+  log = lambda line: print(line, flush=True)  # noqa: E731
+  if _EXTRAPOLATE.value:
+    if _LAYERS.value:
+      raise app.UsageError("fit: --extrapolate and --num_layers exclude each other")
+    depths = tuple(int(x) for x in _EXTRAPOLATE.value)
+    if len(depths) != 2:
+      raise app.UsageError(f"fit: --extrapolate takes two depths, got {_EXTRAPOLATE.value}")
+    return extrapolate(_CONFIG.value, _MEMORY.value, depths, log=log, **kwargs)
+  return fit_check(_CONFIG.value, _MEMORY.value, num_layers=_LAYERS.value, log=log, **kwargs)
 
 
 def main(argv):

@@ -2,11 +2,13 @@
 # Issue 30 §6 on a one-GPU machine, in one short run (results under $OUT):
 #   1. python launch/bench.py gpu: the qwen2.5-1.5b shape run for real in bfloat16: decode
 #      tokens/s against the HBM roofline, train-step MFU, attention cudnn vs blockwise vs xla.
-#   2. launch/fit.py --backend=gpu: the paper presets' programs compiled (never run) by the GPU
-#      compiler on mock GPUs (jax_mock_gpu_topology), at 2 and 4 layers (--num_layers), to set
-#      beside the CPU compiler's figures (docs/BENCHMARKS.md, fit). CPU-bound; it runs beside 1.
+#   2. launch/fit.py --backend=gpu --extrapolate=2,4: the paper presets' programs compiled (never
+#      run) by the GPU compiler on mock GPUs (jax_mock_gpu_topology), at 2 and 4 layers,
+#      extrapolated to the model's depth, beside the CPU compiler's figures (docs/BENCHMARKS.md,
+#      fit). CPU-bound (seconds a program); it runs beside 1.
 # Packages the machine lacks travel as wheels in .whl (the device tool's README says how).
-#   bash launch/gpu_checks.sh [fit specs...]   spec: config:preset:devices:programs
+#   bash launch/gpu_checks.sh [fit specs...]   spec: method:preset:devices:programs (e.g.
+#   dac:qwen3-8b:8:rollout,generator_rollout,update)
 set -u
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -28,19 +30,17 @@ cat "$OUT/env.txt"
 
 specs=("$@")
 if [ ${#specs[@]} -eq 0 ]; then
-  specs=(cw_grpo:qwen3-8b:4:update,rollout coreact:qwen3-14b:8:update,rollout
-         igpo:qwen2.5-7b:8:update)
+  specs=(cw_grpo:qwen3-8b:4:rollout,update coreact:qwen3-14b:8:rollout,update
+         igpo:qwen2.5-7b:8:rollout,update dac:qwen3-8b:8:generator_rollout,update)
 fi
 (
   for spec in "${specs[@]}"; do
     IFS=: read -r method preset devices programs <<< "$spec"
-    for layers in 2 4; do
-      if [ $SECONDS -gt ${FIT_SECONDS:-330} ]; then echo "# skipped: $spec $layers (time)"; continue; fi
-      echo "# $method $preset devices=$devices layers=$layers programs=$programs"
-      timeout 180 python3 launch/fit.py --config=configs/$method.py:$preset --backend=gpu \
-        --devices=$devices --device_memory_gb=80 --num_layers=$layers --programs=$programs 2>&1 \
-        | grep -v "^[IW][0-9]"
-    done
+    if [ $SECONDS -gt ${FIT_SECONDS:-330} ]; then echo "# skipped: $spec (time)"; continue; fi
+    echo "# $method $preset devices=$devices programs=$programs"
+    timeout 300 python3 launch/fit.py --config=configs/$method.py:$preset --backend=gpu \
+      --devices=$devices --device_memory_gb=80 --extrapolate=2,4 --programs=$programs 2>&1 \
+      | grep -v "^[IW][0-9]"
   done
 ) > "$OUT/fit_gpu.log" 2>&1 &
 fit_pid=$!

@@ -55,3 +55,21 @@ def test_fit_check_fails_at_a_tiny_limit_naming_the_program():
   assert result["fits"] is False and result["too_big"] == ["rollout/decode"]
   assert list(result["programs"]) == ["rollout/decode"]
   assert "DOES NOT FIT in 0.001 GB: rollout/decode" in out
+
+
+def test_fit_check_extrapolates_two_depths_to_the_models_own():
+  """--extrapolate=1,2: each program's total at the model's depth from its totals at 1 and 2
+  layers, on a straight line; `fits` judges the extrapolated totals."""
+  rc, out, result = _fit("--device_memory_gb=80", "--extrapolate=1,2",
+                         "--programs=rollout/prefill,update")
+  assert rc == 0, out
+  depth = result["model"]["layers"]
+  assert result["how"] == f"extrapolated from 1 and 2 layers to {depth}"
+  assert set(result["programs"]) == {"rollout/prefill", "update"}
+  for name, row in result["programs"].items():
+    a, b = row["total_gb_1"], row["total_gb_2"]
+    assert a > 0 and b > 0, (name, row)
+    assert abs(row["per_layer_gb"] - (b - a)) < 1e-3, (name, row)
+    assert abs(row["total_gb"] - (a + (depth - 1) * (b - a))) < 1e-2, (name, row)
+  assert result["fits"] is True
+  assert result["peak_gb"] == max(r["total_gb"] for r in result["programs"].values())

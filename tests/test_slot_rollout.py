@@ -187,6 +187,48 @@ def test_tail_compaction_keeps_trajectories(world, monkeypatch):
   np.testing.assert_allclose(teacher[h["loss_mask"]], h["logprobs"][h["loss_mask"]], atol=1e-4)
 
 
+def test_prefill_in_chunks_keeps_trajectories(world, monkeypatch):
+  """rollout.prefill_rows: the prompts prefilled a chunk at a time, each once, in question order
+  (chunks of 1, of 3 over 6 questions: a short last chunk padded), hold only the chunk's caches
+  and give the trajectories of one prefill of every prompt, token by token (sampled: keys of
+  (rng, trajectory, position)); with small lanes, refills cross chunk boundaries."""
+  tok, backend, agent = world
+  params = agent.params(af.SEARCH, af.ANSWER)
+  questions = (QUESTIONS * 3)[:6]
+  loads = []
+  original = SlotRollout._load_prompts
+
+  def load(self, first):
+    if first != self.prompt_base:
+      loads.append((self.chunk, first))
+    original(self, first)
+    assert self.prompts.tokens.shape[0] == self.chunk
+
+  monkeypatch.setattr(SlotRollout, "_load_prompts", load)
+  want, want_metrics = make(world, sampling=SAMPLED, slots=4, prefill_rows=0).run(
+      params, questions, jax.random.key(3))
+  assert loads == [(6, 0)]
+  for rows in (1, 3):
+    loads.clear()
+    # One lane of 4 slots: the first refill (questions 0 and 1) spans two chunks of 1.
+    got, metrics = make(world, sampling=SAMPLED, slots=4, lanes=1, prefill_rows=rows).run(
+        params, questions, jax.random.key(3))
+    assert_same_trajectories(got, want)
+    assert loads == [(rows, q) for q in range(0, 6, rows)]
+    assert metrics["sampled_tokens"] == want_metrics["sampled_tokens"]
+  with pytest.raises(ValueError, match="rollout.prefill_rows"):
+    RolloutConfig(prefill_rows=-1)
+
+
+def test_cache_size_rounds_long_budgets_to_512():
+  from agentjax.sampling import bucket, cache_size
+  assert [cache_size(n) for n in (1, 100, 512, 513, 4096, 8192, 10240, 10241)] == \
+      [16, 128, 512, 1024, 4096, 8192, 10240, 10752]
+  for n in range(1, 20000, 37):
+    c = cache_size(n)
+    assert n <= c <= bucket(n) and (c == bucket(n) or c % 512 == 0) and c - n < max(512, n)
+
+
 def test_lane_size_ladder():
   want = {1: 1, 2: 2, 3: 3, 4: 4, 5: 6, 6: 6, 7: 8, 8: 8, 9: 12, 12: 12, 13: 16, 17: 24, 25: 32}
   from agentjax.agent.slots import lane_size

@@ -36,6 +36,7 @@ from agentjax.parallel.host import to_host
 from agentjax.retrieval import Document, SearchBackend, SearchResponse
 from agentjax.retrieval.base import guarded_search
 from agentjax.sampling import (STOP_BUDGET, DecodeState, SamplingParams, StopTable, bucket,
+                               cache_size,
                                decode_bytes, decode_layout, extend, generate, init_state,
                                kv_window_arg, kv_window_size, token_byte_table)
 from agentjax.sampling.eos import eos_token_ids
@@ -129,9 +130,16 @@ class RolloutConfig:
   # context: the smallest of kv_window_min * 2^k slots that does (sampling.kv_window_size; a
   # few programs per call shape), not the whole max_total_tokens budget. 0: the whole cache.
   kv_window_min: int = 256
+  # The slot engine's shared prefill runs this many prompts per `extend` call and holds only
+  # their caches (the next chunk is prefilled when its first trajectory takes a slot). 0: every
+  # prompt at once (a [Q, prompt] cache for the whole rollout: DAC's generator has 512 of them).
+  prefill_rows: int = 32
 
   def __post_init__(self):
     get_protocol(self.protocol)
+    if self.prefill_rows < 0:
+      raise ValueError("rollout.prefill_rows must be >= 0 (0: every prompt in one call), got "
+                       f"{self.prefill_rows}")
     if self.kv_window_min < 0:
       raise ValueError("rollout.kv_window_min must be >= 0 (0: no windows), got "
                        f"{self.kv_window_min}")
@@ -387,7 +395,7 @@ class RolloutEngine:
     self.eos_ids = jnp.asarray(eos_token_ids(cfg, tokenizer, chat=config.use_chat_template),
                                jnp.int32)
     self.stop_table = StopTable.build(self.byte_table, self.protocol.stop_strings)
-    self.cache_len = bucket(config.max_total_tokens)
+    self.cache_len = cache_size(config.max_total_tokens)
 
   # ------------------------------------------------------------------ text <-> tokens (host)
 

@@ -4,7 +4,8 @@ The turn-synchronous engine decodes the whole batch until its slowest row of the
 keeps finished trajectories in every decode step, prefills each prompt group_size times and
 leaves the device idle while the retriever answers. Here instead:
 
-  prefill the Q prompts once ─► copy a prompt's cache into a free slot (shared prefill)
+  prefill the Q prompts once, rollout.prefill_rows at a time ─► copy a prompt's cache into a
+    free slot (shared prefill)
   lanes of slots take turns on the device; for each lane:
     decode its slots (one lax.while_loop) until a share of them stopped (rollout.refill_fraction)
     ─► host: parse the stopped rows' actions; ONE batched search for the lane, while the other
@@ -119,13 +120,13 @@ class SlotRollout:
     self.book = _Book(engine, prompts, self.group_ids, budget)
     self.stop = (engine.stop_table, engine.eos_ids, jnp.int32(budget))
 
-    # Shared prefill: each question's prompt once, in a cache just long enough for it.
-    t0 = time.perf_counter()
-    self.prompts = init_state(engine.cfg, len(questions),
-                              bucket(max(len(p) for p in prompts)), rng, mesh=engine.mesh)
-    self.prompts, self.work["prefill_tokens"] = engine._feed(
-        self.pick(0), self.prompts, prompts, np.full(len(questions), -1), count=True)
-    self.timings["extend_s"] += time.perf_counter() - t0
+    # Shared prefill: each question's prompt once, in a cache just long enough for it, in chunks
+    # of rollout.prefill_rows prompts (_load_prompts): the first chunk now, the next when its
+    # first trajectory takes a slot.
+    self.prompt_ids, self.rng = prompts, rng
+    self.chunk = min(cfg.prefill_rows or len(questions), len(questions))
+    self.prompt_base = -1  # the first question of the chunk in self.prompts
+    self._load_prompts(0)
 
     slots = min(cfg.slots or count, count)
     lanes = min(cfg.lanes, slots)
@@ -229,18 +230,45 @@ class SlotRollout:
       lane.starting[slots] = False
       lane.finishing = []
     free = np.flatnonzero(lane.traj < 0)[:len(self.queue)]
-    if len(free):
-      trajs = [self.queue.popleft() for _ in free]
-      size = bucket(len(free), MIN_ROWS)
-      lane.state = copy_rows(lane.state, _padded(free, size, lane.size), self.prompts,
-                             _padded(self.group_ids[trajs], size, 0))
-      lane.traj[free], lane.turn[free], lane.starting[free] = trajs, 0, True
-      self.trace.append(("refill", lane.index, list(zip(free.tolist(), trajs))))
-      for slot, ids in zip(free, self.book.hook(0, trajs)):
+    refilled = len(free)
+    while len(free):
+      # The queue holds trajectories in order, a question's group_size ones together: those of
+      # the chunk in self.prompts first (the next chunk is prefilled once they are all out).
+      q = int(self.group_ids[self.queue[0]])
+      self._load_prompts(q - q % self.chunk)
+      t = self.queue[0]  # the queue is trajectories t, t + 1, ..., count - 1
+      n = int(np.sum(self.group_ids[t:t + len(free)] < self.prompt_base + self.chunk))
+      here, free = free[:n], free[n:]
+      trajs = [self.queue.popleft() for _ in here]
+      size = bucket(len(here), MIN_ROWS)
+      lane.state = copy_rows(lane.state, _padded(here, size, lane.size), self.prompts,
+                             _padded(self.group_ids[trajs] - self.prompt_base, size, 0))
+      lane.traj[here], lane.turn[here], lane.starting[here] = trajs, 0, True
+      self.trace.append(("refill", lane.index, list(zip(here.tolist(), trajs))))
+      for slot, ids in zip(here, self.book.hook(0, trajs)):
         lane.feeds[slot] = [(ids, 0)]
+    if refilled:
       self._feed(lane)
     elif not self.queue:
       self._compact(lane)
+    self.timings["extend_s"] += time.perf_counter() - t0
+
+  def _load_prompts(self, first: int) -> None:
+    """Prefills questions [first, first + chunk) into self.prompts, unless they are there: a
+    [chunk, bucket(longest prompt of the chunk)] state, the last chunk padded with empty rows
+    (one program per width). Only the chunk's caches are held (not every question's: 512
+    evidence prompts of 8192 tokens for DAC's generator), and each prompt is prefilled once."""
+    if first == self.prompt_base:
+      return
+    t0 = time.perf_counter()
+    ids = self.prompt_ids[first:first + self.chunk]
+    ids = list(ids) + [[]] * (self.chunk - len(ids))
+    state = init_state(self.engine.cfg, self.chunk, bucket(max(len(p) for p in ids)), self.rng,
+                       mesh=self.engine.mesh)
+    self.prompts, tokens = self.engine._feed(self.pick(0), state, ids, np.full(self.chunk, -1),
+                                             count=True)
+    self.prompt_base = first
+    self.work["prefill_tokens"] += tokens
     self.timings["extend_s"] += time.perf_counter() - t0
 
   def _feed(self, lane: _Lane) -> None:

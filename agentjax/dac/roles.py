@@ -162,7 +162,8 @@ class DacAgent:
         max_total_tokens=settings.generator_max_total_tokens, topk=searcher.topk,
         sampling=searcher.sampling, use_chat_template=searcher.use_chat_template,
         engine=searcher.engine, slots=searcher.slots, lanes=searcher.lanes,
-        refill_fraction=searcher.refill_fraction)
+        refill_fraction=searcher.refill_fraction, kv_window_min=searcher.kv_window_min,
+        prefill_rows=searcher.prefill_rows)
     self.generator = RolloutEngine(cfg, tokenizer, backend, generator, mesh=mesh, lora=lora)
 
   def _fits(self, question: str, docs: Sequence[Document], note: str | None) -> bool:

@@ -57,6 +57,20 @@ def bucket(n: int, minimum: int = 16) -> int:
   return size
 
 
+# KV caches longer than this are a multiple of it (cache_size), not a power of two.
+CACHE_MULTIPLE = 512
+
+
+def cache_size(budget: int) -> int:
+  """KV-cache slots for a budget of `budget` tokens: bucket(budget) up to CACHE_MULTIPLE, then
+  the next multiple of CACHE_MULTIPLE. A 10240-token budget gets 10240 slots, not the 16384 a
+  power of two would (60 % more KV memory and more keys read by every full-cache call); one
+  budget is one shape, so this costs no programs. Attention blocks (512) divide it."""
+  if budget <= CACHE_MULTIPLE:
+    return bucket(budget)
+  return -(-budget // CACHE_MULTIPLE) * CACHE_MULTIPLE
+
+
 def kv_window_size(need: int, cache_len: int, minimum: int = KV_WINDOW_MIN) -> int | None:
   """The key window of a call whose rows all end at or below slot `need` (after the tokens the
   call adds: for `generate`, max(length) + max_new; for `extend`, max(length + fed)).

@@ -315,6 +315,10 @@ def _validate_rl(config: Any) -> None:
   kv_min = config.rollout.get("kv_window_min", 256)
   if isinstance(kv_min, bool) or not isinstance(kv_min, int) or kv_min < 0:
     _fail("rollout.kv_window_min", kv_min, "must be an int >= 0 (0: decode reads the whole cache)")
+  prefill_rows = config.rollout.get("prefill_rows", 32)
+  if isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0:
+    _fail("rollout.prefill_rows", prefill_rows, "must be an int >= 0 (0: every prompt in one "
+          "prefill call)")
   new, obs, total = (_get(config, f"rollout.{k}") for k in
                      ("max_new_tokens", "max_obs_tokens", "max_total_tokens"))
   if new + obs >= total:
