@@ -11,7 +11,9 @@ setup(
     name="agentjax",
     version="0.1.0",
     description="JAX/Flax RL for multi-turn LLM search agents (IGPO, GRPO family) on Qwen models",
-    packages=find_packages(include=["agentjax", "agentjax.*"]),
+    # configs/: the config files (configs/<method>.py:<preset>) import configs.base; installed so
+    # that the launch scripts and agentjax.studies / agentjax.benchmarks import it from anywhere.
+    packages=find_packages(include=["agentjax", "agentjax.*", "configs"]),
     python_requires=">=3.10",
     install_requires=[
         "jax>=0.10,<0.11",

@@ -131,9 +131,11 @@ def get_config(arg: str = "demo"):
   c.coreact.generator_max_new_tokens = 2048
   c.coreact.generator_max_total_tokens = 8192 + 2048
   # Memory (launch/fit.py; docs/BENCHMARKS.md "fit"): tensor parallelism over all 8 devices (40
-  # heads, 8 KV heads: the 16384-slot KV rows split 8 ways) and 32 KV-cache rows (2 lanes x 16).
+  # heads, 8 KV heads: the 10240-slot KV rows split 8 ways), 32 KV-cache rows (2 lanes x 16),
+  # and the 8192-token prompts prefilled 16 at a time.
   c.mesh.tensor = 8
   c.rollout.slots = 32
+  c.rollout.prefill_rows = 16
   return config
 
 

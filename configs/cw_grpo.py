@@ -14,6 +14,10 @@ answer round always keeps A. agentjax/rl/advantages.py `contribution_weighted_ad
 Presets:
   demo        SynthWorld on a CPU, the demo RL settings of every method (configs/base.py), the
               `oracle` judge (SynthWorld's gold evidence chain), gamma "infinite", fallback zero.
+  demo-ig     the demo with IGPO's information-gain turn advantages times CW-GRPO's round
+              weights (algorithm "cw_grpo_ig", agentjax/methods/cw_grpo.py; our composition):
+                python launch/train.py --config=configs/cw_grpo.py:demo-ig \
+                    --workdir=runs/demo/cw_grpo_ig
   qwen3-8b    the official script run_qwen3-8b_search_multiturn_cw-grpo.sh (verl 0.6.1): EM
   qwen3-1.7b  outcome reward, 32 prompts x 4 rollouts, lr 1e-6 with verl's warm-up ratio 0.285
               (int(0.285 * 200) = 56 steps) then constant, 4 PPO minibatches a step, KL loss 0.001
@@ -37,19 +41,19 @@ study); rl.reward_metric="em" is the paper's.
 
 from configs import base
 
-PRESETS = ("demo", "qwen3-8b", "qwen3-1.7b")
+PRESETS = ("demo", "demo-ig", "qwen3-8b", "qwen3-1.7b")
 
 
 def get_config(arg: str = "demo"):
   if arg not in PRESETS:
     raise ValueError(f"unknown preset {arg!r}; known: {list(PRESETS)}")
-  config = base.get_config("qwen3-8b" if arg == "qwen3-1.7b" else arg)
+  config = base.get_config({"qwen3-1.7b": "qwen3-8b", "demo-ig": "demo"}.get(arg, arg))
   config.preset = arg
-  config.algorithm = "cw_grpo"
+  config.algorithm = "cw_grpo_ig" if arg == "demo-ig" else "cw_grpo"
   config.cw.gamma = 100.0
   config.cw.inf_threshold = 10.0
   config.cw.all_zero_fallback = "zero"
-  if arg == "demo":
+  if arg in ("demo", "demo-ig"):
     config.judge.backend = "oracle"
     return config
   if arg == "qwen3-1.7b":

@@ -24,10 +24,7 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

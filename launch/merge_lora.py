@@ -23,9 +23,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402

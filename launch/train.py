@@ -14,10 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # configs/
 
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402

@@ -1,8 +1,8 @@
-"""launch/compare.py: every method's config, and the report (tables, figures) from run folders."""
+"""The studies (agentjax/studies; launch/compare.py): every method's config, and the report (tables,
+figures) from run folders."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -13,35 +13,30 @@ import sys
 import numpy as np
 import pytest
 
+from agentjax.studies import cw_grpo as cw_study
+from agentjax.studies import dac as dac_study
+from agentjax.studies import igpo as igpo_study
+from agentjax.studies import lora as lora_study
+from agentjax.studies import reporting, sweep
+from agentjax.studies import runs as study_runs
 from agentjax.train import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.fixture(scope="module")
-def compare():
-  spec = importlib.util.spec_from_file_location("compare", os.path.join(ROOT, "launch",
-                                                                         "compare.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["compare"] = module  # the importlib recipe: dataclasses look their module up
-  sys.path.insert(0, ROOT)  # configs/
-  spec.loader.exec_module(module)
-  return module
-
-
 @pytest.mark.parametrize("method", ["igpo", "grpo", "outcome_only", "ig_only", "rloo",
                                     "reinforcepp", "ppo", "ppo_turn", "ppo_ig"])
 @pytest.mark.parametrize("size", ["base", "wide"])
-def test_every_run_config_validates_and_differs_only_in_the_method(compare, method, size):
-  config = compare.rl_config("/r", size, method, seed=2, steps=7)
+def test_every_run_config_validates_and_differs_only_in_the_method(method, size):
+  config = sweep.rl_config("/r", size, method, seed=2, steps=7)
   config_lib.validate(config)
-  reference = compare.rl_config("/r", size, "igpo", seed=2, steps=7)
+  reference = sweep.rl_config("/r", size, "igpo", seed=2, steps=7)
   assert config.seed == 2 and config.train.steps == 7 and config.rl.probe_all
   assert config.model.hf_path == f"/r/{size}/sft/hf_export"
   assert config.data.manual_dir == "/r/synthworld"
   # Identical hyperparameters: everything but the estimator, IGPO's own settings and the
   # critic's (PPO's, which the other methods do not read).
-  flat = lambda c: {k: v for k, v in compare._flat(c.to_dict()).items()  # noqa: E731
+  flat = lambda c: {k: v for k, v in sweep._flat(c.to_dict()).items()  # noqa: E731
                     if k not in ("algorithm", "rl.igpo_ig_weight", "rl.igpo_outcome_weight",
                                  "rl.igpo_norm", "critic.lr", "ppo.ig_weight")}
   assert flat(config) == flat(reference)
@@ -53,7 +48,7 @@ def test_every_run_config_validates_and_differs_only_in_the_method(compare, meth
   assert weights == {"outcome_only": (0.0, 1.0), "ig_only": (1.0, 0.0)}.get(method, (1.0, 1.0))
   if size == "wide":
     assert config.model.shape.hidden_size == 256 and config.model.shape.num_heads == 8
-  sft = compare.sft_config("/r", size)
+  sft = study_runs.sft_config("/r", size)
   config_lib.validate(sft)
   assert sft.model.shape.to_dict() == config.model.shape.to_dict()
 
@@ -102,14 +97,14 @@ def _write_study(root, rng):
   return start, truth
 
 
-def test_report_figures_against_a_direct_computation(compare, tmp_path):
+def test_report_figures_against_a_direct_computation(tmp_path):
   rng = np.random.default_rng(0)
   root = str(tmp_path / "runs")
   start, truth = _write_study(root, rng)
-  study = compare.collect(root, ["base", "wide"], ["igpo", "grpo", "rloo"], ["0", "1", "2"],
+  study = reporting.collect(root, ["base", "wide"], ["igpo", "grpo", "rloo"], ["0", "1", "2"],
                           steps=12)
   assert list(study) == ["base"] and sorted(study["base"]["runs"]) == ["grpo", "igpo"]
-  table = compare.summarize(study, target_gain=0.05)["base"]
+  table = igpo_study.summarize(study, target_gain=0.05)["base"]
   # Per seed: the first 5 steps' training F1, averaged over the methods, + the target gain.
   targets = {s: np.mean([np.mean([r["f1"] for r in truth[m, s][1][:5]])
                          for m in ("igpo", "grpo")]) + 0.05 for s in ("0", "1")}
@@ -142,18 +137,18 @@ def test_report_figures_against_a_direct_computation(compare, tmp_path):
         np.mean([np.mean([r["gt_entropy_reduction"] for r in c[:5]]) for _, c in seeds]))
     assert math.isfinite(row["minutes"][0])
   assert table["methods"]["grpo"]["train_f1_minus_grpo"][0] == 0.0
-  text = compare.markdown(compare.summarize(study, 0.05), 12, "test CPU")
+  text = igpo_study.markdown(igpo_study.summarize(study, 0.05), 12, "test CPU")
   assert "| igpo | 2 |" in text and "| grpo | 2 |" in text and "test CPU" in text
-  paths = compare.plot(study, str(tmp_path))
+  paths = igpo_study.plot(study, str(tmp_path))
   assert [os.path.basename(p) for p in paths] == [
       "f1_vs_step.png", "f1_minus_grpo_vs_step.png", "collapse_vs_step.png",
       "gt_entropy_vs_step.png"]
   assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
   # Runs of another length are left out of a report of `steps` steps.
-  assert compare.collect(root, ["base"], ["igpo"], ["0"], steps=30)["base"]["runs"] == {}
+  assert reporting.collect(root, ["base"], ["igpo"], ["0"], steps=30)["base"]["runs"] == {}
 
 
-def test_report_critic_figures_against_a_direct_computation(compare, tmp_path):
+def test_report_critic_figures_against_a_direct_computation(tmp_path):
   """A PPO method's runs log critic/* metrics: the report's critic columns are their first and
   last 5-step means, averaged over seeds; methods without a critic get none."""
   rng = np.random.default_rng(3)
@@ -173,18 +168,18 @@ def test_report_critic_figures_against_a_direct_computation(compare, tmp_path):
     with open(os.path.join(wd, "metrics.jsonl"), "w") as f:
       f.writelines(json.dumps(r) + "\n" for r in rows)
     curves[seed] = curve
-  study = compare.collect(root, ["base"], ["grpo", "ppo"], ["0", "1"], steps=12)
-  table = compare.summarize(study, target_gain=0.05)["base"]["methods"]
+  study = reporting.collect(root, ["base"], ["grpo", "ppo"], ["0", "1"], steps=12)
+  table = igpo_study.summarize(study, target_gain=0.05)["base"]["methods"]
   assert "critic_explained_variance_first" not in table["grpo"]
   for key in ("explained_variance", "value_loss"):
     for name, window in (("first", slice(0, 5)), ("last", slice(-5, None))):
       want = np.mean([np.mean([r[f"critic/{key}"] for r in curves[s][window]]) for s in "01"])
       assert table["ppo"][f"critic_{key}_{name}"][0] == pytest.approx(want)
-  text = compare.markdown(compare.summarize(study, 0.05), 12, "cpu")
+  text = igpo_study.markdown(igpo_study.summarize(study, 0.05), 12, "cpu")
   assert "critic explained variance" in text and "| ppo | " in text
 
 
-def test_steps_to_target_needs_a_full_window(compare):
+def test_steps_to_target_needs_a_full_window():
   # One lucky step crosses the target inside the first (partial) window; the first full
   # 5-step window that reaches it ends at step 9.
   f1 = [0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.5, 0.5, 0.5, 0.5]
@@ -195,15 +190,15 @@ def test_steps_to_target_needs_a_full_window(compare):
   run.update(dev=split, test=split)
   study = {"base": {"start": {"dev": split, "test": split}, "runs": {"igpo": [run]}}}
   # start = mean(f1[:5]) = 0.26; target 0.26 + 0.06 = 0.32; windows: ..., step 9 -> 0.34.
-  row = compare.summarize(study, target_gain=0.06)["base"]["methods"]["igpo"]
+  row = igpo_study.summarize(study, target_gain=0.06)["base"]["methods"]["igpo"]
   assert row["steps_to_target"] == [9]
   assert row["train_f1_minus_grpo"] is None  # no GRPO run to pair with
   assert row["zero_adv_fraction"] is None  # not logged by this (older) run
   assert math.isnan(row["dev_f1"][1])  # one seed: no spread
-  assert "| igpo | 1 | 0.000 |" in compare.markdown(compare.summarize(study, 0.06), 10, "cpu")
+  assert "| igpo | 1 | 0.000 |" in igpo_study.markdown(igpo_study.summarize(study, 0.06), 10, "cpu")
 
 
-def test_report_only_cli_writes_the_tables_and_plots(compare, tmp_path):
+def test_report_only_cli_writes_the_tables_and_plots(tmp_path):
   _write_study(str(tmp_path / "runs"), np.random.default_rng(1))
   out = tmp_path / "results"
   proc = subprocess.run(
@@ -251,13 +246,13 @@ def test_demo_world_statistics_against_numpy(tmp_path):
 
 
 @pytest.mark.parametrize("method", ["grpo", "cw_grpo", "cw_random", "cw_flip", "cw_gamma1"])
-def test_cw_study_configs_differ_only_in_the_estimator_and_judge(compare, method):
-  config = compare.rl_config("/r", "base", method, seed=1, steps=20, study="cw_grpo")
+def test_cw_study_configs_differ_only_in_the_estimator_and_judge(method):
+  config = sweep.rl_config("/r", "base", method, seed=1, steps=20, study="cw_grpo")
   config_lib.validate(config)
-  reference = compare.rl_config("/r", "base", "grpo", seed=1, steps=20, study="cw_grpo")
+  reference = sweep.rl_config("/r", "base", "grpo", seed=1, steps=20, study="cw_grpo")
   assert config.model.hf_path == "/r/base/sft/hf_export" and not config.rl.probe_all
-  diff = {k: v for k, v in compare._flat(config.to_dict()).items()
-          if compare._flat(reference.to_dict())[k] != v}
+  diff = {k: v for k, v in sweep._flat(config.to_dict()).items()
+          if sweep._flat(reference.to_dict())[k] != v}
   cw = {"algorithm": "cw_grpo", "judge.backend": "oracle"}
   assert diff == {"grpo": {}, "cw_grpo": cw, "cw_random": dict(cw, **{"judge.noise": "random"}),
                   "cw_flip": dict(cw, **{"judge.noise": "flip", "judge.noise_p": 0.2}),
@@ -266,17 +261,17 @@ def test_cw_study_configs_differ_only_in_the_estimator_and_judge(compare, method
   assert config.cw.all_zero_fallback == "zero"
 
 
-def test_dotted_overrides_reach_their_field_and_a_typo_is_refused(compare, monkeypatch):
-  monkeypatch.setitem(compare.METHODS, "typo", ("grpo", {"judge.noise_pp": 0.2}))
-  monkeypatch.setitem(compare.METHODS, "noisy", ("grpo", {"judge.noise": "flip",
+def test_dotted_overrides_reach_their_field_and_a_typo_is_refused(monkeypatch):
+  monkeypatch.setitem(igpo_study.METHODS, "typo", ("grpo", {"judge.noise_pp": 0.2}))
+  monkeypatch.setitem(igpo_study.METHODS, "noisy", ("grpo", {"judge.noise": "flip",
                                                           "judge.noise_p": 0.2, "cw.gamma": 1.0}))
-  config = compare.rl_config("/r", "base", "noisy", seed=0, steps=3)
+  config = sweep.rl_config("/r", "base", "noisy", seed=0, steps=3)
   assert (config.judge.noise, config.judge.noise_p, config.cw.gamma) == ("flip", 0.2, 1.0)
   with pytest.raises(KeyError, match="'typo'.*'judge.noise_pp'"):
-    compare.rl_config("/r", "base", "typo", seed=0, steps=3)
+    sweep.rl_config("/r", "base", "typo", seed=0, steps=3)
 
 
-def test_the_demo_sft_export_is_reused_only_when_its_settings_are_ours(compare, tmp_path):
+def test_the_demo_sft_export_is_reused_only_when_its_settings_are_ours(tmp_path):
   from agentjax.data.demo_world import DEMO_WORLD
   source, root = tmp_path / "demo", str(tmp_path / "study")
   for name in ("synthworld", "tfds", "bm25_index", "sft/hf_export"):
@@ -286,18 +281,18 @@ def test_the_demo_sft_export_is_reused_only_when_its_settings_are_ours(compare, 
       DEMO_WORLD, vocab_size=1024, topk=1, first_query="question",
       hop_weights=list(DEMO_WORLD["hop_weights"]), stop_early_rate=0.5)))
   (source / "sft" / "hf_export" / "config.json").write_text("{}")
-  recorded = compare.sft_config(str(source), "base").to_dict()  # its own paths, as recorded
+  recorded = study_runs.sft_config(str(source), "base").to_dict()  # its own paths, as recorded
   recorded["judge"] = {}  # an older run: RL-only sections absent
   recorded["optimizer"]["lr"] *= 2
   (source / "sft" / "config.json").write_text(json.dumps(recorded))
-  said = compare.reuse_sft(root, str(source), topk=1)
+  said = sweep.reuse_sft(root, str(source), topk=1)
   assert "optimizer.lr" in said and "trained here" in said
   assert not os.path.exists(os.path.join(root, "base", "sft", "hf_export"))
   recorded["optimizer"]["lr"] /= 2
   (source / "sft" / "config.json").write_text(json.dumps(recorded))
-  assert "copied from" in compare.reuse_sft(root, str(source), topk=1)
+  assert "copied from" in sweep.reuse_sft(root, str(source), topk=1)
   assert os.path.exists(os.path.join(root, "base", "sft", "hf_export", "config.json"))
-  assert "exists" in compare.reuse_sft(root, str(source), topk=1)
+  assert "exists" in sweep.reuse_sft(root, str(source), topk=1)
 
 
 def _write_cw_study(root, rng):
@@ -341,11 +336,11 @@ def _write_cw_study(root, rng):
   return truth
 
 
-def test_cw_report_against_a_direct_computation(compare, tmp_path):
+def test_cw_report_against_a_direct_computation(tmp_path):
   root = str(tmp_path / "runs")
   truth = _write_cw_study(root, np.random.default_rng(3))
-  study = compare.collect(root, ["base"], ["grpo", "cw_grpo"], ["0", "1"], steps=6)
-  t = compare.summarize_cw(study)["base"]
+  study = reporting.collect(root, ["base"], ["grpo", "cw_grpo"], ["0", "1"], steps=6)
+  t = cw_study.summarize_cw(study)["base"]
   cw, grpo = t["methods"]["cw_grpo"], t["methods"]["grpo"]
   seeds = ("0", "1")
   acc = {m: np.array([np.mean(truth[m, s][1] > 0) for s in seeds]) for m in ("grpo", "cw_grpo")}
@@ -376,7 +371,7 @@ def test_cw_report_against_a_direct_computation(compare, tmp_path):
   assert vs["acc"]["points"] == pytest.approx(100 * d)
   assert vs["acc"]["relative_pct"] == pytest.approx(100 * d / acc["grpo"].mean())
   assert vs["f1"]["per_seed_points"] == pytest.approx(100 * (f1["cw_grpo"] - f1["grpo"]), abs=0.01)
-  text = compare.markdown_cw(compare.summarize_cw(study), 6, "test CPU")
+  text = cw_study.markdown_cw(cw_study.summarize_cw(study), 6, "test CPU")
   assert "| cw_grpo | 2 |" in text and "+6.3 on Qwen3-1.7B" in text and "test CPU" in text
   assert f"{100 * d:+.1f}" in text
 
@@ -397,7 +392,7 @@ def test_cw_report_cli_writes_its_files(tmp_path):
   assert saved["table"]["base"]["vs_grpo"]["cw_grpo"]["acc"]["seeds"] == 2
 
 
-def test_lora_report_against_a_direct_computation(compare, tmp_path):
+def test_lora_report_against_a_direct_computation(tmp_path):
   """The LoRA study's figures (F1, paired differences with full fine-tuning, step time, memory)
   from fake runs, against NumPy."""
   root = str(tmp_path / "runs")
@@ -426,8 +421,8 @@ def test_lora_report_against_a_direct_computation(compare, tmp_path):
                  "minutes": 1.0, "peak_rss_mib": 100.0 + int(seed), "train_state": state,
                  "checkpoint_bytes": 2**20}, open(os.path.join(wd, "result.json"), "w"))
       truth[method, seed] = (f1s, step_s, train)
-  study = compare.collect(root, ["wide"], ["full_ft", "lora_r32"], ["0", "1"], steps=3)
-  t = compare.summarize_lora(study)["wide"]
+  study = reporting.collect(root, ["wide"], ["full_ft", "lora_r32"], ["0", "1"], steps=3)
+  t = lora_study.summarize_lora(study)["wide"]
   lora = t["methods"]["lora_r32"]
   test = [truth["lora_r32", s][0].mean() for s in "01"]
   assert lora["test_f1"] == pytest.approx((np.mean(test), np.std(test, ddof=1)))
@@ -443,60 +438,60 @@ def test_lora_report_against_a_direct_computation(compare, tmp_path):
   assert vs["train_f1_paired_by_step"][0] == pytest.approx(
       np.mean([(truth["lora_r32", s][2] - truth["full_ft", s][2]).mean() for s in "01"]))
   assert "vs_reference" not in t["methods"]["full_ft"]
-  text = compare.markdown_lora(compare.summarize_lora(study), 3, "test CPU")
+  text = lora_study.markdown_lora(lora_study.summarize_lora(study), 3, "test CPU")
   assert "| lora_r32 | 2 |" in text and "— (trained)" in text and "test CPU" in text
 
 
-def test_sft_mismatch_ignores_fields_added_since_at_their_default(compare, tmp_path):
+def test_sft_mismatch_ignores_fields_added_since_at_their_default(tmp_path):
   """An SFT config.json recorded before model.lora existed (and one recorded since, with the
   trainer's "lora" record beside the config) is still the export this study would train; a
   LoRA SFT is not."""
-  ours = compare.sft_config(str(tmp_path), "base")
+  ours = study_runs.sft_config(str(tmp_path), "base")
   recorded = json.loads(json.dumps(ours.to_dict()))
   older = {k: v for k, v in recorded.items()}
   older["model"] = {k: v for k, v in recorded["model"].items() if k != "lora"}
-  assert compare.sft_mismatch(older, ours) == []
-  assert compare.sft_mismatch(dict(recorded, lora=None, judge_identity={}), ours) == []
+  assert sweep.sft_mismatch(older, ours) == []
+  assert sweep.sft_mismatch(dict(recorded, lora=None, judge_identity={}), ours) == []
   lora = json.loads(json.dumps(recorded))
   lora["model"]["lora"]["adapters"] = "policy"
-  assert compare.sft_mismatch(lora, ours) == ["model.lora.adapters"]
+  assert sweep.sft_mismatch(lora, ours) == ["model.lora.adapters"]
 
 
 @pytest.mark.parametrize("method", ["grpo_full", "grpo_lora", "dac", "dac_sufficient_only",
                                     "dac_no_aug", "dac_alpha0.1", "dac_alpha0.5",
                                     "dacq_alpha0.1", "dacq_alpha0.3"])
-def test_dac_study_configs(compare, method, tmp_path):
+def test_dac_study_configs(method, tmp_path):
   """DAC's study: every run validates; the generator starts from the study's warm start; each
   ablation differs from dac only in its field, and grpo_lora from grpo_full only in model.lora."""
   root = str(tmp_path)
-  os.makedirs(compare.generator_init(root, "base"))  # lora.init must name a folder
-  config = compare.rl_config(root, "base", method, seed=1, steps=3, study="dac")
+  os.makedirs(dac_study.generator_init(root, "base"))  # lora.init must name a folder
+  config = sweep.rl_config(root, "base", method, seed=1, steps=3, study="dac")
   config_lib.validate(config)
   assert config.train.steps == 3 and not config.train.export_hf and config.data.eval_size == 0
   assert config.model.hf_path == f"{root}/base/sft/hf_export"
-  flat = lambda c: compare._flat(c.to_dict())  # noqa: E731
+  flat = lambda c: sweep._flat(c.to_dict())  # noqa: E731
   if method.startswith("dac"):
     assert config.trainer == "dac"
     assert config.model.lora.init == f"generator={root}/base/generator_sft/adapters/generator"
     diff = {k for k, v in flat(config).items()
-            if v != flat(compare.rl_config(root, "base", "dac", 1, 3, study="dac"))[k]}
+            if v != flat(sweep.rl_config(root, "base", "dac", 1, 3, study="dac"))[k]}
     assert diff == {"dac_sufficient_only": {"dac.searcher_reward"},
                     "dac_no_aug": {"dac.augment_rate"}, "dac_alpha0.1": {"dac.alpha"},
                     "dac_alpha0.5": {"dac.alpha"},
                     "dacq_alpha0.1": {"dac.alpha", "dac.generator_group"},
                     "dacq_alpha0.3": {"dac.generator_group"}}.get(method, set())
   else:
-    full = flat(compare.rl_config(root, "base", "grpo_full", 1, 3, study="dac"))
+    full = flat(sweep.rl_config(root, "base", "grpo_full", 1, 3, study="dac"))
     diff = {k for k, v in flat(config).items() if v != full[k]}
     assert diff == (set() if method == "grpo_full" else
                     {"model.lora.adapters", "model.lora.alpha", "model.lora.lr"})
-  gen = compare.generator_config(root, "base", steps=7)
+  gen = dac_study.generator_config(root, "base", steps=7)
   config_lib.validate(gen)
   assert gen.trainer == "sft" and gen.sft.steps == 7 and gen.sft.corpus_path == ""
   assert gen.sft.demos == f"{root}/base/generator_sft/generator_demos.jsonl"
 
 
-def test_dac_augmentation_summary_against_hand_counts(compare):
+def test_dac_augmentation_summary_against_hand_counts():
   """Hand-built clean and augmented passes: q0, q1 sufficient in both and augmented (checked);
   q4 augmented but insufficient in the clean pass (left out); q2, q3 not augmented (consistency:
   q2's answer is the clean one, q3's is not)."""
@@ -515,19 +510,19 @@ def test_dac_augmentation_summary_against_hand_counts(compare):
           "abstained": False, "correct": False},
          {"id": "q4", "answer": "x", "sufficient": True, "augmented": True, "distractors": 2,
           "abstained": False, "correct": True}]
-  got = compare.augmentation_summary(aug, clean)
+  got = dac_study.augmentation_summary(aug, clean)
   assert got == {"n_augmented_sufficient": 2, "n_sufficient": 4, "distractors_per_set": 1.5,
                  "accuracy_augmented": 0.5, "accuracy_clean": 0.5, "accuracy_drop": 0.0,
                  "abstain_rate_augmented": 0.0, "abstain_rate_clean": 0.5, "consistency": 0.5}
-  none = compare.augmentation_summary([dict(r, augmented=False) for r in aug], clean)
+  none = dac_study.augmentation_summary([dict(r, augmented=False) for r in aug], clean)
   assert none["n_augmented_sufficient"] == 0 and none["accuracy_augmented"] is None
   # A monolithic agent's eval rows: coverage and accuracy when answered, no abstention.
   rows = [{"answer": "a", "em": 1.0}, {"answer": None, "em": 0.0}, {"answer": "b", "em": 0.0}]
-  assert compare.answer_scores(rows) == {"coverage": 2 / 3, "accuracy_answered": 0.5,
+  assert study_runs.answer_scores(rows) == {"coverage": 2 / 3, "accuracy_answered": 0.5,
                                          "abstain_rate": 0.0}
 
 
-def test_dac_report_against_a_direct_computation(compare, tmp_path):
+def test_dac_report_against_a_direct_computation(tmp_path):
   """DAC's study figures from fake runs (two seeds of grpo_full and dac), against NumPy: dev/test
   means, last-5 training means, the sufficiency rise, the step-weighted generator accuracy, the
   paired comparison with grpo_full, the alpha table; and the tables and plots render."""
@@ -567,11 +562,11 @@ def test_dac_report_against_a_direct_computation(compare, tmp_path):
       result = {s: split(s, f1s, method == "dac") for s in ("dev", "test")}
       result.update(steps=steps, minutes=1.0)
       if method == "dac":
-        result["augmentation_check"] = {k: float(rng.uniform()) for k in compare.AUG_KEYS}
+        result["augmentation_check"] = {k: float(rng.uniform()) for k in dac_study.AUG_KEYS}
       json.dump(result, open(os.path.join(wd, "result.json"), "w"))
       truth[method, seed] = (f1s, curve, result)
-  study = compare.collect(root, ["base"], ["grpo_full", "dac"], ["0", "1"], steps=steps)
-  t = compare.summarize_dac(study, {s: split(s, np.ones(4), True) for s in ("dev", "test")})
+  study = reporting.collect(root, ["base"], ["grpo_full", "dac"], ["0", "1"], steps=steps)
+  t = dac_study.summarize_dac(study, {s: split(s, np.ones(4), True) for s in ("dev", "test")})
   t = t["base"]
   dac, grpo = t["methods"]["dac"], t["methods"]["grpo_full"]
   runs = [truth["dac", s] for s in "01"]
@@ -607,9 +602,9 @@ def test_dac_report_against_a_direct_computation(compare, tmp_path):
   assert "vs_reference" not in grpo
   assert [a["alpha"] for a in t["alpha"]] == [0.3]
   assert t["dac_start"]["dev"]["f1"] == 1.0
-  text = compare.markdown_dac({"base": t}, steps, "test CPU")
+  text = dac_study.markdown_dac({"base": t}, steps, "test CPU")
   assert "| dac | 2 |" in text and "| 0.3 | dac | 2 |" in text and "test CPU" in text
-  paths = compare.plot_dac(study, str(tmp_path))
+  paths = dac_study.plot_dac(study, str(tmp_path))
   assert [os.path.basename(p) for p in paths] == [
       "f1_vs_step.png", "sufficiency_vs_step.png", "abstain_vs_step.png"]
   assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)

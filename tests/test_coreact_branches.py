@@ -11,7 +11,8 @@ import pytest
 import scipy.stats
 
 from agentjax.agent.protocol import ANSWER, SEARCH, SEARCH_R1, Action
-from agentjax.agent.rollout import TurnRecord, observation_ids, prompt_ids
+from agentjax.agent.rollout import observation_ids, prompt_ids
+from agentjax.agent.trajectories import TurnRecord
 from agentjax.coreact.appliers import (ANSWER_PLACEHOLDER, LLMApplier, build_applier,
                                        first_action)
 from agentjax.coreact.branches import (BranchCollector, CollectSettings, Generated,

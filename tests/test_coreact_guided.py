@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentjax.agent import ANSWER, INVALID, SEARCH, RolloutConfig, RolloutEngine, transcripts_of
+from agentjax.agent import (ANSWER, INVALID, SEARCH, RolloutConfig, RolloutEngine, search_stats,
+                            transcripts_of)
 from agentjax.agent.protocol import Action
-from agentjax.agent.rollout import search_stats
 from agentjax.coreact.context import BranchContext
 from agentjax.coreact.guided import GuidedEngine, GuidedSettings, RubricGenerator
 from agentjax.coreact.rubric import (parse_rubric, retry_suffix, rubric_prompt, rubric_suffix,
@@ -239,7 +239,7 @@ def test_verify_retries_once_below_threshold_and_accepts_the_retry(world):
                                      max_retries=1), SamplingParams(temperature=1.0),
                rubric_source=Source(), applier=applier,
                feedback=lambda rubric, ctx, text: FAILED)
-  batch, metrics = eng.run(params, QUESTIONS, jax.random.key(0))
+  batch, metrics = eng.run(params, QUESTIONS, jax.random.key(5))  # on the slot engine
   assert eng.trace
   retried = 0
   for e in eng.trace:
@@ -319,6 +319,44 @@ def test_best_of_n_picks_the_argmax_and_keeps_only_it(world):
       assert tokens[b, :int(valid[b].sum())].tolist() == want
 
 
+# ------------------------------------------------------------------------------ both engines
+
+
+@pytest.mark.parametrize("mode", ["shadow", "verify_persist", "best_of_n"])
+def test_guided_rollouts_on_the_slot_engine_equal_the_turn_engine(world, mode):
+  """Greedy: the guide (RolloutEngine.guide, which both engines honour) gives the same
+  trajectories token by token, the same decisions and counts on the slot engine (the default;
+  with verify, two slots refilled in one lane) as on the turn engine: a shadow suffix, verify
+  with retries after a kept suffix, Best-of-N."""
+  from tests.test_slot_rollout import assert_same_trajectories
+  tok, backend, agent = world
+  settings, params, layout = {
+      "shadow": (GuidedSettings(mode="coreact", verify=False), random_params(agent), {}),
+      "verify_persist": (GuidedSettings(mode="coreact", verify=True, max_retries=1, persist=True),
+                         random_params(agent), dict(slots=2, lanes=1)),
+      "best_of_n": (GuidedSettings(mode="best_of_n", best_of_n=3, best_of_n_select="self"),
+                    agent.params(af.SEARCH, af.ANSWER), {})}[mode]
+  runs = {}
+  for engine, extra in (("turns", {}), ("slots", layout)):
+    config = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=16, max_obs_tokens=96,
+                           max_total_tokens=1024, topk=2, sampling=SamplingParams(greedy=True),
+                           engine=engine, **extra)
+    eng = GuidedEngine(agent.cfg, tok, backend, config, settings, rubric_source=Source(),
+                       applier=RuleApplier({ANSWER: 1.0, SEARCH: 0.0, INVALID: 0.3}))
+    batch, metrics = eng.run(params, QUESTIONS, jax.random.key(0))
+    trace = sorted(eng.trace, key=lambda e: (e["turn"], e["row"]))
+    runs[engine] = batch, metrics, trace
+  (want, want_metrics, want_trace), (got, metrics, trace) = runs["turns"], runs["slots"]
+  assert_same_trajectories(got, want)
+  assert want_trace and repr(trace) == repr(want_trace)  # (repr: log-prob arrays)
+  for key in want_metrics:
+    if key.startswith("guided_") and key != "guided_verify_score_mean" or \
+        key in ("sampled_tokens", "search_queries"):
+      assert metrics[key] == want_metrics[key], key
+  if mode == "verify_persist":
+    assert want_metrics["guided_verify_retries"] > 0
+
+
 # ------------------------------------------------------------------------------ generator
 
 
@@ -360,7 +398,7 @@ def test_rubric_generator_prompts_and_parses(chat_model_dir):
 
 
 def af_turn(i):
-  from agentjax.agent.rollout import TurnRecord
+  from agentjax.agent.trajectories import TurnRecord
   return TurnRecord(text=f"<think>step {i} thinking</think><search>query number {i}</search>",
                     action=Action(SEARCH, f"query number {i}"),
                     observation="<information>" + "words " * 40 + "</information>")

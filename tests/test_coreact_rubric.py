@@ -15,7 +15,7 @@ import pytest
 import scipy.stats
 
 from agentjax.agent.protocol import Action
-from agentjax.agent.rollout import TurnRecord
+from agentjax.agent.trajectories import TurnRecord
 from agentjax.coreact import executor as ex
 from agentjax.coreact import rubric as rb
 from agentjax.coreact.context import BranchContext

@@ -1,10 +1,9 @@
-"""launch/coreact_study.py: the study's runs (commands, inputs, resumable scheduling) and its
-report's aggregation on synthetic results (no model)."""
+"""agentjax/studies/coreact.py (launch/coreact_study.py): the study's runs (commands, inputs,
+resumable scheduling) and its report's aggregation on synthetic results (no model)."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import itertools
 import json
 import math
@@ -16,21 +15,16 @@ import pytest
 from absl import flags
 from absl.testing import flagsaver
 
+from agentjax.studies import coreact as coreact_study  # its flags: the sweep's (--pin_cores ...)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
 def study():
-  sys.path.insert(0, ROOT)
-  sys.path.insert(0, os.path.join(ROOT, "launch"))
-  spec = importlib.util.spec_from_file_location("coreact_study",
-                                                os.path.join(ROOT, "launch", "coreact_study.py"))
-  module = importlib.util.module_from_spec(spec)
-  sys.modules["coreact_study"] = module  # dataclasses look their module up
-  spec.loader.exec_module(module)
   if not flags.FLAGS.is_parsed():
     flags.FLAGS.mark_as_parsed()
-  return module
+  return coreact_study
 
 
 def _settings(study, root="/r"):

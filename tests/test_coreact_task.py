@@ -128,7 +128,7 @@ class _Batch:
   """What RubricRewards reads of a TrajectoryBatch."""
 
   def __init__(self, texts, group_ids):
-    from agentjax.agent.rollout import TurnRecord
+    from agentjax.agent.trajectories import TurnRecord
     from agentjax.agent.protocol import RUBRIC
     actions = [RUBRIC.parse(t) for t in texts]
     self.answered = np.array([a.kind == ANSWER for a in actions])

@@ -543,16 +543,21 @@ def test_metrics_hold_both_roles(dac_runs):
   want = {"dac/sufficiency_rate", "dac/abstain_rate", "dac/abstain_precision",
           "dac/abstain_recall", "dac/coverage", "dac/accuracy_answered", "dac/augmented_rate",
           "dac/evidence_docs", "dac/searcher_turns"}
-  want |= {f"dac/{r}_{k}" for r in ROLES
-           for k in ("reward", "kl", "clip_fraction", "entropy", "loss")}
+  want |= {f"dac/{r}_reward" for r in ROLES}
+  # Each role's update as "<role>/<name>" (train/step.RLStep, as for any run of several roles),
+  # and the keys every RL run logs (their means over the roles).
+  want |= {f"{r}/{k}" for r in ROLES for k in ("kl", "clip_fraction", "entropy", "loss", "lr")}
+  want |= {"kl", "entropy", "clip_fraction", "collapse_fraction", "zero_adv_fraction",
+           "tokens_per_s", "search_wait_s", "useful_row_share"}
   for row in rows:
     assert want <= set(row), sorted(want - set(row))
     assert all(np.isfinite(row[k]) for k in want)
     assert 0.0 <= row["dac/sufficiency_rate"] <= 1.0 and row["skipped_updates"] == 0
     assert row["reward"] == row["dac/generator_reward"]
   # Step 1 starts at B = 0 (policy == backbone == reference); by step 2 both roles have moved.
-  assert rows[0]["dac/searcher_kl"] == pytest.approx(0.0, abs=1e-7)
-  assert rows[1]["dac/searcher_kl"] > 0 and rows[1]["dac/generator_kl"] > 0
+  assert rows[0]["searcher/kl"] == pytest.approx(0.0, abs=1e-7)
+  assert rows[1]["searcher/kl"] > 0 and rows[1]["generator/kl"] > 0
+  assert rows[1]["kl"] == pytest.approx((rows[1]["searcher/kl"] + rows[1]["generator/kl"]) / 2)
 
 
 def test_adapters_are_exported_as_peft_folders(dac_runs):

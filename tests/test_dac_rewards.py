@@ -6,7 +6,7 @@ that never calls the code under test), on hand-built evidence sets.
   agentjax/dac/warmstart.py  the generator's warm-start demonstrations (a fake retriever)
   agentjax/agent/protocol.py the answer_only protocol (the generator's)
   agentjax/train/config.py   DAC's config checks on the configs/dac.py presets
-  agentjax/dac/step.py       dac_metrics and DacStep.rewards on a hand-built DacBatch
+  agentjax/dac/stage.py      dac_metrics and role_rewards on a hand-built DacBatch
 
 Pure host code: no model, no jit.
 """
@@ -25,7 +25,7 @@ import pytest
 from agentjax.agent.protocol import ANSWER, ANSWER_ONLY, INVALID, SEARCH_R1, get_protocol
 from agentjax.dac import rewards as R
 from agentjax.dac.roles import DacAgent, DacBatch, DacSettings, generator_prompt
-from agentjax.dac.step import DacStep, dac_metrics
+from agentjax.dac.stage import dac_metrics, role_rewards
 from agentjax.dac.warmstart import generator_demos
 from agentjax.retrieval import Document, SearchResponse, SearchStats
 from agentjax.train.config import ConfigError, lora_rates, validate
@@ -628,7 +628,7 @@ def test_dac_config_errors_name_the_field(changes, field):
 
 
 # ---------------------------------------------------------------------------------------------
-# dac_metrics and DacStep.rewards on a hand-built DacBatch.
+# dac_metrics and role_rewards on a hand-built DacBatch.
 # ---------------------------------------------------------------------------------------------
 
 
@@ -739,15 +739,12 @@ def test_dac_batch_eval_views():
 
 @pytest.mark.parametrize("mode", R.SEARCHER_REWARDS)
 def test_dac_step_rewards_wiring(mode):
-  """DacStep.rewards: generator row g is judged on set g // m; the searcher's [E, m] view."""
+  """role_rewards: generator row g is judged on set g // m; the searcher's [E, m] view."""
   b = _hand_batch()
   settings = DacSettings(alpha=0.25, insufficient_answer_penalty=0.5, searcher_reward=mode)
   for penalize, invalid in ((True, -2.0), (False, 0.0)):
-    step = types.SimpleNamespace(
-        agent=types.SimpleNamespace(settings=settings),
-        config=types.SimpleNamespace(rl=types.SimpleNamespace(format_penalty=-2.0,
-                                                              penalize_format=penalize)))
-    gen, search = DacStep.rewards(step, b)
+    rl = types.SimpleNamespace(format_penalty=-2.0, penalize_format=penalize)
+    gen, search = role_rewards(b, settings, rl)
     m = 3
     exp_gen = [ref_generator_reward(b.generator.answered[g], b.abstained[g], b.correct[g],
                                     b.sufficient[g // m], 0.25, 0.5, invalid) for g in range(12)]

@@ -289,6 +289,32 @@ def ref_cw_grpo(d, gamma, fallback, std_estimator="population", eps=1e-6):
   return adv, fired, judged
 
 
+def ref_cw_grpo_ig(d, gamma=1.0, cw_gamma=100.0, fallback="zero", std_estimator="population",
+                   eps=1e-6, norm_mode="joint"):
+  """cw_grpo_ig (agentjax/methods/cw_grpo.py) from scratch: IGPO's turn advantages times CW-GRPO's
+  round multipliers (K * w_k on the non-answer rounds of a row with a positive GRPO advantage,
+  1 elsewhere), per token. Returns (adv [B, L], fallback count)."""
+  std = dict(std_estimator=std_estimator, eps=eps)
+  a = ref_grpo(d["outcome"], d["group_ids"], scale=True, **std)
+  turns = ref_igpo_turns(d["ig"], d["outcome"], d["num_turns"], d["group_ids"], gamma,
+                         norm_mode, **std)
+  want = np.zeros(d["loss_mask"].shape)
+  fired = 0
+  for i in range(len(a)):
+    big_k = int(d["num_turns"][i]) - 1
+    mult = [1.0] * (big_k + 1)
+    if a[i] > 0 and big_k > 0:
+      c = [float(d["retrieval_scores"][i, k] * d["thinking_scores"][i, k])
+           for k in range(big_k + 1)]
+      mult[:big_k] = [big_k * x for x in ref_cw_weights(a[i], c, big_k, cw_gamma, fallback)]
+      fired += cw_gamma >= 10.0 and not any(c[:big_k])
+    for l in range(want.shape[1]):
+      k = int(d["turn_id"][i, l])
+      if d["loss_mask"][i, l] and 0 <= k <= big_k:
+        want[i, l] = turns[i, k] * mult[k]
+  return want, fired
+
+
 def make_cw_batch(seed, num_t=4, length=26):
   """A judged batch: EM outcomes in 4 non-contiguous groups (one all-correct: advantage 0),
   num_turns 1..num_t, binary verdicts (1 past each row's answer round too: must be ignored), and
@@ -783,6 +809,12 @@ def ref_estimator(name, d, kw):
                        **std)[0]
   if name in CRITIC:
     return ref_ppo(d, CRITIC[name], **kw)[0]
+  if name == "cw_grpo_ig":
+    return ref_cw_grpo_ig(d, kw.get("gamma", 1.0), kw.get("cw_gamma", 100.0),
+                          kw.get("cw_all_zero_fallback", "zero"), **std)[0]
+  if name == "a2tgpo":
+    from tests.test_a2tgpo import ref_a2tgpo
+    return ref_a2tgpo(d, **std)[0]
   raise AssertionError(f"no NumPy reference for the registered estimator {name!r}: add one")
 
 

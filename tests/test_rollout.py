@@ -314,3 +314,76 @@ def test_compilations_are_bounded(world):
   eng.run(params, ["Who founded Brindlecap, the library?", "Quellmoor?"], jax.random.key(1))
   assert counter.count == 0
   assert first <= 12, first
+
+
+def _agentjax_sources():
+  import pathlib
+
+  import agentjax
+  root = pathlib.Path(agentjax.__file__).parent
+  for path in sorted(root.rglob("*.py")):
+    module = ".".join(("agentjax",) + path.relative_to(root).with_suffix("").parts)
+    yield module.removesuffix(".__init__"), path
+
+
+def test_no_class_overrides_a_private_method_of_the_rollout_engine():
+  """Turns are shaped through the public hooks (before_turn, guide: agentjax/agent/guide.py),
+  which both engines honour: no class in agentjax (found by its source, any depth of
+  subclassing) redefines a private method of RolloutEngine."""
+  import ast
+  private = {n for n in vars(RolloutEngine) if n.startswith("_") and not n.startswith("__")}
+  assert "_feed" in private
+  classes = {}  # name -> (bases, methods, module)
+  for module, path in _agentjax_sources():
+    for node in ast.walk(ast.parse(path.read_text())):
+      if isinstance(node, ast.ClassDef):
+        bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", None)
+                 for b in node.bases}
+        methods = {f.name for f in node.body
+                   if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        classes.setdefault(node.name, []).append((bases, methods, module))
+  engines, grew = {"RolloutEngine"}, True
+  while grew:  # subclasses of subclasses
+    grew = False
+    for name, defs in classes.items():
+      if name not in engines and any(bases & engines for bases, _, _ in defs):
+        engines.add(name)
+        grew = True
+  assert "GuidedEngine" in engines
+  overrides = {(module, name, m) for name in engines - {"RolloutEngine"}
+               for bases, methods, module in classes[name] if bases & engines
+               for m in methods & private}
+  assert not overrides, overrides
+
+
+def test_no_import_cycle_between_agent_modules():
+  """agentjax.agent's modules import one another in one direction only (module level or inside a
+  function): trajectories <- guide <- slots <- rollout."""
+  import ast
+  modules = {m for m, _ in _agentjax_sources() if m.startswith("agentjax.agent.")}
+  graph = {}
+  for module, path in _agentjax_sources():
+    if module not in modules:
+      continue
+    deps = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+      names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+      if isinstance(node, ast.ImportFrom) and node.module:
+        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+      deps |= {n for n in names if n.startswith("agentjax.agent.")}
+    graph[module] = (deps & modules) - {module}
+  order, state = [], {}
+
+  def visit(m, path):
+    if state.get(m) == "done":
+      return
+    assert state.get(m) != "open", f"import cycle: {' -> '.join(path + [m])}"
+    state[m] = "open"
+    for d in sorted(graph.get(m, ())):
+      visit(d, path + [m])
+    state[m] = "done"
+    order.append(m)
+  for m in sorted(graph):  # (the package's __init__, which re-exports them all, is not one)
+    visit(m, [])
+  assert order.index("agentjax.agent.trajectories") < order.index("agentjax.agent.slots") < \
+      order.index("agentjax.agent.rollout")

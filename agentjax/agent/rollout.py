@@ -11,10 +11,14 @@ rollout; only each turn's sampled tokens come to the host, as text for the tool,
 tokens go back. Trajectory tokens are exactly the ids that were sampled or fed: nothing is ever
 re-tokenized from decoded text (re-tokenizing at tool boundaries shifts tokens and spikes the KL).
 
-Extension points for later methods: `before_turn` (a hook that injects text, e.g. rubrics, before
-each turn's generation), `policy_for_turn` (which of several parameter sets generates a turn,
-e.g. a searcher and a generator adapter) and `_generate_turn` (the step itself, which a subclass
-overrides: agentjax/coreact/guided.py's rubric-guided agents).
+Two engines run it (rollout.engine): "slots" (agentjax/agent/slots.py, continuous batching, the
+default) and "turns" (the turn-synchronous engine below). Both keep their host-side bookkeeping
+in a TrajectoryBook (agentjax/agent/trajectories.py) and honour the same extension points:
+`before_turn` (a hook that injects text, e.g. rubrics, before each turn's generation),
+`policy_for_turn` (which of several parameter sets generates a turn, e.g. a searcher and a
+generator adapter) and `guide` (a TurnGuide, agentjax/agent/guide.py: how each turn's action is
+generated: a prefix fed before it and removed after, verify and retry, Best-of-N; Co-ReAct's
+rubric-guided agents, agentjax/coreact/guided.py).
 """
 
 from __future__ import annotations
@@ -23,55 +27,30 @@ import dataclasses
 import time
 from typing import Any, Callable, Sequence
 
-import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.agent.protocol import (ANSWER, INVALID, SEARCH, Action, Protocol, get_protocol,
-                                     normalize_text, parse_action, trajectory_error)
+from agentjax.agent.guide import GuideBook, TurnGuide
+from agentjax.agent.protocol import Action, Protocol, get_protocol, parse_action
+from agentjax.agent.slots import SlotRollout
+from agentjax.agent.trajectories import (TrajectoryBatch, TrajectoryBook, TurnRecord,
+                                         search_stats, transcripts_of)
 from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import Qwen, QwenConfig
 from agentjax.parallel.host import to_host
-from agentjax.retrieval import Document, SearchBackend, SearchResponse
+from agentjax.retrieval import SearchBackend, SearchResponse
 from agentjax.retrieval.base import guarded_search
-from agentjax.sampling import (STOP_BUDGET, DecodeState, SamplingParams, StopTable, bucket,
-                               cache_size,
+from agentjax.sampling import (DecodeState, SamplingParams, StopTable, bucket, cache_size,
                                decode_bytes, decode_layout, extend, generate, init_state,
                                kv_window_arg, kv_window_size, token_byte_table)
 from agentjax.sampling.eos import eos_token_ids
+from agentjax.sampling.sampler import rewind
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
 # The turn engine calls it once per turn with every active row; the slot engine once per lane
 # and turn with the rows about to take that turn (each row once per turn, turns in order).
 TurnHook = Callable[[int, Sequence[int], Sequence[str]], Sequence[str | None]]
-
-
-@dataclasses.dataclass(frozen=True)
-class TurnRecord:
-  """What happened in one turn of one trajectory, as text (host side; for judges and logs).
-
-  text: the text the policy generated in the turn (hook text not included), decoded from the
-    exact sampled ids.
-  action: the parsed action (an "invalid" Action with the reason when the turn was cut off by the
-    token budget or was malformed).
-  documents: the documents the search returned ([] for an answer, an invalid action or a failed
-    search).
-  observation: the observation text fed after the turn, as fed (possibly cut by the budget).
-  search_error: the retriever's error for this turn's search, None otherwise.
-  hook_text: text injected before the turn that stays in the context (`before_turn`'s text, a
-    guided agent's persisted rubric; "" if none).
-  shadow_text: text shown before the turn's generation and then removed from the context (a
-    guided agent's shadow rubric suffix and retry feedback; agentjax/coreact/guided.py); for
-    logs: it is in no token of the trajectory.
-  """
-  text: str
-  action: Action
-  documents: tuple[Document, ...] = ()
-  observation: str = ""
-  search_error: str | None = None
-  hook_text: str = ""
-  shadow_text: str = ""
 
 
 def encode_text(tokenizer: Any, text: str) -> list[int]:
@@ -158,239 +137,23 @@ class RolloutConfig:
       raise ValueError(f"rollout.refill_fraction must be in (0, 1], got {self.refill_fraction}")
 
 
-@dataclasses.dataclass
-class TurnRows:
-  """What RolloutEngine._generate_turn sees of the rollout before a turn (host side).
-
-  turn: the 0-based turn about to be generated.
-  rows: the active rows' indices.
-  group_ids: [B] the question index of every row.
-  length: [B] each row's context length before the turn (a copy).
-  budget: the slots a row may fill (the token budget).
-  records: per row, the TurnRecord fields of its turns so far (dicts, read-only).
-  transcripts: per row, the text of its context so far (read-only).
-  """
-  turn: int
-  rows: np.ndarray
-  group_ids: np.ndarray
-  length: np.ndarray
-  budget: int
-  records: Sequence[Sequence[dict[str, Any]]]
-  transcripts: Sequence[str]
-
-  def history(self, b: int) -> tuple[TurnRecord, ...]:
-    """Row b's turns so far as TurnRecords."""
-    return tuple(TurnRecord(**r) for r in self.records[b])
-
-
-@dataclasses.dataclass
-class GeneratedTurn:
-  """What RolloutEngine._generate_turn returns.
-
-  state: the decode state after the turn's generation (each active row's context now ends with
-    its action's ids).
-  new_tokens: [B, N] int32 host array; row b's action is new_tokens[b, :num_new[b]] (its exact
-    sampled ids).
-  num_new: [B] int32; reason: [B] int32 stop reasons (sampler.STOP_*).
-  context_added: [B] tokens the turn added to each row's context (injected text kept in the
-    context and the action); None: num_new (nothing injected).
-  hook_texts: row -> text injected before the action that stays in the context.
-  shadow_texts: row -> text shown before the action and then removed from the context.
-  sampled_tokens: tokens sampled in the turn in all (discarded proposals included); None:
-    num_new.sum().
-  """
-  state: DecodeState
-  new_tokens: np.ndarray
-  num_new: np.ndarray
-  reason: np.ndarray
-  context_added: np.ndarray | None = None
-  hook_texts: dict[int, str] = dataclasses.field(default_factory=dict)
-  shadow_texts: dict[int, str] = dataclasses.field(default_factory=dict)
-  sampled_tokens: int | None = None
-
-
-@chex.dataclass(frozen=True)
-class TrajectoryBatch:
-  """A batch of finished trajectories. Arrays are [B, S] over cache slots unless noted.
-
-  Slot j of row b holds the j-th token of that trajectory (position id j); slots past the row's
-  length are padding (valid = False).
-  """
-
-  tokens: jax.Array        # [B, S] int32
-  positions: jax.Array     # [B, S] int32 (0 on padding)
-  valid: jax.Array         # [B, S] bool, real tokens
-  loss_mask: jax.Array     # [B, S] bool, exactly the tokens the policy sampled
-  logprobs: jax.Array      # [B, S] float32, sampling-time log-prob of sampled tokens (temperature 1)
-  turn_id: jax.Array       # [B, S] int32, turn of each token (hook text, samples, observation); -1 prompt
-  turn_ends: np.ndarray    # [B, max_turns + 1] int32: context end after the prompt (0) and after
-                           #   each turn t's observation (t); entries past num_turns repeat the last
-  num_turns: np.ndarray    # [B] int32
-  answered: np.ndarray     # [B] bool, ended with an <answer>
-  format_valid: np.ndarray # [B] bool, well-formed (agent.protocol.trajectory_error): answered,
-                           #   with no invalid action on the way
-  truncated: np.ndarray    # [B] bool, hit max_turns or the token budget without answering
-  group_ids: np.ndarray    # [B] int32, index of the question
-  num_format_errors: np.ndarray    # [B] int32 invalid actions
-  num_search_failures: np.ndarray  # [B] int32 searches the retriever failed
-  answers: np.ndarray      # [B] object: answer text ("" if none); host-side
-  turns: np.ndarray        # [B] object: tuple of num_turns[b] TurnRecords (host-side text)
-
-
-class _Book:
-  """The host-side bookkeeping of a rollout's trajectories (text, actions, outcomes, lengths),
-  shared by both engines: everything but the device calls. Trajectory i answers question
-  group_ids[i]; `length` mirrors each trajectory's context length on the device."""
-
-  def __init__(self, engine: "RolloutEngine", prompts: Sequence[Sequence[int]],
-               group_ids: np.ndarray, budget: int):
-    rows, turns = len(group_ids), engine.config.max_turns
-    self.engine, self.group_ids, self.budget = engine, group_ids, budget
-    self.length = np.array([len(prompts[g]) for g in group_ids], np.int64)
-    self.transcripts = [engine.decode(prompts[g]) for g in group_ids]
-    self.turn_ends = np.zeros((rows, turns + 1), np.int32)
-    self.turn_ends[:, 0] = self.length
-    self.num_turns = np.zeros(rows, np.int32)
-    self.done = np.zeros(rows, bool)
-    self.answered = np.zeros(rows, bool)
-    self.truncated = np.zeros(rows, bool)
-    self.format_errors = np.zeros(rows, np.int32)
-    self.search_failures = np.zeros(rows, np.int32)
-    self.answers = np.array([""] * rows, dtype=object)
-    self.actions: list[list[Action]] = [[] for _ in range(rows)]  # each row's parsed turns
-    self.records: list[list[dict[str, Any]]] = [[] for _ in range(rows)]  # TurnRecord fields
-    self.hook_texts = [""] * rows
-    self.search_queries, self.search_calls, self.search_last_error = 0, 0, None
-
-  def hook(self, turn: int, rows: Sequence[int]) -> list[list[int]]:
-    """before_turn's text for `rows` about to take `turn`, as ids cut to the budget (one list per
-    row, [] for none); the context lengths and transcripts count them as fed."""
-    engine = self.engine
-    inject: list[list[int]] = [[] for _ in rows]
-    if engine.before_turn is None or not len(rows):
-      return inject
-    rows = [int(b) for b in rows]
-    texts = list(engine.before_turn(turn, rows, [self.transcripts[b] for b in rows]))
-    if len(texts) != len(rows):
-      raise ValueError(f"before_turn returned {len(texts)} texts for the {len(rows)} rows it was "
-                       f"given (turn {turn}): one text or None per row")
-    for i, (b, text) in enumerate(zip(rows, texts)):
-      if text:
-        inject[i] = engine.encode(text)[:max(0, self.budget - 1 - int(self.length[b]))]
-        self.hook_texts[b] = engine.decode(inject[i])
-        self.transcripts[b] += self.hook_texts[b]
-        self.length[b] += len(inject[i])
-    return inject
-
-  def action(self, b: int, ids: Sequence[int], reason: int, context_added: int | None = None,
-             kept: str = "", shadow: str = "") -> tuple[str | None, list[int]]:
-    """Records trajectory b's generated turn (its sampled ids, stop reason) and decides what
-    follows: (query to search or None, ids of an observation to feed now). A finished
-    trajectory (answer, cut off by the budget) is marked done."""
-    engine = self.engine
-    self.length[b] += len(ids) if context_added is None else context_added
-    self.num_turns[b] += 1
-    text = engine.decode(ids)
-    self.hook_texts[b] += kept
-    self.transcripts[b] += kept + text
-    self.records[b].append(dict(text=text, hook_text=self.hook_texts[b], shadow_text=shadow))
-    self.hook_texts[b] = ""
-    if reason == STOP_BUDGET:  # cut off mid-turn: no room left for any action
-      self.records[b][-1]["action"] = Action(INVALID, "cut off by the token budget")
-      self.truncated[b] = self.done[b] = True
-      return None, []
-    action = engine.parse(text)
-    self.actions[b].append(action)
-    self.records[b][-1]["action"] = action
-    if action.kind == ANSWER:
-      self.answers[b], self.answered[b], self.done[b] = action.content, True, True
-    elif action.kind == SEARCH:
-      return action.content, []
-    else:  # malformed, or the turn ended (EOS / max_new_tokens) without an action
-      self.format_errors[b] += 1
-      return None, engine.encode(engine.protocol.invalid_observation())
-    return None, []
-
-  def search(self, searches: Sequence[tuple[int, str]]) -> dict[int, list[int]]:
-    """ONE batched retriever call for (trajectory, query) pairs -> each one's observation ids."""
-    engine, out = self.engine, {}
-    if not searches:
-      return out
-    response = engine.search([q for _, q in searches])
-    self.search_queries += len(searches)
-    self.search_calls += 1
-    for (b, _), docs, error in zip(searches, response.documents, response.errors):
-      if error is not None:
-        self.search_failures[b] += 1
-        self.search_last_error = str(error)
-        self.records[b][-1]["search_error"] = str(error)
-        out[b] = engine.observation_ids(*engine.protocol.error_observation(error))
-      else:
-        self.records[b][-1]["documents"] = tuple(docs)
-        out[b] = engine.observation_ids(*engine.protocol.observation(docs))
-    return out
-
-  def observe(self, b: int, ids: list[int]) -> list[int]:
-    """Ends trajectory b's turn with the observation `ids` ([] for none): cut to the room left
-    (a trajectory with no room to generate after it stops), recorded; returns the ids to feed."""
-    room = self.budget - int(self.length[b])
-    if ids and len(ids) >= room:  # no room to generate after this observation: keep what fits
-      ids = ids[:max(0, room)]
-      self.truncated[b] = self.done[b] = True
-    observation = self.engine.decode(ids)
-    self.transcripts[b] += observation
-    self.records[b][-1]["observation"] = observation
-    self.length[b] += len(ids)
-    self.turn_ends[b, self.num_turns[b]] = self.length[b]
-    if self.num_turns[b] >= self.engine.config.max_turns:
-      self.done[b] = True
-    return ids
-
-  def batch(self, arrays: dict[str, jax.Array]) -> TrajectoryBatch:
-    """The TrajectoryBatch of the finished rollout; arrays: the per-slot device arrays
-    (tokens, valid, sampled, logprobs, turn_id) [B, S]."""
-    cfg = self.engine.config
-    self.truncated |= ~self.answered  # ran out of turns (or budget) without answering
-    # Boundaries past a row's last turn repeat its final length (convenient for gathers).
-    for t in range(1, cfg.max_turns + 1):
-      stale = t > self.num_turns
-      self.turn_ends[stale, t] = self.turn_ends[stale, t - 1]
-    valid = arrays["valid"]
-    slots = jnp.arange(valid.shape[1], dtype=jnp.int32)[None]
-    return TrajectoryBatch(
-        tokens=arrays["tokens"], positions=jnp.where(valid, slots, 0), valid=valid,
-        loss_mask=arrays["sampled"], logprobs=arrays["logprobs"], turn_id=arrays["turn_id"],
-        turn_ends=self.turn_ends, num_turns=self.num_turns, answered=self.answered,
-        format_valid=np.array([trajectory_error(a) is None for a in self.actions], bool),
-        truncated=self.truncated & ~self.answered,
-        group_ids=self.group_ids, num_format_errors=self.format_errors,
-        num_search_failures=self.search_failures, answers=self.answers,
-        turns=_object_array([tuple(TurnRecord(**r) for r in row) for row in self.records]))
-
-  def metrics(self) -> dict[str, Any]:
-    return dict(turns_mean=float(self.num_turns.mean()), answered=float(self.answered.mean()),
-                format_errors=float(self.format_errors.sum()),
-                search_failures=float(self.search_failures.sum()),
-                search_queries=float(self.search_queries),
-                search_calls=float(self.search_calls),
-                search_last_error=self.search_last_error,
-                truncated=float((self.truncated & ~self.answered).mean()))
-
-
 class RolloutEngine:
   """Runs batched multi-turn rollouts of one model against one search backend."""
 
   def __init__(self, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
                config: RolloutConfig, before_turn: TurnHook | None = None,
-               mesh: jax.sharding.Mesh | None = None, lora: LoraSpec | None = None):
+               mesh: jax.sharding.Mesh | None = None, lora: LoraSpec | None = None,
+               guide: TurnGuide | None = None):
     """With a mesh, the decode state is sharded by the rules table (batch over data and fsdp,
     KV heads over tensor) and params are expected on the same mesh. With `lora`, params are a
-    LoRA model's (models/lora.attach: its lora_index picks the adapter that generates)."""
+    LoRA model's (models/lora.attach: its lora_index picks the adapter that generates). With a
+    `guide` (agentjax/agent/guide.py), it shapes each turn's generation in either engine."""
     self.cfg, self.tokenizer, self.backend, self.config = cfg, tokenizer, backend, config
     self.mesh = mesh
     self.protocol = get_protocol(config.protocol)
     self.model = Qwen(cfg, lora=lora)
     self.before_turn = before_turn
+    self.guide = guide
     self.byte_table = token_byte_table(tokenizer, cfg.vocab_size)
     self.eos_ids = jnp.asarray(eos_token_ids(cfg, tokenizer, chat=config.use_chat_template),
                                jnp.int32)
@@ -445,35 +208,87 @@ class RolloutEngine:
     return (state, block.size) if count else state
 
   def _generate_turn(self, policy: Any, decoder: tuple[Qwen, Any], state: DecodeState,
-                     active: np.ndarray, turn_arr: np.ndarray, stop: tuple,
-                     rows: "TurnRows") -> "GeneratedTurn":
-    """One turn's generation for the active rows: one `generate` call (the ReAct step).
-
-    Subclasses override it to shape the step (agentjax/coreact/guided.py: a rubric fed as a
-    temporary suffix, verify and retry, Best-of-N) while run() keeps the parsing, the search and
-    the observations.
+                     turn: int, rows: np.ndarray, turn_arr: np.ndarray, stop: tuple,
+                     guides: GuideBook, work: dict[str, int]
+                     ) -> tuple[DecodeState, dict[int, tuple], int]:
+    """Turn `turn`'s generation for the active `rows` (their hook text fed): one `generate` call
+    (the ReAct step) or, under a guide, the rounds its plans and verdicts ask for (GuideBook:
+    prefixes fed, several samples, retries, the chosen action fed again).
 
     Args:
       policy: the turn's parameters in the checkpoint layout (for `extend`).
       decoder: (model, params) in the decode layout (for `generate`).
-      state: the decode state, each active row at the end of its context (rows.length).
-      active: [B] bool rows that take this turn.
       turn_arr: [B] int32 the turn id recorded for the tokens.
       stop: (StopTable, eos ids, budget) as `generate` takes it.
-      rows: the host-side view of the rollout so far (TurnRows).
+      work: the rollout's work counts (decode_*, extend_tokens), updated.
+    Returns:
+      (state, row -> TrajectoryBook.action's (ids, reason, context_added, kept, shadow) for
+      every row of `rows`, tokens sampled (discarded samples included)).
     """
-    del policy
-    end = None
-    if type(self)._generate_turn is RolloutEngine._generate_turn and active.any():
-      # rows.length is each row's context as the device holds it (nothing was fed since): a
-      # turn ends at most max_new tokens later. A subclass that shapes the step may have fed
-      # more (a rubric suffix) and calls this with the same rows: it reads the whole cache.
-      end = int(rows.length[active].max()) + self.config.max_new_tokens
-    state, gen = generate(*decoder, state, jnp.asarray(active), jnp.asarray(turn_arr), stop,
-                          self.config.sampling, self.config.max_new_tokens,
-                          **kv_window_arg(self.kv_window(end, state.tokens.shape[1])))
-    new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
-    return GeneratedTurn(state=state, new_tokens=new_tokens, num_new=num_new, reason=reason)
+    n, book, max_new = len(turn_arr), guides.book, self.config.max_new_tokens
+    feeds: dict[int, list[int]] = {}
+    snap = False
+    for b, (ids, snapshot) in zip(rows, guides.begin(turn, rows)):
+      if ids:
+        feeds[int(b)] = ids
+      snap |= snapshot
+    actions: dict[int, tuple] = {}
+    finals: dict[int, list[int]] = {}  # rows to rewind to their turn's start and feed again
+    saved, sampled, todo = None, 0, [int(b) for b in rows]
+    while todo:
+      if feeds:
+        state, fed = self._feed(policy, state, [feeds.get(b, []) for b in range(n)], turn_arr,
+                                count=True, end=max(guides.context(b) for b in feeds))
+        work["extend_tokens"] += fed
+        feeds = {}
+      if snap:  # the logits samples of the same context start from (generate donates the state)
+        saved, snap = jnp.copy(state.next_logits), False
+      active = np.zeros(n, bool)
+      active[todo] = True
+      starts = [guides.context(b) for b in todo]
+      # Each row's context is on the device as the host counts it: its turn ends at most max_new
+      # tokens later.
+      state, gen = generate(*decoder, state, jnp.asarray(active), jnp.asarray(turn_arr), stop,
+                            self.config.sampling, max_new,
+                            **kv_window_arg(self.kv_window(max(starts) + max_new,
+                                                           state.tokens.shape[1])))
+      new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
+      # The token loop runs until its last active row stops, over every row of the batch.
+      steps = int(num_new[todo].max())
+      work["decode_steps"] += steps
+      work["decode_row_steps"] += steps * n
+      work["decode_useful_row_steps"] += int(num_new[todo].sum())
+      sampled += int(num_new[todo].sum())
+      logprobs = None
+      if any(guides.wants_logprobs(b) for b in todo):
+        lp = to_host(state.logprobs)
+        logprobs = [lp[b, s:s + num_new[b]] for b, s in zip(todo, starts)]
+      got = guides.generated(turn, todo, [new_tokens[b, :num_new[b]] for b in todo],
+                             [int(reason[b]) for b in todo], logprobs)
+      rewinds: dict[int, int] = {}
+      restore, todo = False, []
+      for step in got:
+        if step.action is not None:
+          actions[step.row] = step.action
+          if step.rewind is not None:
+            finals[step.row] = step.feed
+          continue
+        rewinds[step.row] = step.rewind
+        restore |= step.restore
+        if step.feed:
+          feeds[step.row] = step.feed
+        snap |= step.snapshot
+        todo.append(step.row)
+      if rewinds:
+        state = _rewind_rows(state, rewinds, saved if restore else None)
+    if finals:
+      state = _rewind_rows(state, {b: int(book.length[b]) for b in finals})
+      if any(finals.values()):
+        state, fed = self._feed(policy, state, [finals.get(b, []) for b in range(n)], turn_arr,
+                                count=True,
+                                end=max(int(book.length[b]) + len(f) for b, f in finals.items()))
+        work["extend_tokens"] += fed
+    return state, actions, sampled
 
   # ------------------------------------------------------------------ the rollout
 
@@ -495,12 +310,10 @@ class RolloutEngine:
       last error the retriever gave in this rollout (str), or None when it gave none.
 
     rollout.engine "slots" (agentjax/agent/slots.py: shared prompt prefill, in-flight slot
-    refill, search overlapped with decoding) runs it unless a subclass shapes the turn step
-    (`_generate_turn`), which the turn-synchronous engine below keeps.
+    refill, search overlapped with decoding) runs it, "turns" the turn-synchronous engine below;
+    both honour before_turn and the guide.
     """
-    if self.config.engine == "slots" and len(questions) and \
-        type(self)._generate_turn is RolloutEngine._generate_turn:
-      from agentjax.agent.slots import SlotRollout
+    if self.config.engine == "slots" and len(questions):
       return SlotRollout(self, params, policy_for_turn).run(questions, rng)
     return self._run_turns(params, questions, rng, policy_for_turn)
 
@@ -540,7 +353,8 @@ class RolloutEngine:
     rows = len(questions) * cfg.group_size
     group_ids = np.repeat(np.arange(len(questions), dtype=np.int32), cfg.group_size)
     prompts, budget = self._prompts(questions)
-    book = _Book(self, prompts, group_ids, budget)
+    book = TrajectoryBook(self, prompts, group_ids, budget)
+    guides = GuideBook(self.guide, book)
     timings = {"generate_s": 0.0, "search_s": 0.0, "extend_s": 0.0}
     work = dict(decode_steps=0, decode_row_steps=0, decode_useful_row_steps=0,
                 prefill_tokens=0, extend_tokens=0)
@@ -574,27 +388,15 @@ class RolloutEngine:
         timings["extend_s"] += time.perf_counter() - t0
 
       t0 = time.perf_counter()
-      active = np.zeros(rows, bool)
-      active[active_rows] = True
-      out = self._generate_turn(policy, decoder(turn), state, active, turn_arr, stop, TurnRows(
-          turn=turn, rows=active_rows, group_ids=group_ids, length=book.length.copy(),
-          budget=budget, records=book.records, transcripts=book.transcripts))
-      state, new_tokens, num_new, reason = out.state, out.new_tokens, out.num_new, out.reason
+      state, actions, sampled = self._generate_turn(policy, decoder(turn), state, turn,
+                                                    active_rows, turn_arr, stop, guides, work)
       timings["generate_s"] += time.perf_counter() - t0
-      sampled_tokens += int(num_new.sum()) if out.sampled_tokens is None else out.sampled_tokens
-      # The token loop runs until its last active row stops, over every row of the batch.
-      steps = int(num_new[active_rows].max())
-      work["decode_steps"] += steps
-      work["decode_row_steps"] += steps * rows
-      work["decode_useful_row_steps"] += int(num_new.sum())
+      sampled_tokens += sampled
 
       observations: list[list[int]] = [[] for _ in range(rows)]
       searches: list[tuple[int, str]] = []
       for b in active_rows:
-        query, observations[b] = book.action(
-            b, new_tokens[b, :num_new[b]], reason[b],
-            None if out.context_added is None else int(out.context_added[b]),
-            out.hook_texts.get(b, ""), out.shadow_texts.get(b, ""))
+        query, observations[b] = book.action(b, *actions[b])
         if query is not None:
           searches.append((b, query))
       t0 = time.perf_counter()
@@ -620,34 +422,17 @@ class RolloutEngine:
     return batch, metrics
 
 
-def search_stats(turns: Sequence[TurnRecord]) -> tuple[int, int]:
-  """(searches, redundant searches) of one trajectory: a search is redundant when its query,
-  normalized (protocol.normalize_text, as the rubric executor compares queries), equals an
-  earlier query of the same trajectory."""
-  seen, searches, redundant = set(), 0, 0
-  for turn in turns:
-    if turn.action.kind != SEARCH:
-      continue
-    query = normalize_text(turn.action.content)
-    searches += 1
-    redundant += query in seen
-    seen.add(query)
-  return searches, redundant
+def _rewind_rows(state: DecodeState, rows_to: dict[int, int],
+                 logits: jax.Array | None = None) -> DecodeState:
+  """Rows in rows_to back to their given length (the others unchanged; sampler.rewind)."""
+  lengths = np.full(state.length.shape[0], np.iinfo(np.int32).max, np.int32)
+  for b, n in rows_to.items():
+    lengths[b] = n
+  return rewind(state, jnp.asarray(lengths), logits)
 
 
-def _object_array(items: Sequence[Any]) -> np.ndarray:
-  """[len(items)] object array holding each item as it is (np.array would unpack tuples)."""
-  out = np.empty(len(items), dtype=object)
-  for i, item in enumerate(items):
-    out[i] = item
-  return out
-
-
-def transcripts_of(batch: TrajectoryBatch, byte_table: Sequence[bytes]) -> list[str]:
-  """Full text of each trajectory, decoded from its exact token ids."""
-  tokens, valid = to_host((batch.tokens, batch.valid))
-  return [decode_bytes(byte_table, tokens[b][valid[b]]) for b in range(tokens.shape[0])]
-
-
-__all__ = ["GeneratedTurn", "RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook",
-           "TurnRecord", "TurnRows", "search_stats", "transcripts_of"]
+# TrajectoryBatch, TurnRecord, search_stats and transcripts_of live in
+# agentjax/agent/trajectories.py; they are re-exported here for older imports.
+__all__ = ["ENGINES", "RolloutConfig", "RolloutEngine", "TrajectoryBatch", "TurnHook",
+           "TurnRecord", "encode_text", "observation_ids", "prompt_ids", "search_stats",
+           "transcripts_of"]

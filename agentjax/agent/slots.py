@@ -17,17 +17,25 @@ leaves the device idle while the retriever answers. Here instead:
   into a lane of that size.
 
 Decode and feed calls attend over a window of the cache that covers their rows' live context
-(RolloutConfig.kv_window_min): the host's bookkeeping (_Book.length: each trajectory's context
-when its current turn began, feeds included) bounds where every row of a call ends, with no read
-of the device. Programs: lane sizes x window sizes for decode, row buckets x window sizes for
-feeds.
+(RolloutConfig.kv_window_min): the host's bookkeeping (TrajectoryBook.length: each trajectory's
+context when its current turn began, feeds included, + GuideBook.extra: a guide's prefix) bounds
+where every row of a call ends, with no read of the device. Programs: lane sizes x window sizes
+for decode, row buckets x window sizes for feeds.
 
 Every trajectory of the call is sampled with the same parameters (on-policy per RL step);
 a trajectory's tokens are sampled with keys of (rng, trajectory, position)
 (sampling.slots.decode_slots), so they do not depend on the slot, the lane or the call that
 sampled them. Tokens, masks, log-probs and the host-side records are those of the turn engine
-(agent/rollout.py's _Book is shared by both). The schedule is a deterministic function of the
-device results, so every process of a multi-host run makes the same calls.
+(both keep a TrajectoryBook, agentjax/agent/trajectories.py). The schedule is a deterministic
+function of the device results, so every process of a multi-host run makes the same calls.
+
+A guide (RolloutEngine.guide, agentjax/agent/guide.py) is honoured per row: a row's plan is asked
+for when it is about to take a turn (with its hook text), its prefix fed with its observation;
+when its generation stops, the row's GuideStep is applied in its lane (rewind, feed, generate
+again in the lane's next call: the row keeps its slot and its turn) and only a finished turn goes
+on to the search. A row's k-th generation of a turn samples with the key of trajectory id
+traj + k * (trajectories in the rollout), so its first one keys as an unguided turn and the
+others (Best-of-N samples, retries) draw other keys.
 """
 
 from __future__ import annotations
@@ -41,11 +49,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.agent.rollout import RolloutEngine, TrajectoryBatch, _Book
+from agentjax.agent.guide import GuideBook, GuideStep
+from agentjax.agent.trajectories import TrajectoryBatch, TrajectoryBook
 from agentjax.parallel import logical_to_sharding
 from agentjax.parallel.host import to_host
 from agentjax.sampling import bucket, init_state, kv_window_arg
-from agentjax.sampling.sampler import RUNNING
+from agentjax.sampling.sampler import RUNNING, rewind
 from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories, extend_rows,
                                      init_progress, store_rows, take_rows)
 
@@ -68,6 +77,13 @@ def _padded(values: Sequence[int], size: int, pad: int) -> jax.Array:
   out = np.full(size, pad, np.int32)
   out[:len(values)] = values
   return jnp.asarray(out)
+
+
+def _bucketed(rows: Sequence[int]) -> jax.Array:
+  """Row indices padded to a row bucket with the last one repeated (a few gather and scatter
+  programs per rollout; a repeated row reads, or writes, the same values)."""
+  rows = [int(r) for r in rows]
+  return jnp.asarray(rows + rows[-1:] * (bucket(len(rows), MIN_ROWS) - len(rows)), jnp.int32)
 
 
 class _Lane:
@@ -94,7 +110,7 @@ class _Lane:
 class SlotRollout:
   """One rollout of the slot engine (RolloutEngine.run makes one when rollout.engine="slots")."""
 
-  def __init__(self, engine: RolloutEngine, params: Any,
+  def __init__(self, engine: Any, params: Any,
                policy_for_turn: Callable[[int], str] | None = None):
     self.engine, self.config = engine, engine.config
     self.policy_for_turn = policy_for_turn
@@ -117,7 +133,10 @@ class SlotRollout:
     count = len(questions) * group
     self.group_ids = np.repeat(np.arange(len(questions), dtype=np.int32), group)
     prompts, budget = engine._prompts(questions)
-    self.book = _Book(engine, prompts, self.group_ids, budget)
+    self.book = TrajectoryBook(engine, prompts, self.group_ids, budget)
+    self.guides = GuideBook(engine.guide, self.book)
+    self.saved: dict[int, jax.Array] = {}  # trajectory -> its logits where its samples start
+    self.snap: set[int] = set()  # trajectories whose logits to save once their feeds are in
     self.stop = (engine.stop_table, engine.eos_ids, jnp.int32(budget))
 
     # Shared prefill: each question's prompt once, in a cache just long enough for it, in chunks
@@ -182,11 +201,12 @@ class SlotRollout:
     self.trace.append(("collect", lane.index, int(sampled)))
 
     stopped = np.flatnonzero(active & (reason != RUNNING))
+    ended = self._guide_steps(lane, stopped, turn_tokens, num_new, reason)
     observations: dict[int, list[int]] = {}
     searches: list[tuple[int, str]] = []
-    for slot in stopped:
+    for slot, action in ended:
       b = int(lane.traj[slot])
-      query, observations[b] = book.action(b, turn_tokens[slot, :num_new[slot]], int(reason[slot]))
+      query, observations[b] = book.action(b, *action)
       if query is not None:
         searches.append((b, query))
     if searches:
@@ -203,18 +223,80 @@ class SlotRollout:
         self.timings["search_wait_s"] += elapsed
 
     next_turn: dict[int, list[int]] = collections.defaultdict(list)
-    for slot in stopped:
+    for slot, _ in ended:
       b = int(lane.traj[slot])
-      lane.feeds[slot] = [(book.observe(b, observations[b]), int(lane.turn[slot]))]
+      lane.feeds.setdefault(slot, []).append((book.observe(b, observations[b]),
+                                              int(lane.turn[slot])))
       if book.done[b]:
         lane.finishing.append(slot)
       else:
         next_turn[int(book.num_turns[b])].append(slot)
     for turn, slots in sorted(next_turn.items()):
-      hooks = book.hook(turn, [int(lane.traj[s]) for s in slots])
-      for slot, ids in zip(slots, hooks):
-        lane.feeds[slot].append((ids, turn))
-        lane.turn[slot], lane.starting[slot] = turn, True
+      self._begin(lane, turn, slots)
+
+  def _begin(self, lane: _Lane, turn: int, slots: Sequence[int]) -> None:
+    """The rows in `slots` take `turn` on their next decode call: their hook text and their
+    guide's prefix are queued to be fed."""
+    trajs = [int(lane.traj[s]) for s in slots]
+    for slot, b, ids, (prefix, snapshot) in zip(slots, trajs, self.book.hook(turn, trajs),
+                                                self.guides.begin(turn, trajs)):
+      lane.feeds.setdefault(slot, []).extend([(ids, turn), (prefix, turn)])
+      lane.turn[slot], lane.starting[slot] = turn, True
+      if snapshot:
+        self.snap.add(b)
+
+  def _guide_steps(self, lane: _Lane, stopped: np.ndarray, turn_tokens: np.ndarray,
+                   num_new: np.ndarray, reason: np.ndarray) -> list[tuple[int, tuple]]:
+    """The stopped rows' GuideSteps (a plain turn ends at once): rewinds applied now (one call),
+    feeds queued, rows that generate again restarted. Returns the (slot, TrajectoryBook.action's
+    arguments) of the rows whose turn ended."""
+    guides = self.guides
+    trajs = [int(lane.traj[slot]) for slot in stopped]
+    starts = [guides.context(b) for b in trajs]
+    logprobs: list[np.ndarray | None] = [None] * len(stopped)
+    want = [i for i, b in enumerate(trajs) if guides.wants_logprobs(b)]
+    if want:
+      rows = to_host(lane.state.logprobs[_bucketed(stopped[want])])
+      for k, i in enumerate(want):
+        logprobs[i] = rows[k, starts[i]:starts[i] + num_new[stopped[i]]]
+    by_turn: dict[int, list[int]] = collections.defaultdict(list)
+    for i, slot in enumerate(stopped):
+      by_turn[int(lane.turn[slot])].append(i)
+    steps: list[tuple[int, GuideStep]] = []
+    for turn, which in sorted(by_turn.items()):
+      got = guides.generated(turn, [trajs[i] for i in which],
+                             [turn_tokens[stopped[i], :num_new[stopped[i]]] for i in which],
+                             [int(reason[stopped[i]]) for i in which],
+                             [logprobs[i] for i in which])
+      steps += [(int(stopped[i]), step) for i, step in zip(which, got)]
+    steps.sort(key=lambda x: x[0])  # slot order, as the rows stopped
+    lengths = np.full(lane.size, np.iinfo(np.int32).max, np.int32)
+    restore: list[tuple[int, int]] = []  # (slot, trajectory) back to its saved logits
+    ended = []
+    for slot, step in steps:
+      b = step.row
+      if step.rewind is not None:
+        lengths[slot] = step.rewind
+        if step.restore:
+          restore.append((slot, b))
+      if step.feed:
+        lane.feeds.setdefault(slot, []).append((list(step.feed), int(lane.turn[slot])))
+      if step.snapshot:
+        self.snap.add(b)
+      if step.generate:
+        lane.starting[slot] = True
+      else:
+        self.saved.pop(b, None)
+        ended.append((slot, step.action))
+    if (lengths < np.iinfo(np.int32).max).any():
+      logits = None
+      if restore:
+        slots = [slot for slot, _ in restore]
+        saved = [self.saved[b] for _, b in restore]
+        saved += saved[-1:] * (bucket(len(saved), MIN_ROWS) - len(saved))
+        logits = lane.state.next_logits.at[_bucketed(slots)].set(jnp.stack(saved))
+      lane.state = rewind(lane.state, jnp.asarray(lengths), logits)
+    return ended
 
   def _settle(self, lane: _Lane) -> None:
     """Before the lane's next decode call: feed what its rows wait for, copy finished
@@ -243,15 +325,29 @@ class SlotRollout:
       size = bucket(len(here), MIN_ROWS)
       lane.state = copy_rows(lane.state, _padded(here, size, lane.size), self.prompts,
                              _padded(self.group_ids[trajs] - self.prompt_base, size, 0))
-      lane.traj[here], lane.turn[here], lane.starting[here] = trajs, 0, True
+      lane.traj[here] = trajs
       self.trace.append(("refill", lane.index, list(zip(here.tolist(), trajs))))
-      for slot, ids in zip(here, self.book.hook(0, trajs)):
-        lane.feeds[slot] = [(ids, 0)]
+      self._begin(lane, 0, [int(slot) for slot in here])
     if refilled:
       self._feed(lane)
     elif not self.queue:
       self._compact(lane)
+    self._snapshot(lane)
     self.timings["extend_s"] += time.perf_counter() - t0
+
+  def _snapshot(self, lane: _Lane) -> None:
+    """Saves the logits of the lane's rows whose samples start from their context as now fed
+    (a guide's TurnPlan.samples > 1): each later sample starts from them again."""
+    if not self.snap:
+      return
+    slots = [slot for slot in lane.live() if int(lane.traj[slot]) in self.snap]
+    if not slots:
+      return
+    logits = lane.state.next_logits[_bucketed(slots)]
+    for k, slot in enumerate(slots):
+      b = int(lane.traj[slot])
+      self.saved[b] = logits[k]
+      self.snap.discard(b)
 
   def _load_prompts(self, first: int) -> None:
     """Prefills questions [first, first + chunk) into self.prompts, unless they are there: a
@@ -304,9 +400,11 @@ class SlotRollout:
         tokens[i, :len(ids)] = ids
         turns[i, :len(ids)] = [t for seg, t in group[s] for _ in seg]
         lengths[i] = len(ids)
-      # book.length already counts what is fed (observations and hook text): where rows end.
-      window = self.engine.kv_window(int(self.book.length[lane.traj[slots]].max()),
-                                     lane.state.tokens.shape[1])
+      # book.length already counts what is fed (observations and hook text) and guides.extra a
+      # guide's prefix: where rows end.
+      trajs = lane.traj[slots]
+      end = int((self.book.length[trajs] + self.guides.extra[trajs]).max())
+      window = self.engine.kv_window(end, lane.state.tokens.shape[1])
       lane.state = extend_rows(self.engine.model, self.pick(int(turns[0, 0])), lane.state,
                                _padded(slots, rows, lane.size), jnp.asarray(tokens),
                                jnp.asarray(lengths), jnp.asarray(turns), **kv_window_arg(window))
@@ -348,11 +446,17 @@ class SlotRollout:
     exit_after = max(1, math.ceil(self.config.refill_fraction * int(active.sum())))
     model, params = self.decoder(turn)
     # A row's book.length is its context when its current turn began (the turn's tokens are
-    # counted once it ends), so its turn ends at or below that + max_new.
-    end = int(self.book.length[lane.traj[active]].max()) + self.config.max_new_tokens
+    # counted once it ends; guides.extra: a guide's prefix fed since), so its turn ends at or
+    # below that + max_new.
+    trajs = lane.traj[active]
+    end = int((self.book.length[trajs] + self.guides.extra[trajs]).max()) + \
+        self.config.max_new_tokens
+    # Sampling keys: trajectory id + (its generations of the turn so far) * trajectories.
+    live = np.maximum(lane.traj, 0)
+    keys = live + self.guides.draws[live] * len(self.group_ids)
     lane.state, lane.progress, call = decode_slots(
         model, params, lane.state, lane.progress, start=jnp.asarray(lane.starting & active),
-        turn=jnp.asarray(lane.turn), traj=jnp.asarray(np.maximum(lane.traj, 0), jnp.int32),
+        turn=jnp.asarray(lane.turn), traj=jnp.asarray(keys, jnp.int32),
         active=jnp.asarray(active), sampling=self.config.sampling,
         max_new=self.config.max_new_tokens, stop=self.stop, exit_after=jnp.int32(exit_after),
         **kv_window_arg(self.engine.kv_window(end, lane.state.tokens.shape[1])))

@@ -55,7 +55,8 @@ from typing import Any, Mapping, Protocol, Sequence
 import numpy as np
 
 from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, get_protocol
-from agentjax.agent.rollout import TurnRecord, observation_ids, prompt_ids
+from agentjax.agent.rollout import observation_ids, prompt_ids
+from agentjax.agent.trajectories import TurnRecord
 from agentjax.coreact.context import BranchContext
 from agentjax.jsonl import write_jsonl_atomic
 from agentjax.coreact.rankers import OracleRanker, branch_id

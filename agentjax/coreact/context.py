@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from agentjax.agent.protocol import SEARCH, Action, get_protocol, parse_action
-from agentjax.agent.rollout import TurnRecord
+from agentjax.agent.trajectories import TurnRecord
 from agentjax.retrieval import Document
 
 

@@ -6,10 +6,13 @@ retry, Best-of-N.
         config.coreact, "coreact"), rubric_source=generator, applier=build_applier(config))
     batch, metrics = engine.run(params, questions, rng)        # as RolloutEngine.run
 
-A GuidedEngine is a RolloutEngine whose per-turn generation (`_generate_turn`) is shaped by a
-rubric; parsing, searching and observations are the ReAct engine's. Before each step after the
-first (no rubric at turn 0), the rubric source writes a rubric for every active row from its
-BranchContext (the question and the row's turns so far).
+A GuidedEngine is a RolloutEngine whose guide (RolloutEngine.guide, the public per-turn hook of
+agentjax/agent/guide.py) is a RubricGuide: it shapes each turn's generation by a rubric, in
+either rollout engine (rollout.engine "slots", the default, or "turns"); parsing, searching and
+observations are the ReAct engine's. Before each step after the first (no rubric at turn 0), the
+rubric source writes a rubric for the rows about to take it from their BranchContext (the
+question and the row's turns so far): with the turn engine, every active row in one call; with
+the slot engine, the rows of a lane that reach the step together.
 
 mode "coreact":
   shadow suffix  rubric_suffix(rubric) is fed after the row's context, the action is generated,
@@ -23,11 +26,11 @@ mode "coreact":
                  action is generated again. Up to max_retries times; the last retry is accepted
                  without being verified (max_retries=1: one retry, accepted). An applier failure
                  (None) accepts the action.
-mode "best_of_n": N actions are sampled per step from the same context (generate, rewind,
-                 generate again ...), none of them sees a rubric; the one with the highest rubric
-                 score (best_of_n_select "rubric": applier.score; rows without a rubric, e.g. at
-                 turn 0, take a single sample as ReAct does) or the highest mean sampled log-prob
-                 ("self", every turn) is fed back as the step's action.
+mode "best_of_n": N actions are sampled per step from the same context (TurnPlan.samples:
+                 generate, rewind, generate again ...), none of them sees a rubric; the one with
+                 the highest rubric score (best_of_n_select "rubric": applier.score; rows without
+                 a rubric, e.g. at turn 0, take a single sample as ReAct does) or the highest
+                 mean sampled log-prob ("self", every turn) is fed back as the step's action.
 
 Guided rollouts are for inference: an action fed again after a rewind is context (fed, not
 sampled): its loss_mask is False and its logprobs 0, and the tokens it was sampled from (the
@@ -44,17 +47,15 @@ import logging
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from agentjax.agent.rollout import (GeneratedTurn, RolloutConfig, RolloutEngine, TurnRows)
+from agentjax.agent.guide import ACCEPT, TurnAttempt, TurnGuide, TurnPlan, TurnRows, TurnVerdict
+from agentjax.agent.rollout import RolloutConfig, RolloutEngine
 from agentjax.coreact import AGENTS, SELECTS  # noqa: F401 (AGENTS: re-exported)
 from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rubric import (Rubric, RubricItem, fit_rubric_prompt, parse_rubric,
                                      retry_suffix, rubric_suffix, strip_think)
-from agentjax.parallel.host import to_host
 from agentjax.sampling import STOP_BUDGET
-from agentjax.sampling.sampler import rewind
 
 log = logging.getLogger(__name__)
 
@@ -201,21 +202,226 @@ class RubricGenerator:
 
 
 # ---------------------------------------------------------------------------------------------
-# The engine.
+# The guide and the engine.
 # ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass
 class _Guide:
-  """One row's rubric for the step."""
+  """One row's rubric for its current turn (mode "coreact")."""
   rubric: Rubric
   ctx: BranchContext
   suffix: list[int]        # rubric_suffix ids
   shown: list[int]         # what is fed before the (last) generation: suffix [+ feedback]
+  trace: dict[str, Any]    # the turn's trace entry, filled as the turn goes
+
+
+class RubricGuide(TurnGuide):
+  """Co-ReAct's rubric guidance as a TurnGuide (agentjax/agent/guide.py), which either rollout
+  engine honours (module docstring): in mode "coreact" a plan feeds the rubric suffix (kept with
+  persist) and review verifies the action and answers a low one with a retry (the suffix and the
+  feedback); in mode "best_of_n" a plan asks for N samples and review picks one.
+
+  `reset(questions)` before each rollout (GuidedEngine.run does it); `trace` holds the run's
+  decisions, `stats` its counts.
+  """
+
+  def __init__(self, settings: GuidedSettings, config: RolloutConfig,
+               encode: Callable[[str], list[int]], decode: Callable[[Sequence[int]], str], *,
+               rubric_source: RubricSource | None = None, applier: Any = None,
+               feedback: Feedback | None = None):
+    s = self.settings = settings
+    needs_rubric = s.mode == "coreact" or s.best_of_n_select == "rubric"
+    if needs_rubric and rubric_source is None:
+      raise ValueError(f"guided mode {s.mode!r} (select {s.best_of_n_select!r}) needs a rubric "
+                       f"source (config.coreact.generator_path)")
+    needs_applier = (s.mode == "coreact" and s.verify) or \
+        (s.mode == "best_of_n" and s.best_of_n_select == "rubric")
+    if needs_applier and applier is None:
+      raise ValueError(f"guided mode {s.mode!r} needs a rubric applier to "
+                       f"{'verify' if s.mode == 'coreact' else 'select by rubric score'} "
+                       f"(config.coreact.applier)")
+    self.config, self.encode, self.decode = config, encode, decode
+    self.rubric_source, self.applier, self.feedback = rubric_source, applier, feedback
+    self.trace: list[dict[str, Any]] = []
+    self.questions: list[dict[str, Any]] = []
+    self.stats: dict[str, float] = {}
+    self._guides: dict[int, _Guide] = {}   # row -> its coreact turn in progress
+    self._rubrics_of: dict[int, tuple[Rubric, BranchContext]] = {}  # row -> best_of_n's rubric
+
+  def reset(self, questions: Sequence[Mapping[str, Any]]) -> None:
+    """A new rollout of these questions (the contexts' question records)."""
+    self.questions = list(questions)
+    self.trace = []
+    self._guides, self._rubrics_of = {}, {}
+    self.stats = dict.fromkeys(
+        ("rubrics", "rubric_missing", "rubric_dropped", "verify_checks", "verify_retries",
+         "retry_no_room", "verify_score_sum", "applier_failures", "proposals",
+         "proposal_tokens"), 0.0)
+
+  def _context(self, rows: TurnRows, b: int) -> BranchContext:
+    return BranchContext(question=self.questions[rows.group_ids[b]], turns=rows.history(b),
+                         max_calls=self.config.max_turns, protocol=self.config.protocol)
+
+  def _rubrics(self, rows: TurnRows) -> dict[int, tuple[Rubric, Any]]:
+    """row -> (rubric, context) for the rows the source gave a usable rubric (none at turn 0)."""
+    which = [int(b) for b in rows.rows]
+    if rows.turn == 0 or not which:
+      return {}
+    contexts = [self._context(rows, b) for b in which]
+    try:
+      got = list(self.rubric_source(contexts))
+      if len(got) != len(contexts):
+        raise ValueError(f"{len(got)} rubrics for {len(contexts)} contexts")
+    except Exception as e:  # noqa: BLE001 - no rubric: the step is taken unguided
+      log.warning("rubric source failed (%s: %s): turn %d unguided", type(e).__name__, e,
+                  rows.turn)
+      got = [None] * len(contexts)
+    out = {}
+    for b, ctx, rubric in zip(which, contexts, got):
+      if rubric is None or rubric.n == 0:
+        self.stats["rubric_missing"] += 1
+        continue
+      self.stats["rubrics"] += 1
+      out[b] = (rubric, ctx)
+    return out
+
+  def _score(self, rubrics, contexts, texts) -> list[float | None]:
+    try:
+      scores = list(self.applier.score(list(rubrics), list(contexts), list(texts)))
+      if len(scores) != len(texts):
+        raise ValueError(f"{len(scores)} scores for {len(texts)} actions")
+    except Exception as e:  # noqa: BLE001 - appliers should not raise; if one does, accept
+      log.warning("rubric applier failed (%s: %s)", type(e).__name__, e)
+      scores = [None] * len(texts)
+    self.stats["applier_failures"] += sum(s is None for s in scores)
+    return [None if s is None else float(s) for s in scores]
+
+  def _failed(self, guide: _Guide, text: str) -> Sequence[RubricItem]:
+    if self.feedback is None:
+      return ()
+    try:
+      return list(self.feedback(guide.rubric, guide.ctx, text))
+    except Exception as e:  # noqa: BLE001 - feedback is a nicety: the generic text then
+      log.warning("retry feedback failed (%s: %s)", type(e).__name__, e)
+      return ()
+
+  # ------------------------------------------------------------------ TurnGuide
+
+  def begin(self, rows: TurnRows) -> list[TurnPlan | None]:
+    if self.settings.mode == "coreact":
+      return self._coreact_plans(rows)
+    return self._best_of_n_plans(rows)
+
+  def review(self, rows: TurnRows, attempts: Sequence[TurnAttempt]) -> list[TurnVerdict]:
+    if self.settings.mode == "coreact":
+      return self._coreact_review(rows, attempts)
+    return self._best_of_n_review(rows, attempts)
+
+  # ------------------------------------------------------------------ Co-ReAct
+
+  def _coreact_plans(self, rows: TurnRows) -> list[TurnPlan | None]:
+    s, max_new = self.settings, self.config.max_new_tokens
+    plans: dict[int, TurnPlan] = {}
+    for b, (rubric, ctx) in self._rubrics(rows).items():
+      ids = self.encode(rubric_suffix(rubric))
+      # The suffix must leave room for a whole action: otherwise the step goes unguided.
+      if int(rows.length[b]) + len(ids) + max_new > rows.budget:
+        self.stats["rubric_dropped"] += 1
+        continue
+      self._guides[b] = _Guide(rubric, ctx, ids, list(ids), {
+          "turn": rows.turn, "row": b, "rubric": rubric.raw, "actions": [], "scores": []})
+      plans[b] = TurnPlan(prefix=ids, keep=s.persist)
+    return [plans.get(int(b)) for b in rows.rows]
+
+  def _coreact_review(self, rows: TurnRows, attempts: Sequence[TurnAttempt]
+                      ) -> list[TurnVerdict]:
+    s, max_new = self.settings, self.config.max_new_tokens
+    texts = [self.decode(a.ids[0]) for a in attempts]
+    # The first action is verified, a retry only while retries are left (the last retry is
+    # accepted as it is); an action cut off by the budget is accepted.
+    check = [i for i, a in enumerate(attempts)
+             if s.verify and a.reasons[0] != STOP_BUDGET and (a.number == 0 or
+                                                              a.number < s.max_retries)]
+    scores: dict[int, float | None] = {}
+    if check:
+      got = self._score([self._guides[attempts[i].row].rubric for i in check],
+                        [self._guides[attempts[i].row].ctx for i in check],
+                        [texts[i] for i in check])
+      self.stats["verify_checks"] += sum(x is not None for x in got)
+      self.stats["verify_score_sum"] += sum(x for x in got if x is not None)
+      scores = dict(zip(check, got))
+    out = []
+    for i, (a, text) in enumerate(zip(attempts, texts)):
+      g = self._guides[a.row]
+      g.trace["actions"].append(text)
+      score = scores.get(i)
+      if i in scores:
+        g.trace["scores"].append(score)
+      if score is not None and score < s.verify_threshold and a.number < s.max_retries:
+        shown = g.suffix + self.encode(retry_suffix(g.rubric, self._failed(g, text)))
+        if int(rows.length[a.row]) + len(shown) + max_new > rows.budget:
+          self.stats["retry_no_room"] += 1  # no room for the feedback and a new action
+        else:
+          g.shown = shown
+          self.stats["verify_retries"] += 1
+          out.append(TurnVerdict(retry=shown))
+          continue
+      g.trace.update(ids=list(a.ids[0]), shown=self.decode(g.shown),
+                     retries=len(g.trace["actions"]) - 1)
+      self.trace.append(g.trace)
+      del self._guides[a.row]
+      out.append(ACCEPT)
+    return out
+
+  # ------------------------------------------------------------------ Best-of-N
+
+  def _best_of_n_plans(self, rows: TurnRows) -> list[TurnPlan | None]:
+    s = self.settings
+    if s.best_of_n_select == "rubric":
+      guides = self._rubrics(rows)  # rows without a rubric (turn 0) take a single sample
+      many = set(guides)
+    else:
+      guides, many = {}, {int(b) for b in rows.rows}
+    if s.best_of_n == 1:
+      return [None] * len(rows.rows)
+    self._rubrics_of.update(guides)
+    plan = TurnPlan(samples=s.best_of_n, logprobs=True)
+    return [plan if int(b) in many else None for b in rows.rows]
+
+  def _best_of_n_review(self, rows: TurnRows, attempts: Sequence[TurnAttempt]
+                        ) -> list[TurnVerdict]:
+    s = self.settings
+    n = s.best_of_n
+    self.stats["proposals"] += n * len(attempts)
+    self.stats["proposal_tokens"] += sum(len(ids) for a in attempts for ids in a.ids)
+    texts = [[self.decode(ids) for ids in a.ids] for a in attempts]
+    self_scores = [[float(np.mean(lp)) if len(lp) else -np.inf for lp in a.logprobs]
+                   for a in attempts]
+    if s.best_of_n_select == "rubric":
+      guides = [self._rubrics_of.pop(a.row) for a in attempts]
+      got = self._score([g[0] for g in guides for _ in range(n)],
+                        [g[1] for g in guides for _ in range(n)], [t for ts in texts for t in ts])
+      scores = [got[i * n:(i + 1) * n] for i in range(len(attempts))]
+    else:
+      guides = [None] * len(attempts)
+      scores = self_scores
+    out = []
+    for a, guide, text, row, own in zip(attempts, guides, texts, scores, self_scores):
+      pick_by = own if all(x is None for x in row) else row  # every applier call failed
+      pick = int(np.argmax([-np.inf if x is None else x for x in pick_by]))
+      self.trace.append({"turn": rows.turn, "row": a.row, "select": s.best_of_n_select,
+                         "rubric": guide[0].raw if guide is not None else None,
+                         "actions": text, "scores": row, "self_scores": own,
+                         "logprobs": list(a.logprobs), "ids": [list(ids) for ids in a.ids],
+                         "chosen": pick})
+      out.append(TurnVerdict(choose=pick))
+    return out
 
 
 class GuidedEngine(RolloutEngine):
-  """A RolloutEngine whose steps are guided by rubrics (module docstring). For inference only."""
+  """A RolloutEngine whose steps are guided by rubrics (module docstring): its guide is a
+  RubricGuide, honoured by either rollout engine (rollout.engine). For inference only."""
 
   def __init__(self, cfg: Any, tokenizer: Any, backend: Any, config: RolloutConfig,
                settings: GuidedSettings, *, rubric_source: RubricSource | None = None,
@@ -232,24 +438,16 @@ class GuidedEngine(RolloutEngine):
         executor applier); None: retry_suffix's generic feedback.
     """
     super().__init__(cfg, tokenizer, backend, config, mesh=mesh, lora=lora)
-    s = self.settings = settings
-    needs_rubric = s.mode == "coreact" or s.best_of_n_select == "rubric"
-    if needs_rubric and rubric_source is None:
-      raise ValueError(f"guided mode {s.mode!r} (select {s.best_of_n_select!r}) needs a rubric "
-                       f"source (config.coreact.generator_path)")
-    needs_applier = (s.mode == "coreact" and s.verify) or \
-        (s.mode == "best_of_n" and s.best_of_n_select == "rubric")
-    if needs_applier and applier is None:
-      raise ValueError(f"guided mode {s.mode!r} needs a rubric applier to "
-                       f"{'verify' if s.mode == 'coreact' else 'select by rubric score'} "
-                       f"(config.coreact.applier)")
-    self.rubric_source, self.applier, self.feedback = rubric_source, applier, feedback
-    self.trace: list[dict[str, Any]] = []
+    self.guide = RubricGuide(settings, config, self.encode, self.decode,
+                             rubric_source=rubric_source, applier=applier, feedback=feedback)
     self.totals: dict[str, float] = {}
-    self._questions: list[dict[str, Any]] = []
-    self._stats: dict[str, float] = {}
 
-  # ------------------------------------------------------------------ the run
+  settings = property(lambda self: self.guide.settings)
+  rubric_source = property(lambda self: self.guide.rubric_source)
+  applier = property(lambda self: self.guide.applier)
+  feedback = property(lambda self: self.guide.feedback)
+  trace = property(lambda self: self.guide.trace,
+                   doc="The last run's decisions (turn, row, rubric, proposals, scores, retries).")
 
   def run(self, params: Any, questions: Sequence[str], rng: jax.Array,
           policy_for_turn: Callable[[int], str] | None = None,
@@ -259,16 +457,11 @@ class GuidedEngine(RolloutEngine):
     "guided_*" counts (rubrics generated, verify checks / retries / mean score, ...)."""
     if records is not None and len(records) != len(questions):
       raise ValueError(f"{len(records)} records for {len(questions)} questions")
-    self._questions = [
+    self.guide.reset([
         {k: r[k] for k in QUESTION_FIELDS if k in r} if r is not None else {"question": q}
-        for q, r in zip(questions, records if records is not None else [None] * len(questions))]
-    self.trace = []
-    self._stats = dict.fromkeys(
-        ("rubrics", "rubric_missing", "rubric_dropped", "verify_checks", "verify_retries",
-         "retry_no_room", "verify_score_sum", "applier_failures", "proposals",
-         "proposal_tokens"), 0.0)
+        for q, r in zip(questions, records if records is not None else [None] * len(questions))])
     batch, metrics = super().run(params, questions, rng, policy_for_turn=policy_for_turn)
-    st = self._stats
+    st = self.guide.stats
     for k, v in st.items():
       self.totals[k] = self.totals.get(k, 0.0) + v
     metrics.update({f"guided_{k}": float(v) for k, v in st.items() if k != "verify_score_sum"})
@@ -282,214 +475,6 @@ class GuidedEngine(RolloutEngine):
     checks = out.pop("verify_score_sum", 0.0)
     out["verify_score_mean"] = checks / out["verify_checks"] if out.get("verify_checks") else None
     return out
-
-  def _context(self, rows: TurnRows, b: int) -> BranchContext:
-    return BranchContext(question=self._questions[rows.group_ids[b]], turns=rows.history(b),
-                         max_calls=self.config.max_turns, protocol=self.config.protocol)
-
-  def _rubrics(self, rows: TurnRows, which: Sequence[int]) -> dict[int, tuple[Rubric, Any]]:
-    """row -> (rubric, context) for the rows the source gave a usable rubric (none at turn 0)."""
-    if rows.turn == 0 or not len(which):
-      return {}
-    contexts = [self._context(rows, b) for b in which]
-    try:
-      got = list(self.rubric_source(contexts))
-      if len(got) != len(contexts):
-        raise ValueError(f"{len(got)} rubrics for {len(contexts)} contexts")
-    except Exception as e:  # noqa: BLE001 - no rubric: the step is taken unguided
-      log.warning("rubric source failed (%s: %s): turn %d unguided", type(e).__name__, e,
-                  rows.turn)
-      got = [None] * len(contexts)
-    out = {}
-    for b, ctx, rubric in zip(which, contexts, got):
-      if rubric is None or rubric.n == 0:
-        self._stats["rubric_missing"] += 1
-        continue
-      self._stats["rubrics"] += 1
-      out[int(b)] = (rubric, ctx)
-    return out
-
-  def _score(self, rubrics, contexts, texts) -> list[float | None]:
-    try:
-      scores = list(self.applier.score(list(rubrics), list(contexts), list(texts)))
-      if len(scores) != len(texts):
-        raise ValueError(f"{len(scores)} scores for {len(texts)} actions")
-    except Exception as e:  # noqa: BLE001 - appliers should not raise; if one does, accept
-      log.warning("rubric applier failed (%s: %s)", type(e).__name__, e)
-      scores = [None] * len(texts)
-    self._stats["applier_failures"] += sum(s is None for s in scores)
-    return [None if s is None else float(s) for s in scores]
-
-  def _generate(self, policy, decoder, state, active, turn_arr, stop, rows) -> GeneratedTurn:
-    """One plain generate call for the `active` rows (RolloutEngine's step)."""
-    return RolloutEngine._generate_turn(self, policy, decoder, state, active, turn_arr, stop,
-                                        rows)
-
-  def _rewind(self, state, rows_to: dict[int, int], logits: jax.Array | None = None):
-    """Rows in rows_to back to their given length (the others unchanged)."""
-    lengths = np.full(state.length.shape[0], np.iinfo(np.int32).max, np.int32)
-    for b, n in rows_to.items():
-      lengths[b] = n
-    return rewind(state, jnp.asarray(lengths), logits)
-
-  def _generate_turn(self, policy, decoder, state, active, turn_arr, stop, rows):
-    if self.settings.mode == "coreact":
-      return self._coreact_turn(policy, decoder, state, active, turn_arr, stop, rows)
-    return self._best_of_n_turn(policy, decoder, state, active, turn_arr, stop, rows)
-
-  # ------------------------------------------------------------------ Co-ReAct
-
-  def _coreact_turn(self, policy, decoder, state, active, turn_arr, stop, rows):
-    s, length, n_rows = self.settings, rows.length, len(active)
-    guides: dict[int, _Guide] = {}
-    for b, (rubric, ctx) in self._rubrics(rows, rows.rows).items():
-      ids = self.encode(rubric_suffix(rubric))
-      # The suffix must leave room for a whole action: otherwise the step goes unguided.
-      if int(length[b]) + len(ids) + self.config.max_new_tokens > rows.budget:
-        self._stats["rubric_dropped"] += 1
-        continue
-      guides[b] = _Guide(rubric, ctx, ids, list(ids))
-    if not guides:
-      return self._generate(policy, decoder, state, active, turn_arr, stop, rows)
-
-    state = self._feed(policy, state, [guides[b].shown if b in guides else []
-                                       for b in range(n_rows)], turn_arr)
-    gen = self._generate(policy, decoder, state, active, turn_arr, stop, rows)
-    state, sampled = gen.state, int(gen.num_new.sum())
-    new_tokens, num_new, reason = (np.array(x) for x in (gen.new_tokens, gen.num_new,
-                                                          gen.reason))
-    trace = {b: {"turn": rows.turn, "row": int(b), "rubric": g.rubric.raw,
-                 "actions": [self.decode(new_tokens[b, :num_new[b]])], "scores": []}
-             for b, g in guides.items()}
-
-    pending = [b for b in guides if reason[b] != STOP_BUDGET] if s.verify else []
-    attempt = 0
-    while pending:
-      texts = [self.decode(new_tokens[b, :num_new[b]]) for b in pending]
-      scores = self._score([guides[b].rubric for b in pending], [guides[b].ctx for b in pending],
-                           texts)
-      self._stats["verify_checks"] += sum(x is not None for x in scores)
-      self._stats["verify_score_sum"] += sum(x for x in scores if x is not None)
-      low = []
-      for b, text, score in zip(pending, texts, scores):
-        trace[b]["scores"].append(score)
-        if score is not None and score < s.verify_threshold and attempt < s.max_retries:
-          g = guides[b]
-          failed = self._failed(g, text)
-          shown = g.suffix + self.encode(retry_suffix(g.rubric, failed))
-          if int(length[b]) + len(shown) + self.config.max_new_tokens > rows.budget:
-            self._stats["retry_no_room"] += 1
-            continue  # no room for the feedback and a new action: the action stands
-          g.shown = shown
-          low.append(b)
-      if not low:
-        break
-      self._stats["verify_retries"] += len(low)
-      again = np.zeros(n_rows, bool)
-      again[low] = True
-      state = self._rewind(state, {b: int(length[b]) for b in low})
-      state = self._feed(policy, state, [guides[b].shown if again[b] else []
-                                         for b in range(n_rows)], turn_arr)
-      retry = self._generate(policy, decoder, state, again, turn_arr, stop, rows)
-      state = retry.state
-      sampled += int(retry.num_new.sum())
-      for b in low:
-        new_tokens[b], num_new[b], reason[b] = retry.new_tokens[b], retry.num_new[b], \
-            retry.reason[b]
-        trace[b]["actions"].append(self.decode(new_tokens[b, :num_new[b]]))
-      attempt += 1
-      # A retry is verified again only while retries are left: the last one is accepted as it is.
-      pending = [b for b in low if reason[b] != STOP_BUDGET] if attempt < s.max_retries else []
-
-    added = num_new.astype(np.int64).copy()
-    hooks, shadows = {}, {}
-    if s.persist:
-      for b, g in guides.items():
-        added[b] += len(g.shown)
-        hooks[b] = self.decode(g.shown)
-    else:
-      # The shadow suffix leaves: back to before it, the action's exact ids fed again.
-      state = self._rewind(state, {b: int(length[b]) for b in guides})
-      state = self._feed(policy, state, [list(new_tokens[b, :num_new[b]]) if b in guides else []
-                                         for b in range(n_rows)], turn_arr)
-      shadows = {b: self.decode(g.shown) for b, g in guides.items()}
-    for b, entry in trace.items():
-      entry.update(ids=new_tokens[b, :num_new[b]].tolist(), shown=self.decode(guides[b].shown),
-                   retries=len(entry["actions"]) - 1)
-    self.trace += trace.values()
-    return GeneratedTurn(state=state, new_tokens=new_tokens, num_new=num_new, reason=reason,
-                         context_added=added, hook_texts=hooks, shadow_texts=shadows,
-                         sampled_tokens=sampled)
-
-  def _failed(self, guide: _Guide, text: str) -> Sequence[RubricItem]:
-    if self.feedback is None:
-      return ()
-    try:
-      return list(self.feedback(guide.rubric, guide.ctx, text))
-    except Exception as e:  # noqa: BLE001 - feedback is a nicety: the generic text then
-      log.warning("retry feedback failed (%s: %s)", type(e).__name__, e)
-      return ()
-
-  # ------------------------------------------------------------------ Best-of-N
-
-  def _best_of_n_turn(self, policy, decoder, state, active, turn_arr, stop, rows):
-    s, length, n_rows = self.settings, rows.length, len(active)
-    if s.best_of_n_select == "rubric":
-      guides = self._rubrics(rows, rows.rows)
-      many = sorted(guides)
-    else:
-      guides, many = {}, [int(b) for b in rows.rows]
-    if s.best_of_n == 1 or not many:
-      return self._generate(policy, decoder, state, active, turn_arr, stop, rows)
-
-    saved = jnp.copy(state.next_logits)  # generate donates the state: a copy of the logits
-    again = np.zeros(n_rows, bool)
-    again[many] = True
-    proposals = []  # per sample: (new_tokens, num_new, reason, logprobs per row)
-    sampled = 0
-    for i in range(s.best_of_n):
-      gen = self._generate(policy, decoder, state, active if i == 0 else again, turn_arr, stop,
-                           rows)
-      state = gen.state
-      sampled += int(gen.num_new.sum())
-      logprobs = np.asarray(to_host(state.logprobs))
-      lp = [logprobs[b, length[b]:length[b] + gen.num_new[b]] if again[b] else None
-            for b in range(n_rows)]
-      proposals.append((gen.new_tokens, gen.num_new, gen.reason, lp))
-      state = self._rewind(state, {b: int(length[b]) for b in many}, saved)
-    self._stats["proposals"] += s.best_of_n * len(many)
-    self._stats["proposal_tokens"] += sampled
-
-    texts = {b: [self.decode(p[0][b, :p[1][b]]) for p in proposals] for b in many}
-    self_scores = {b: [float(np.mean(p[3][b])) if p[1][b] else -np.inf for p in proposals]
-                   for b in many}
-    if s.best_of_n_select == "rubric":
-      flat = [(b, k) for b in many for k in range(s.best_of_n)]
-      got = self._score([guides[b][0] for b, _ in flat], [guides[b][1] for b, _ in flat],
-                        [texts[b][k] for b, k in flat])
-      scores = {b: [got[i * s.best_of_n + k] for k in range(s.best_of_n)]
-                for i, b in enumerate(many)}
-    else:
-      scores = self_scores
-
-    new_tokens, num_new, reason = (np.array(x) for x in proposals[0][:3])
-    for b in many:
-      row = scores[b]
-      if all(x is None for x in row):  # every applier call failed: the policy's own choice
-        row = self_scores[b]
-      pick = int(np.argmax([-np.inf if x is None else x for x in row]))
-      p = proposals[pick]
-      new_tokens[b], num_new[b], reason[b] = p[0][b], p[1][b], p[2][b]
-      self.trace.append({"turn": rows.turn, "row": b, "select": s.best_of_n_select,
-                         "rubric": guides[b][0].raw if b in guides else None,
-                         "actions": texts[b], "scores": scores[b],
-                         "self_scores": self_scores[b], "logprobs": [p[3][b] for p in proposals],
-                         "ids": [p[0][b, :p[1][b]].tolist() for p in proposals], "chosen": pick})
-    # Rows that drew several actions are back before them: the chosen one is fed.
-    state = self._feed(policy, state, [list(new_tokens[b, :num_new[b]]) if again[b] else []
-                                       for b in range(n_rows)], turn_arr)
-    return GeneratedTurn(state=state, new_tokens=new_tokens, num_new=num_new, reason=reason,
-                         sampled_tokens=sampled)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,5 +508,5 @@ def make_guided_engine(config: Any, cfg: Any, tokenizer: Any, backend: Any,
                       feedback=feedback, mesh=mesh, lora=lora)
 
 
-__all__ = ["AGENTS", "GuidedEngine", "GuidedSettings", "MODES", "RubricGenerator",
+__all__ = ["AGENTS", "GuidedEngine", "GuidedSettings", "MODES", "RubricGenerator", "RubricGuide",
            "make_guided_engine"]

@@ -3,7 +3,7 @@ generator's abstention in the searcher's reward (configs/dac.py; methods spec §
 
   rewards.py  labels (sufficiency, correctness, abstention), both roles' rewards, augmentation
   roles.py    the two-role rollout (DacAgent): searcher -> evidence set -> generator
-  step.py     one training step of both adapters (DacStep), for the RL loop of train/trainer.py
+  stage.py    the rollout stage of the RL step (DacRollout): both roles, their rewards, metrics
 """
 
 from agentjax.dac.rewards import (augment, contains_answer, correct, distractor_candidates,

@@ -27,44 +27,18 @@ answer (the top-ranked ones: "hard"), and the set is shuffled.
 
 from __future__ import annotations
 
-import re
 from typing import Sequence
 
 import numpy as np
 
 from agentjax.answers import normalize_answer
 from agentjax.retrieval import Document
+# The evidence labels live in rl/ (every run logs sufficiency_rate); DAC's names for them.
+from agentjax.rl.evidence import (SUFFICIENCY_MATCHES, contains_answer, evidence_set,  # noqa: F401
+                                  sufficient)
 from agentjax.rl.rewards import exact_match
 
-SUFFICIENCY_MATCHES = ("word", "substring")
 SEARCHER_REWARDS = ("sufficient_answered", "sufficient_only", "correct")
-
-
-def _golds(golds: str | Sequence[str]) -> list[str]:
-  golds = [golds] if isinstance(golds, str) else list(golds)
-  return [g for g in (normalize_answer(x) for x in golds) if g]
-
-
-def contains_answer(text: str, golds: str | Sequence[str], match: str = "word") -> bool:
-  """Whether `text` contains a gold answer after normalization (the standard one: lowercase,
-  punctuation and articles removed, whitespace collapsed). "word": as whole words (the gold's
-  tokens appear consecutively); "substring": anywhere, inside words too. An empty gold matches
-  nothing."""
-  if match not in SUFFICIENCY_MATCHES:
-    raise ValueError(f"dac.sufficiency_match={match!r}: must be one of {SUFFICIENCY_MATCHES}")
-  body = normalize_answer(text)
-  for gold in _golds(golds):
-    if match == "substring":
-      if gold in body:
-        return True
-    elif re.search(rf"(?:^| ){re.escape(gold)}(?: |$)", body):
-      return True
-  return False
-
-
-def sufficient(docs: Sequence[Document], golds: str | Sequence[str], match: str = "word") -> bool:
-  """S: some document (title and text) contains a gold answer."""
-  return any(contains_answer(d.contents, golds, match) for d in docs)
 
 
 def is_abstention(answer: str | None, abstain_text: str) -> bool:
@@ -77,17 +51,6 @@ def correct(answer: str | None, golds: str | Sequence[str], abstain_text: str) -
   normalizes to the same words)."""
   return answer is not None and not is_abstention(answer, abstain_text) and \
       exact_match(answer, golds) > 0
-
-
-def evidence_set(documents_per_turn: Sequence[Sequence[Document]]) -> tuple[Document, ...]:
-  """The documents of a searcher trajectory, deduplicated by id, in retrieval order."""
-  seen, out = set(), []
-  for docs in documents_per_turn:
-    for d in docs:
-      if d.id not in seen:
-        seen.add(d.id)
-        out.append(d)
-  return tuple(out)
 
 
 def generator_rewards(answered: np.ndarray, abstained: np.ndarray, is_correct: np.ndarray,

@@ -29,7 +29,8 @@ import jax
 import numpy as np
 
 from agentjax.agent.protocol import ANSWER_ONLY, format_documents
-from agentjax.agent.rollout import RolloutConfig, RolloutEngine, TrajectoryBatch
+from agentjax.agent.rollout import RolloutConfig, RolloutEngine
+from agentjax.agent.trajectories import TrajectoryBatch
 from agentjax.dac import rewards as R
 from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import QwenConfig

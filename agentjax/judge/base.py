@@ -30,7 +30,7 @@ import importlib
 import os
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
-from agentjax.agent.rollout import TurnRecord
+from agentjax.agent.trajectories import TurnRecord
 
 
 @dataclasses.dataclass(frozen=True)

@@ -44,7 +44,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 from agentjax.agent.protocol import ANSWER, SEARCH, normalize_text
-from agentjax.agent.rollout import TurnRecord
+from agentjax.agent.trajectories import TurnRecord
 from agentjax.judge.base import JudgeRequest, Verdict, register_judge
 
 ORACLE_IDENTITY = {"backend": "oracle", "model": "synthworld-gold-chain", "prompt_sha256": "-"}

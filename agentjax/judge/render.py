@@ -18,7 +18,7 @@ import re
 from typing import Any
 
 from agentjax.agent.protocol import format_documents
-from agentjax.agent.rollout import TurnRecord
+from agentjax.agent.trajectories import TurnRecord
 from agentjax.judge.base import JudgeRequest, Verdict
 
 TRACE_MARKER = "{{TRACE}}"

@@ -318,7 +318,7 @@ def gt_entropy_reduction(v: Array, num_turns: Array) -> Array:
   return jnp.sum(jnp.where(has, v_last - v[:, 0], 0.0)) / n
 
 
-def _outcome_stats(outcome: Array, group_ids: Array, adv: Array, loss_mask: Array,
+def outcome_stats(outcome: Array, group_ids: Array, adv: Array, loss_mask: Array,
                    collapse_tol: float) -> dict[str, Array]:
   r_mean, r_std = _masked_mean_std(outcome.astype(_F32), jnp.ones(outcome.shape, bool))
   a_mean, a_std = _masked_mean_std(adv, jnp.asarray(loss_mask).astype(bool))
@@ -367,7 +367,7 @@ def grpo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
   per_traj = grpo_outcome_advantages(outcome, group_ids, scale_by_std=scale_by_std,
                                      std_estimator=std_estimator, eps=eps)
   adv = _broadcast_to_tokens(per_traj, loss_mask)
-  return adv, _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  return adv, outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
 
 
 @register_advantage("drgrpo")
@@ -389,7 +389,7 @@ def rloo_advantages(outcome: Array, group_ids: Array, loss_mask: Array, *,
   centred = grpo_outcome_advantages(outcome, group_ids, scale_by_std=False)
   per_traj = jnp.where(n > 1, centred * (n / jnp.maximum(n - 1.0, 1.0)), 0.0)
   adv = _broadcast_to_tokens(per_traj, loss_mask)
-  return adv, _outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
+  return adv, outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
 
 
 def _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, std_estimator, eps,
@@ -401,7 +401,7 @@ def _reinforce_pp(outcome, group_ids, loss_mask, subtract_group_mean, std_estima
   # Whitening over every sampled token of the batch: long answers weigh more, as in
   # OpenRLHF/verl's masked_whiten.
   adv = masked_whiten(_broadcast_to_tokens(base, mask), mask, _ddof(std_estimator), eps)
-  return adv, _outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
+  return adv, outcome_stats(outcome, group_ids, adv, loss_mask, collapse_tol)
 
 
 @register_advantage("reinforce++")
@@ -543,7 +543,7 @@ def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Arra
                                   outcome_weight=outcome_weight, std_estimator=std_estimator,
                                   eps=eps)
   adv = turn_to_token(turn_adv, turn_id, loss_mask)
-  stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
   stats.update(ig_statistics(ig, num_turns))
   return adv, stats
 
@@ -632,6 +632,22 @@ def contribution_weighted_advantages(adv_outcome: Array, retrieval_scores: Array
                               inf_threshold, all_zero_fallback)[0]
 
 
+def contribution_multipliers(positive: Array, retrieval_scores: Array, thinking_scores: Array,
+                             num_turns: Array, *, gamma: float | Array = 100.0,
+                             inf_threshold: float = 10.0,
+                             all_zero_fallback: str = "zero") -> tuple[Array, Array]:
+  """CW-GRPO's round weights as multipliers of any turn-level advantage: [B, T] with K * w_k on
+  the non-answer rounds of the `positive` [B] bool trajectories (the redistribution
+  `contribution_weighted_advantages` applies to a positive outcome advantage), 1 on their answer
+  round and on every round of the others (A <= 0 keeps its advantage), 0 past a row's turns;
+  and [B] whether the all-zero fallback fired. The same arithmetic: its advantages are these
+  multipliers times A on every judged round."""
+  sign = jnp.where(jnp.asarray(positive), 1.0, -1.0).astype(_F32)
+  out, fired, _ = _cw_round_advantages(sign, retrieval_scores, thinking_scores, num_turns, gamma,
+                                       inf_threshold, all_zero_fallback)
+  return jnp.abs(out), fired
+
+
 @register_advantage("cw_grpo")
 def cw_grpo_advantages(outcome: Array, group_ids: Array, retrieval_scores: Array,
                        thinking_scores: Array, num_turns: Array, turn_id: Array,
@@ -657,7 +673,7 @@ def cw_grpo_advantages(outcome: Array, group_ids: Array, retrieval_scores: Array
   turn_adv, fired, positive = _cw_round_advantages(
       a, retrieval_scores, thinking_scores, num_turns, gamma, inf_threshold, all_zero_fallback)
   adv = turn_to_token(turn_adv, turn_id, loss_mask)
-  stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
   stats["cw_fallback_count"] = jnp.sum(fired).astype(_F32)
   stats["cw_judged_positive"] = jnp.sum(positive).astype(_F32)
   return adv, stats
@@ -672,7 +688,7 @@ def _ppo_stats(outcome, group_ids, adv, loss_mask, returns, value_mask, collapse
   """The outcome statistics of every estimator plus the critic's regression targets: "returns"
   [B, L] and "value_mask" [B, L] (the slots whose value the critic is trained on). RLStep pops
   these two arrays; every other entry is a scalar."""
-  stats = _outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
+  stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
   stats["returns"] = returns
   stats["value_mask"] = value_mask
   return stats

@@ -21,18 +21,18 @@ from agentjax.models.qwen.config import (ATTENTION_IMPLEMENTATIONS, DTYPES, PRES
 from agentjax.judge.base import BUILTIN_JUDGES, JUDGES
 from agentjax.models.lora import ALL_TARGETS, DECODE_MODES, LoraSpec
 from agentjax.judge.controls import NOISE_MODES
-from agentjax.rl.advantages import (ADVANTAGE_ESTIMATORS, CRITIC_ESTIMATORS, CW_FALLBACKS,
-                                    STD_ESTIMATORS)
+from agentjax.methods import METHODS, get_method
+from agentjax.rl.advantages import CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 
 TRAINERS = ("rl", "sft", "dac", "rubric")
-# Estimators of per-trajectory outcome advantages (no probes, no judge): what DAC's roles and the
-# rubric generator (one reward per rubric) can use.
-OUTCOME_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "reinforce++", "reinforce++_baseline")
-# Estimators that compare the rollouts of one question: a group of one gives no signal.
-GROUP_ALGORITHMS = ("grpo", "drgrpo", "gspo", "rloo", "igpo", "reinforce++_baseline", "cw_grpo")
-# Estimators that read per-round judge verdicts (retrieval_scores / thinking_scores).
-NEEDS_JUDGE = ("cw_grpo",)
+
+
+def outcome_methods() -> list[str]:
+  """The methods of per-trajectory outcome advantages (Method.outcome_only): what DAC's roles and
+  the rubric generator (one reward per rubric) can use."""
+  return sorted(name for name, m in METHODS.items() if m.outcome_only)
+
 JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
 # rl.pack_tokens is a multiple of this: the multiple train/rl.trim rounds padded widths to, so a
 # packed row lines up with attention blocks and log-prob chunks as a padded one does.
@@ -231,9 +231,10 @@ def lora_inits(config: Any) -> dict[str, str]:
 
 def _validate_rl(config: Any) -> None:
   algorithm = _get(config, "algorithm")
-  if algorithm not in ADVANTAGE_ESTIMATORS:
-    _fail("algorithm", algorithm, f"unknown algorithm; known: {sorted(ADVANTAGE_ESTIMATORS)}")
-  _validate_judge(config, algorithm)
+  if algorithm not in METHODS:
+    _fail("algorithm", algorithm, f"unknown algorithm; known: {sorted(METHODS)}")
+  method = get_method(algorithm)
+  _validate_judge(config, method)
   loss = _get(config, "rl.loss")
   if loss not in POLICY_LOSSES:
     _fail("rl.loss", loss, f"unknown policy loss; known: {sorted(POLICY_LOSSES)}")
@@ -247,10 +248,6 @@ def _validate_rl(config: Any) -> None:
   if _get(config, "rl.igpo_norm") not in ("joint", "separate"):
     _fail("rl.igpo_norm", _get(config, "rl.igpo_norm"), "must be 'joint' or 'separate'")
   _non_negative(config, "rl.igpo_ig_weight", "rl.igpo_outcome_weight")
-  if algorithm == "igpo" and not (_get(config, "rl.igpo_ig_weight")
-                                  or _get(config, "rl.igpo_outcome_weight")):
-    _fail("rl.igpo_ig_weight", _get(config, "rl.igpo_ig_weight"),
-          "with rl.igpo_outcome_weight=0 IGPO has no reward at all")
   if _get(config, "rl.ig_mode") not in ("log_prob", "prob"):
     _fail("rl.ig_mode", _get(config, "rl.ig_mode"), "must be 'log_prob' or 'prob'")
   if _get(config, "rl.std_estimator") not in STD_ESTIMATORS:
@@ -268,7 +265,7 @@ def _validate_rl(config: Any) -> None:
                 "rollout.top_k", "data.eval_size")
   if not 0.0 <= _get(config, "rl.gamma") <= 1.0:
     _fail("rl.gamma", _get(config, "rl.gamma"), "must be in [0, 1]")
-  if algorithm in CRITIC_ESTIMATORS:
+  if method.critic:
     _validate_critic(config)
   if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
     _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
@@ -283,9 +280,7 @@ def _validate_rl(config: Any) -> None:
     _fail("rollout.refill_fraction", _get(config, "rollout.refill_fraction"),
           "must be in (0, 1]")
   group = _get(config, "rollout.group_size")
-  if algorithm in GROUP_ALGORITHMS and group < 2:
-    _fail("rollout.group_size", group, f"algorithm {algorithm!r} normalizes within the group of "
-          "each question and needs group_size >= 2")
+  method.check(config, _fail)  # group size, inputs the step can provide, the method's own checks
   batch = _get(config, "rl.prompts_per_step") * group
   mb = _get(config, "rl.minibatch_size")
   if mb > batch or batch % mb:
@@ -344,7 +339,8 @@ def _validate_critic(config: Any) -> None:
   """The PPO estimators' settings (ppo.*, critic.*)."""
   trainer = _get(config, "trainer")
   if trainer != "rl":
-    _fail("algorithm", _get(config, "algorithm"), f"the critic estimators {CRITIC_ESTIMATORS} "
+    critics = sorted(name for name, m in METHODS.items() if m.critic)
+    _fail("algorithm", _get(config, "algorithm"), f"the critic methods {critics} "
           f"train with trainer 'rl', not {trainer!r}")
   for f in ("ppo.gamma", "ppo.lam"):
     if not 0.0 <= _get(config, f) <= 1.0:
@@ -393,9 +389,9 @@ def _validate_dac(config: Any) -> None:
     _fail("rollout.protocol", protocol, "is the searcher's protocol: it must be able to search "
           "(the generator's answer_only protocol is DAC's own)")
   algorithm = _get(config, "algorithm")
-  if algorithm not in OUTCOME_ALGORITHMS:
+  if algorithm not in outcome_methods():
     _fail("algorithm", algorithm, f"DAC's roles take per-trajectory outcome advantages: one of "
-          f"{list(OUTCOME_ALGORITHMS)}")
+          f"{outcome_methods()}")
   for f in ("dac.generator_samples", "dac.max_evidence_docs", "dac.generator_max_new_tokens",
             "dac.generator_max_total_tokens", "dac.augment_depth"):
     v = _get(config, f)
@@ -407,7 +403,7 @@ def _validate_dac(config: Any) -> None:
   m, group = _get(config, "dac.generator_samples"), _get(config, "dac.generator_group")
   if group not in ("evidence", "question"):
     _fail("dac.generator_group", group, "must be 'evidence' or 'question'")
-  if group == "evidence" and m < 2 and algorithm in GROUP_ALGORITHMS:
+  if group == "evidence" and m < 2 and get_method(algorithm).group:
     _fail("dac.generator_samples", m, f"the generator's advantages are grouped by evidence set "
           f"(dac.generator_group='evidence'): {algorithm!r} needs >= 2 answers per set")
   if _get(config, "dac.generator_max_new_tokens") >= _get(config, "dac.generator_max_total_tokens"):
@@ -447,9 +443,9 @@ def _validate_coreact(config: Any) -> None:
       _fail("rollout.max_turns", _get(config, "rollout.max_turns"),
             "trainer 'rubric' is a single-turn task: must be 1")
     algorithm = _get(config, "algorithm")
-    if algorithm not in OUTCOME_ALGORITHMS:
+    if algorithm not in outcome_methods():
       _fail("algorithm", algorithm, f"the rubric generator gets one outcome reward per rubric: "
-            f"one of {list(OUTCOME_ALGORITHMS)}")
+            f"one of {outcome_methods()}")
     for f in ("coreact.branches_train", "coreact.branches_dev"):
       if not _get(config, f):
         _fail(f, "", "trainer 'rubric' needs branch points (launch/collect_branches.py)")
@@ -494,17 +490,18 @@ def _validate_coreact(config: Any) -> None:
       _fail(f, _get(config, f), "must be True or False")
 
 
-def _validate_judge(config: Any, algorithm: str) -> None:
+def _validate_judge(config: Any, method: Any) -> None:
   backend = _get(config, "judge.backend")
   if backend not in JUDGE_BACKENDS and backend not in JUDGES:  # built in, or registered
     _fail("judge.backend", backend, f"must be one of {list(JUDGE_BACKENDS)} or a backend "
           f"registered with agentjax.judge.register_judge")
-  if algorithm in NEEDS_JUDGE and backend == "none":
-    _fail("judge.backend", backend, f"algorithm {algorithm!r} needs per-round judge verdicts: "
+  if method.judge and backend == "none":
+    _fail("judge.backend", backend, f"algorithm {method.name!r} needs per-round judge verdicts: "
           f"set judge.backend to one of {list(JUDGE_BACKENDS[1:])}")
-  if algorithm not in NEEDS_JUDGE and backend != "none":  # calls whose verdicts nothing reads
-    _fail("judge.backend", backend, f"algorithm {algorithm!r} does not read judge verdicts "
-          f"(only {list(NEEDS_JUDGE)} do): set judge.backend=none")
+  if not method.judge and backend != "none":  # calls whose verdicts nothing reads
+    judged = sorted(name for name, m in METHODS.items() if m.judge)
+    _fail("judge.backend", backend, f"algorithm {method.name!r} does not read judge verdicts "
+          f"(only {judged} do): set judge.backend=none")
   if _get(config, "judge.noise") not in NOISE_MODES:
     _fail("judge.noise", _get(config, "judge.noise"), f"must be one of {list(NOISE_MODES)}")
   p = _get(config, "judge.noise_p")

@@ -38,11 +38,11 @@ from agentjax.models.qwen.value import (QwenValue, init_value_head, load_value_h
                                         save_value_hf, sequence_values, value_abstract,
                                         value_params_from_policy, value_params_with_adapter,
                                         value_shardings)
-from agentjax.rl.advantages import CRITIC_ESTIMATORS
+from agentjax.methods import get_method
 from agentjax.rl.losses import value_loss, value_totals
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.microbatch import accumulate, map_micro
-from agentjax.train.optim import make_guarded_step, make_optimizer, make_schedule
+from agentjax.train.optim import opt_state_shardings, make_guarded_step, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ CRITIC_EXPORT_DIR = "critic_export"  # {workdir}/critic_export: a *ForTokenClass
 
 
 def needs_critic(config: Any) -> bool:
-  """Whether the run's estimator trains a critic."""
-  return config.trainer == "rl" and config.algorithm in CRITIC_ESTIMATORS
+  """Whether the run's method trains a critic (its registry entry; config validation allows
+  those methods with trainer "rl" only)."""
+  return get_method(config.algorithm).critic
 
 
 @dataclasses.dataclass
@@ -137,7 +138,6 @@ class Critic:
                  ) -> dict[str, Any]:
     """{"params": trainable, "opt_state": AdamW state} placed like the params (moments FSDP-
     sharded alike, counters replicated)."""
-    from agentjax.train.trainer import opt_state_shardings
     params = self.init_params(config, policy_params, mesh)
     opt_state = jax.jit(self.optimizer.init, out_shardings=opt_state_shardings(
         self.optimizer, params, self.shardings(mesh), mesh))(params)
@@ -149,7 +149,6 @@ class Critic:
   def abstract_state(self, mesh: jax.sharding.Mesh) -> dict[str, Any]:
     """The critic's state as ShapeDtypeStructs with their shardings: a restore target that
     reads a PPO checkpoint (eval, serving) without building and initializing a critic first."""
-    from agentjax.train.trainer import opt_state_shardings
     shardings = self.shardings(mesh)
     if self.spec is None:
       params = value_abstract(self.cfg)

@@ -26,9 +26,11 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
-from agentjax.agent.rollout import search_stats
+from agentjax.agent.trajectories import search_stats
 from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.sampling import SamplingParams
+from agentjax.train.builders import (load_model, load_questions, make_agents,
+                                     make_search_backend, restore_policy, restore_trainable)
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +150,6 @@ def eval_questions(config: Any) -> dict[str, tuple[str, list[dict[str, Any]]]]:
   """
   from agentjax.data.searchqa import expand_benchmarks
   from agentjax.train import config as config_lib
-  from agentjax.train.trainer import load_questions  # not at import: trainer imports this module
   try:
     members = expand_benchmarks(config.data.eval)
   except ValueError as e:
@@ -188,8 +189,6 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   from agentjax.judge import judge_identity
   from agentjax.parallel import make_mesh, use_mesh
   from agentjax.train import config as config_lib
-  from agentjax.train.trainer import (load_model, make_agents, make_search_backend,
-                                      restore_policy, restore_trainable)
   if (workdir is None) == (hf_path is None):
     raise ValueError("eval needs exactly one of workdir (a run's checkpoints) or hf_path")
   if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding, PartitionSpec
 
 
 def make_schedule(lr: float, warmup_steps: int, total_steps: int,
@@ -108,3 +109,16 @@ def make_guarded_step(loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Arra
     return keep_if_ok(new_params, params), keep_if_ok(new_opt_state, opt_state), metrics
 
   return jax.jit(step, donate_argnums=(0, 1))
+
+
+def opt_state_shardings(optimizer: optax.GradientTransformation, params: Any,
+                        shardings: Any, mesh: jax.sharding.Mesh) -> Any:
+  """Optimizer-state shardings: moments like their parameters (`shardings`, a tree like params:
+  FSDP by the rules table), counters replicated."""
+  replicated = NamedSharding(mesh, PartitionSpec())
+  abstract = jax.eval_shape(optimizer.init, params)
+  # multi_transform (one AdamW per LoRA adapter) masks the other adapters' subtrees out of each
+  # inner state with a MaskedNode: it stays a MaskedNode, not a subtree of shardings.
+  masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731
+  return optax.tree_map_params(optimizer, lambda p, s: p if masked(p) else s, abstract, shardings,
+                               transform_non_params=lambda _: replicated, is_leaf=masked)

@@ -37,7 +37,8 @@ from agentjax.models.logprobs import packed_logprobs, sequence_logprobs
 from agentjax.models.lora import attach, frozen_backbone
 from agentjax.models.qwen import Qwen
 from agentjax.parallel.host import to_host
-from agentjax.rl.advantages import CRITIC_ESTIMATORS, get_advantage_estimator
+from agentjax.methods import get_method
+from agentjax.rl.advantages import get_advantage_estimator
 from agentjax.rl.info_gain import Probes, probe_keep, score_packed, score_packed_rows
 from agentjax.rl.losses import get_policy_loss, loss_totals
 from agentjax.train.microbatch import accumulate, map_micro, num_micro
@@ -231,35 +232,11 @@ def _advantages(name, kwargs, fields):
 
 
 def advantage_kwargs(config: Any) -> dict[str, Any]:
-  """The configuration keywords of the estimator `config.algorithm`, for `compute_advantages`.
-
-  IGPO: its turn discount, normalization pool and reward weights. CW-GRPO: cw.gamma,
-  cw.inf_threshold, cw.all_zero_fallback. Every estimator that divides
-  by a group std (grpo, gspo, igpo, cw_grpo) gets rl.std_estimator and rl.std_eps (its `eps`);
-  REINFORCE++ gets rl.std_estimator only, choosing the variance of its batch whitening, which
-  keeps its own eps (1e-8, verl's). The critic estimators (ppo, ppo_turn, ppo_round) get
-  ppo.gamma, ppo.lam, ppo.ig_weight, ppo.outcome_weight and ppo.whiten. drgrpo and rloo use no
-  std and get nothing (nor does an estimator registered outside this list: add it here).
-  """
-  rl = config.rl
-  std = dict(std_estimator=rl.std_estimator, eps=rl.std_eps)
-  name = config.algorithm
-  if name == "igpo":
-    return dict(gamma=rl.gamma, norm_mode=rl.igpo_norm, ig_weight=rl.igpo_ig_weight,
-                outcome_weight=rl.igpo_outcome_weight, **std)
-  if name == "cw_grpo":
-    cw = config.cw
-    return dict(gamma=float(cw.gamma), inf_threshold=float(cw.inf_threshold),
-                all_zero_fallback=cw.all_zero_fallback, **std)
-  if name in CRITIC_ESTIMATORS:
-    p = config.ppo
-    return dict(gamma=float(p.gamma), lam=float(p.lam), ig_weight=float(p.ig_weight),
-                outcome_weight=float(p.outcome_weight), whiten=bool(p.whiten))
-  if name in ("grpo", "gspo"):
-    return std
-  if name in ("reinforce++", "reinforce++_baseline"):
-    return dict(std_estimator=rl.std_estimator)
-  return {}
+  """The configuration keywords of the estimator of `config.algorithm`, for
+  `compute_advantages`: its registry entry's settings (agentjax/methods: IGPO's turn discount,
+  normalization pool and weights; CW-GRPO's cw.*; PPO's ppo.*; rl.std_estimator and rl.std_eps
+  for the estimators that divide by a group std)."""
+  return get_method(config.algorithm).settings(config)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,20 @@
-"""One RL step, as the trainer loop calls it: rollouts -> rewards -> scoring -> advantages ->
-PPO-clip updates -> metrics.
+"""One RL step for every method and role, as the trainer loop calls it:
 
-    rl_step = RLStep.build(config, mesh, engine, optimizer, ref_params)
+    rl_step = RLStep.build(config, mesh, stage, optimizer, ref_params)   # stage: an engine too
     out = rl_step(state, questions, step)   # state {"params", "opt_state", "rng"} -> out.state
 
-The loop (agentjax/train/trainer.py) keeps what is not the step: data order, checkpoints, eval,
-preemption and the fault rules. A new method extends the step here (a judge pass between rewards
-and advantages, a second role's rollout) without touching the loop.
+  1. rollouts and rewards: the rollout stage (agent/rollouts.py): AgentRollout here (one agent,
+     role "policy", outcome rewards or a task's own), dac/stage.DacRollout (two roles)
+  2. the judge's verdicts per round, when the method reads them (Method.judge; CW-GRPO)
+  3. scoring per role: old and reference log-probs, IGPO's probes when the method needs them
+     (Method.needs_probes), the critic's values (Method.critic)
+  4. advantages per role with the method's estimator and settings (agentjax/methods)
+  5. PPO-clip updates: minibatch k of every role in update k (one role: make_policy_update;
+     several: make_roles_update), with a critic its update on the same minibatch
+  6. metrics: the same keys for every run, plus the method's and the stage's own
+
+The step reads the method's registry entry, never its name. The loop (agentjax/train/trainer.py)
+keeps what is not the step: data order, checkpoints, eval, preemption and the fault rules.
 """
 
 from __future__ import annotations
@@ -22,22 +30,24 @@ import numpy as np
 import optax
 
 from agentjax.agent import RolloutEngine
-from agentjax.dac.rewards import evidence_set, sufficient
+from agentjax.agent.rollouts import Rollouts
 from agentjax.judge import build_judge
 from agentjax.judge.stage import JudgePass
+from agentjax.methods import get_method
 from agentjax.models.qwen import param_shardings
 from agentjax.parallel import use_mesh
 from agentjax.parallel.host import to_host
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
+from agentjax.rl.evidence import evidence_set, sufficient
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.train.adapters import TrainTarget
-from agentjax.train.critic import Critic, needs_critic
+from agentjax.train.critic import Critic
 from agentjax.train.microbatch import global_micro
 from agentjax.train.optim import make_schedule
 from agentjax.train.rl import (PACK_KEYS, MinibatchPacker, advantage_kwargs, compute_advantages,
-                               make_policy_update, minibatches, plan_scoring, policy_loss_config,
-                               summarize, score_batch, trim)
+                               make_policy_update, make_roles_update, minibatches, plan_scoring,
+                               policy_loss_config, summarize, score_batch, trim)
 
 
 # What each update reads of a minibatch (minibatches() cuts every array of the step).
@@ -95,11 +105,64 @@ class StepOutput:
 
 
 @dataclasses.dataclass
+class AgentRollout:
+  """The rollout stage of one agent (role "policy"): `engine.run`, then the outcome rewards
+  against the gold answers, or a task's own reward (Co-ReAct's rubric generator)."""
+  engine: RolloutEngine
+  # rewards(batch, questions) -> ([B] rewards, metrics) in place of EM/F1 against gold answers.
+  task_rewards: Callable[..., tuple[np.ndarray, dict[str, float]]] | None = None
+  roles = ("policy",)
+  probes = True
+
+  def minibatch_rows(self, config: Any, role: str) -> int:
+    del role
+    return config.rl.minibatch_size
+
+  def norm_length(self, config: Any, role: str) -> int:
+    del role
+    return config.rollout.max_total_tokens
+
+  def __call__(self, config: Any, params: Any, questions: Sequence[Mapping[str, Any]],
+               rng: jax.Array, step: int, trim: Callable) -> Rollouts:
+    del step
+    rl = config.rl
+    batch, engine_metrics = self.engine.run(params, [q["question"] for q in questions], rng)
+    batch = trim(batch)  # score and update only the cache slots some trajectory uses
+    golds = [q["golden_answers"] for q in questions]
+    row_golds = [golds[g] for g in batch.group_ids]
+    answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
+    task_metrics = {}
+    if self.task_rewards is not None:  # the task's own reward; no gold answers to score against
+      outcome, task_metrics = self.task_rewards(batch, questions)
+      f1 = em = np.zeros(len(answers), np.float32)
+    else:
+      outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
+                                format_ok=batch.format_valid if rl.penalize_format else None,
+                                format_penalty=rl.format_penalty)
+      f1 = outcome_rewards(answers, row_golds, metric="f1")
+      em = outcome_rewards(answers, row_golds, metric="em")
+    summary = {
+        "reward": float(outcome.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
+        "format_error_rate": float(1.0 - batch.format_valid.mean()),
+        # The share of trajectories whose retrieved documents hold a gold answer (DAC's label S
+        # of the evidence, for any agent: DAC's study compares it with its searcher's).
+        "sufficiency_rate": float(np.mean([
+            sufficient(evidence_set([t.documents for t in turns]), g, config.dac.sufficiency_match)
+            for turns, g in zip(batch.turns, row_golds)])),
+        "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
+        "turns": float(batch.num_turns.mean())}
+    return Rollouts(batches={"policy": batch}, rewards={"policy": outcome}, summary=summary,
+                    engine=engine_metrics, search_failed=int(batch.num_search_failures.sum()),
+                    metrics=task_metrics, row_golds=row_golds,
+                    row_questions=[questions[g] for g in batch.group_ids])
+
+
+@dataclasses.dataclass
 class RLStep:
   """The RL step of one run; `build` once (it holds the compiled update), call once per step."""
   config: Any
   mesh: jax.sharding.Mesh
-  engine: RolloutEngine
+  stage: Any                         # the rollout stage (agent/rollouts.py)
   update: Callable
   ref_params: Any
   schedule: optax.Schedule
@@ -108,44 +171,67 @@ class RLStep:
   judge_pass: JudgePass | None = None  # CW-GRPO: verdicts per round between rewards and advantages
   target: TrainTarget | None = None  # what is trained: the whole model, or LoRA adapters
   ref_model: Any = None              # the reference's module when not the policy's (LoRA)
-  # A task's own reward in place of EM/F1 against gold answers: rewards(batch, questions) ->
-  # ([B] rewards, metrics). Co-ReAct's rubric generator (agentjax/coreact/task.py).
-  rewards: Callable[..., tuple[np.ndarray, dict[str, float]]] | None = None
-  # PPO's value model (algorithm ppo | ppo_turn | ppo_round; its state is state["critic"]).
+  # PPO's value model (Method.critic; its state is state["critic"]).
   critic: Critic | None = None
   # Trajectories per forward/backward over all devices (micro_batch_rows; 0: one pass).
   micro_batch: int = 0
   # rl.pack_tokens: scoring and the policy's updates on packed rows of this many tokens (0: padded
   # rows). The critic's passes stay padded.
   pack_tokens: int = 0
+  role_schedules: Mapping[str, optax.Schedule] | None = None  # several roles: each one's rate
+
+  @property
+  def engine(self) -> RolloutEngine | None:
+    """The rollout engine of a one-agent stage (None for a stage of several roles)."""
+    return getattr(self.stage, "engine", None)
+
+  @property
+  def multi_role(self) -> bool:
+    return len(self.stage.roles) > 1
 
   @classmethod
-  def build(cls, config: Any, mesh: jax.sharding.Mesh, engine: RolloutEngine,
+  def build(cls, config: Any, mesh: jax.sharding.Mesh, stage: Any,
             optimizer: optax.GradientTransformation, ref_params: Any,
             target: TrainTarget | None = None, ref_model: Any = None,
             rewards: Callable | None = None) -> "RLStep":
-    """target: what the run trains (agentjax/train/adapters.py; None: the whole model, state
-    params are the model's). ref_model: the reference's module when it is not engine.model.
-    rewards: a task's reward in place of the outcome reward (see the field)."""
+    """stage: a rollout stage (agent/rollouts.py), or a RolloutEngine (then AgentRollout of it
+    with `rewards`, a task's reward in place of the outcome reward; the fit check passes a
+    stand-in with the engine's .model and .cfg). target: what the run trains
+    (agentjax/train/adapters.py; None: the whole model, state params are the model's).
+    ref_model: the reference's module when it is not the policy's."""
+    if not hasattr(stage, "roles"):  # an engine (anything with .model, .cfg and .run)
+      stage = AgentRollout(stage, rewards)
     rl = config.rl
-    target = target or TrainTarget(engine.cfg, None, None, None)
+    method = get_method(config.algorithm)
+    # One agent: its engine's model (LoRA: with the adapters); several roles: the target's.
+    model = stage.engine.model if len(stage.roles) == 1 else target.model
+    target = target or TrainTarget(stage.engine.cfg, None, None, None)
     micro = micro_batch_rows(config, mesh)
     # Accumulated gradients live in the trainable params' shardings (LoRA: the adapters').
-    grad_shardings = (target.shardings(mesh) or param_shardings(engine.cfg, mesh)) \
+    grad_shardings = (target.shardings(mesh) or param_shardings(target.cfg, mesh)) \
         if micro else None
-    update = make_policy_update(engine.model, optimizer, policy_loss_config(config),
-                                micro_batch=micro, grad_shardings=grad_shardings)
+    losses = {role: policy_loss_config(config, stage.norm_length(config, role))
+              for role in stage.roles}
+    if len(stage.roles) == 1:
+      update = make_policy_update(model, optimizer, losses[stage.roles[0]], micro_batch=micro,
+                                  grad_shardings=grad_shardings)
+    else:  # one update of every role's adapter on its own minibatch
+      update = make_roles_update(model, optimizer, losses, micro_batch=micro,
+                                 grad_shardings=grad_shardings)
     judge = build_judge(config.judge, mesh=mesh)
     critic = Critic.build(config, target, updates_per_step(config), micro, mesh) \
-        if needs_critic(config) else None
-    return cls(config=config, mesh=mesh, engine=engine, update=update, ref_params=ref_params,
+        if method.critic else None
+    role_schedules = {role: make_schedule(rate, *schedule_args(config)[1:])
+                      for role, rate in target.learning_rates(config.optimizer.lr).items()
+                      if role in stage.roles} if len(stage.roles) > 1 else None
+    return cls(config=config, mesh=mesh, stage=stage, update=update, ref_params=ref_params,
                schedule=make_schedule(*schedule_args(config)),  # the optimizer's, for logging
-               with_probes=(config.algorithm == "igpo" or rl.probe_all
-                            or (critic is not None and config.ppo.ig_weight > 0)),
+               with_probes=stage.probes and method.needs_probes(config),
                adv_kwargs=advantage_kwargs(config),
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
-               target=target, ref_model=ref_model, rewards=rewards, critic=critic,
-               micro_batch=micro, pack_tokens=rl.get("pack_tokens", 0))  # .get: older configs
+               target=target, ref_model=ref_model, critic=critic,
+               micro_batch=micro, pack_tokens=rl.get("pack_tokens", 0),  # .get: older configs
+               role_schedules=role_schedules)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -154,51 +240,40 @@ class RLStep:
     state: {"params", "opt_state", "rng"}, and {"critic": {"params", "opt_state"}} with a
     critic."""
     config, rl, mesh = self.config, self.config.rl, self.mesh
+    method = get_method(config.algorithm)
+    roles = self.stage.roles
+    first = roles[0]
     t_step = time.perf_counter()
-    golds = [q["golden_answers"] for q in questions]
     rng, rollout_rng = jax.random.split(state["rng"])
 
-    # 1. rollouts
+    # 1. rollouts and rewards (the stage's; host rewards)
     t0 = time.perf_counter()
     with use_mesh(mesh):
-      policy = self.target.policy_params(state["params"])  # LoRA: backbone + adapters
-      batch, rollout_metrics = self.engine.run(policy, [q["question"] for q in questions],
-                                               rollout_rng)
-      batch = trim(batch)  # score and update only the cache slots some trajectory uses
+      params = self.target.rollout_params(state["params"])  # {role: ...} with several roles
+      role_params = params if self.multi_role else {first: params}
+      out = self.stage(config, params, questions, rollout_rng, step, trim)
     t_rollout = time.perf_counter() - t0
+    batches, rewards = out.batches, out.rewards
 
-    # 2. rewards (host)
-    row_golds = [golds[g] for g in batch.group_ids]
-    answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
-    task_metrics = {}
-    if self.rewards is not None:  # the task's own reward; no gold answers to score against
-      outcome, task_metrics = self.rewards(batch, questions)
-      f1 = em = np.zeros(len(answers), np.float32)
-    else:
-      outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
-                                format_ok=batch.format_valid if rl.penalize_format else None,
-                                format_penalty=rl.format_penalty)
-      f1 = outcome_rewards(answers, row_golds, metric="f1")
-      em = outcome_rewards(answers, row_golds, metric="em")
-
-    # 2b. the judge's verdicts per round (CW-GRPO), every call of the step at once
+    # 2. the judge's verdicts per round (CW-GRPO), every call of the step at once
     judge_fields, judge_metrics = {}, {}
     if self.judge_pass is not None:
-      scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, outcome,
-                               [questions[g] for g in batch.group_ids],
-                               num_t=batch.turn_ends.shape[1] - 1,
+      batch = batches[first]
+      scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, rewards[first],
+                               out.row_questions, num_t=batch.turn_ends.shape[1] - 1,
                                rng=np.random.default_rng([config.seed, step, 1]))
       judge_fields = dict(retrieval_scores=jnp.asarray(scores.retrieval),
                           thinking_scores=jnp.asarray(scores.thinking))
       judge_metrics = scores.metrics
 
-    # 3. one scoring pass: old (and reference) log-probs, IGPO's ground-truth probes
+    # 3. one scoring pass per role: old (and reference) log-probs, IGPO's ground-truth probes
     t0 = time.perf_counter()
-    probes = build_probes(self.engine.encode, row_golds,
+    probes = build_probes(self.engine.encode, out.row_golds,
                           template=ANSWER_TEMPLATES[config.rollout.protocol]) \
         if self.with_probes else None
     packer, score_plans, pack_stats = None, None, {}
     if self.pack_tokens:  # plan the packed rows of scoring and updates: one transfer of valid
+      batch = batches[first]
       host_valid = np.asarray(to_host(batch.valid), bool)
       devices = global_micro(1, mesh)  # the packed rows are sharded over data x fsdp too
       score_plans = plan_scoring(host_valid, batch.num_turns, batch.turn_ends.shape[1] - 1,
@@ -207,49 +282,59 @@ class RLStep:
       packer = MinibatchPacker(host_valid, self.pack_tokens, micro_batch=self.micro_batch,
                                row_multiple=devices)
       pack_stats = score_plans.stats()
+    scored, adv, adv_stats = {}, {}, {}
+    value_targets, critic_fit = {}, {}
     with use_mesh(mesh):
-      scored = score_batch(self.engine.model, policy, self.ref_params, batch, probes,
-                           mode=rl.ig_mode, chunk=rl.chunk, ref_model=self.ref_model,
-                           micro_batch=self.micro_batch, packing=score_plans)
+      for role in roles:
+        scored[role] = score_batch(self.target.model if self.multi_role else self.engine.model,
+                                   role_params[role], self.ref_params, batches[role],
+                                   probes if role == first else None, mode=rl.ig_mode,
+                                   chunk=rl.chunk, ref_model=self.ref_model,
+                                   micro_batch=self.micro_batch,
+                                   packing=score_plans if role == first else None)
       critic_fields = {}
       if self.critic is not None:  # PPO: the critic's values of the states tokens are sampled in
-        critic_fields["values"] = self.critic.values(state["critic"]["params"], batch.tokens,
-                                                     batch.valid)
-      # 4. advantages
-      adv, adv_stats = compute_advantages(config.algorithm, batch, outcome, scored.ig,
-                                          extra={**judge_fields, **critic_fields},
-                                          **self.adv_kwargs)
-      value_targets, critic_fit = {}, {}
+        critic_fields["values"] = self.critic.values(state["critic"]["params"],
+                                                     batches[first].tokens, batches[first].valid)
+      # 4. advantages, per role
+      for role in roles:
+        extra = {**judge_fields, **critic_fields} if role == first else {}
+        adv[role], adv_stats[role] = compute_advantages(method.estimator, batches[role],
+                                                        rewards[role], scored[role].ig,
+                                                        extra=extra, **self.adv_kwargs)
       if self.critic is not None:  # the critic's regression targets and the slots they are on
         value_targets = dict(old_values=critic_fields["values"],
-                             returns=adv_stats.pop("returns"),
-                             value_mask=adv_stats.pop("value_mask"))
+                             **{k: adv_stats[first].pop(k) for k in method.value_targets})
         critic_fit = self.critic.batch_metrics(**value_targets)  # of the values as scored
       jax.block_until_ready(adv)
     t_score = time.perf_counter() - t0
 
-    # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable); with a
-    # critic, its update on the same minibatch (during critic.warmup_steps only the critic's)
+    # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable): update k
+    # trains every role on its minibatch k; with a critic, its update on the same minibatch
+    # (during critic.warmup_steps only the critic's)
     t0 = time.perf_counter()
-    params, opt_state = state["params"], state["opt_state"]
+    trainable, opt_state = state["params"], state["opt_state"]
     critic_state = dict(state["critic"]) if self.critic is not None else None
     train_policy = self.critic is None or step >= self.critic.warmup_steps
     frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
     update_metrics, critic_metrics = [], []
     shuffle = np.random.default_rng([config.seed, step])
+    keys = POLICY_MINIBATCH + (PACK_KEYS if packer is not None else ())
     with use_mesh(mesh):
       for _ in range(rl.ppo_epochs):
-        for mb in minibatches(batch, scored, adv, rl.minibatch_size, shuffle, value_targets,
-                              packer=packer):
+        per_role = [minibatches(batches[r], scored[r], adv[r], self.stage.minibatch_rows(config, r),
+                                shuffle, value_targets if r == first else None,
+                                packer=packer if r == first else None) for r in roles]
+        for mbs in zip(*per_role):
           if train_policy:
-            keys = POLICY_MINIBATCH + (PACK_KEYS if packer is not None else ())
-            params, opt_state, m = self.update(params, opt_state, {k: mb[k] for k in keys},
-                                               *frozen)
+            mb = {r: {k: m[k] for k in keys if k in m} for r, m in zip(roles, mbs)}
+            trainable, opt_state, m = self.update(
+                trainable, opt_state, mb if self.multi_role else mb[first], *frozen)
             update_metrics.append(m)
           if critic_state is not None:
             critic_state["params"], critic_state["opt_state"], m = self.critic.update(
                 critic_state["params"], critic_state["opt_state"],
-                {k: mb[k] for k in CRITIC_MINIBATCH})
+                {k: mbs[0][k] for k in CRITIC_MINIBATCH})
             critic_metrics.append(m)
     update_metrics, critic_metrics, critic_fit = to_host(  # one transfer
         (update_metrics, critic_metrics, critic_fit))
@@ -261,51 +346,57 @@ class RLStep:
         fillvalue=0)]
     t_update = time.perf_counter() - t0
 
-    # 6. metrics
-    ig = ig_statistics(scored.ig, jnp.asarray(batch.num_turns))
-    valid_tokens = float(to_host(jnp.sum(batch.valid)))
+    # 6. metrics: the same keys for every run (several roles: the mean over the roles, and each
+    # role's as "<role>/<name>")
+    engine = out.engine
+    ig = ig_statistics(scored[first].ig, jnp.asarray(batches[first].num_turns))
+    valid_tokens = float(to_host(sum(jnp.sum(batches[r].valid) for r in roles)))
     # Real tokens / computed tokens: of the trimmed padded batch, and of what the policy's
     # update computed (its packed rows; the padded batch when rl.pack_tokens is 0).
-    padded_efficiency = valid_tokens / max(batch.valid.size, 1)
+    padded_efficiency = valid_tokens / max(sum(batches[r].valid.size for r in roles), 1)
     if packer is not None and packer.plans:
       pack_stats.update(packer.stats())
     pack_stats.setdefault("packing_efficiency", padded_efficiency)
     step_s = time.perf_counter() - t_step
-    queries = int(rollout_metrics["search_queries"])
-    failed = int(batch.num_search_failures.sum())
+    queries = int(engine["search_queries"])
+    failed = out.search_failed
+
+    def across_roles(name: str) -> float:
+      if not self.multi_role:
+        return upd.get(name, 0.0)
+      return float(np.mean([upd.get(f"{r}/{name}", 0.0) for r in roles]))
+
     metrics = {
-        "reward": float(outcome.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
-        "format_error_rate": float(1.0 - batch.format_valid.mean()),
-        # The share of trajectories whose retrieved documents hold a gold answer (DAC's label S
-        # of the evidence, for any agent: DAC's study compares it with its searcher's).
-        "sufficiency_rate": float(np.mean([
-            sufficient(evidence_set([t.documents for t in turns]), g, config.dac.sufficiency_match)
-            for turns, g in zip(batch.turns, row_golds)])),
-        "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
-        "turns": float(batch.num_turns.mean()),
+        **out.summary,
         "search_queries": float(queries), "search_failures": float(failed),
         "search_failure_rate": failed / queries if queries else 0.0,
         "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
-        "collapse_fraction": float(adv_stats["collapse_fraction"]),
-        "zero_adv_fraction": float(adv_stats["zero_adv_fraction"]),
-        "gt_entropy_reduction": float(gt_entropy_reduction(scored.values,
-                                                           jnp.asarray(batch.num_turns)))
+        "collapse_fraction": float(np.mean([adv_stats[r]["collapse_fraction"] for r in roles])),
+        "zero_adv_fraction": float(np.mean([adv_stats[r]["zero_adv_fraction"] for r in roles])),
+        "gt_entropy_reduction": float(gt_entropy_reduction(
+            scored[first].values, jnp.asarray(batches[first].num_turns)))
         if self.with_probes else 0.0,
-        "adv_std": float(adv_stats.get("adv_std", 0.0)),
-        "kl": upd.get("kl", 0.0), "approx_kl": upd.get("approx_kl", 0.0),
-        "clip_fraction": upd.get("clip_fraction", 0.0), "entropy": upd.get("entropy", 0.0),
+        "adv_std": float(np.mean([adv_stats[r].get("adv_std", 0.0) for r in roles])),
+        "kl": across_roles("kl"), "approx_kl": across_roles("approx_kl"),
+        "clip_fraction": across_roles("clip_fraction"), "entropy": across_roles("entropy"),
         "loss": upd.get("loss", 0.0), "grad_norm": upd.get("grad_norm", 0.0),
         "skipped_updates": float(sum(skipped)),
         "lr": float(self.schedule(step * updates_per_step(config))),
-        "sampled_tokens_per_s": rollout_metrics["sampled_tokens"] / max(t_rollout, 1e-9),
+        "sampled_tokens_per_s": engine["sampled_tokens"] / max(t_rollout, 1e-9),
         "tokens_per_s": valid_tokens / max(step_s, 1e-9),
         "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
-        "search_s": rollout_metrics["search_s"],
+        "search_s": engine["search_s"],
         # the rollout engine's decode efficiency (docs/BENCHMARKS.md rollout_mix)
-        "useful_row_share": rollout_metrics["decode_useful_row_steps"]
-        / max(rollout_metrics["decode_row_steps"], 1.0),
-        "search_wait_s": rollout_metrics["search_wait_s"],
-        "padded_efficiency": padded_efficiency, **pack_stats, **judge_metrics, **task_metrics}
+        "useful_row_share": engine["decode_useful_row_steps"]
+        / max(engine["decode_row_steps"], 1.0),
+        "search_wait_s": engine["search_wait_s"],
+        "padded_efficiency": padded_efficiency, **pack_stats, **judge_metrics, **out.metrics}
+    if self.multi_role:
+      for r in roles:
+        metrics.update({f"{r}/{k}": upd.get(f"{r}/{k}", 0.0)
+                        for k in ("kl", "approx_kl", "clip_fraction", "entropy", "loss")})
+        metrics[f"{r}/lr"] = float(self.role_schedules[r](step * updates_per_step(config))) \
+            if r in self.role_schedules else metrics["lr"]
     if self.critic is not None:
       # The update's loss and clip fraction (mean over minibatches); the values' fit as scored.
       metrics["critic/value_loss"] = crit.get("critic/value_loss", 0.0)
@@ -315,14 +406,10 @@ class RLStep:
       metrics["critic/lr"] = float(self.critic.schedule(step * updates_per_step(config)))
       metrics["critic/skipped_updates"] = float(sum(int(m["skipped"]) for m in critic_metrics))
       metrics["critic/policy_frozen"] = float(not train_policy)
-    if "cw_fallback_count" in adv_stats:  # CW-GRPO: how often the all-zero fallback fired
-      count = float(adv_stats["cw_fallback_count"])
-      metrics["cw/fallback_count"] = count
-      metrics["cw/fallback_rate"] = count / max(float(adv_stats["cw_judged_positive"]), 1.0)
-    new_state = {"params": params, "opt_state": opt_state, "rng": rng}
+    metrics.update(method.metrics(adv_stats[first]))  # e.g. CW-GRPO's fallback
+    new_state = {"params": trainable, "opt_state": opt_state, "rng": rng}
     if critic_state is not None:
       new_state["critic"] = critic_state
     return StepOutput(state=new_state,
                       metrics=metrics, update_skipped=skipped, search_queries=queries,
-                      search_failed=failed,
-                      search_last_error=rollout_metrics.get("search_last_error"))
+                      search_failed=failed, search_last_error=engine.get("search_last_error"))

@@ -1,0 +1,147 @@
+"""Methods as plug-ins: one registry entry per RL method (its advantage estimator, the settings
+it reads from the config, what it needs of the step, its validation and its metrics).
+
+    from agentjax.methods import get_method
+    method = get_method(config.algorithm)
+    method.settings(config)        # the estimator's keyword arguments (cw.gamma, ppo.lam, ...)
+    method.needs_probes(config)    # IGPO's ground-truth probes in the scoring pass
+    method.judge, method.critic    # a judge pass before the advantages; a value model
+
+The step, the config validation and the trainer read the entry, never the method's name. Every
+module of this package registers its methods when the package is imported (pkgutil below): a new
+method is one new module here (its estimator with `agentjax.rl.register_advantage` and its
+`register_method(Method(...))`) plus a config file, e.g. configs/a2tgpo.py.
+
+Entries: grpo, drgrpo, gspo, rloo, reinforce++, reinforce++_baseline (outcome.py), igpo
+(igpo.py), cw_grpo and cw_grpo_ig (cw_grpo.py), ppo, ppo_turn, ppo_round (ppo.py), a2tgpo
+(a2tgpo.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any, Callable, Mapping
+
+from agentjax.rl.advantages import BATCH_FIELDS, get_advantage_estimator
+
+# Batch fields the step provides to every estimator; the others come from a stage a method
+# declares: "ig" from the probes (needs_probes), the judge's verdicts, the critic's values.
+STEP_FIELDS = frozenset({"outcome", "group_ids", "loss_mask", "turn_id", "num_turns"})
+PROBE_FIELDS = frozenset({"ig"})
+JUDGE_FIELDS = frozenset({"retrieval_scores", "thinking_scores"})
+CRITIC_FIELDS = frozenset({"values"})
+
+
+def _never(config: Any) -> bool:
+  del config
+  return False
+
+
+def _no_settings(config: Any) -> dict[str, Any]:
+  del config
+  return {}
+
+
+def _no_metrics(stats: Mapping[str, Any]) -> dict[str, float]:
+  del stats
+  return {}
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  """One method's registry entry (config.algorithm = name).
+
+  estimator: the advantage estimator's registered name (agentjax/rl/advantages.py registry).
+  inputs: the batch fields the estimator reads (a subset of rl.advantages.BATCH_FIELDS), or
+    config -> those fields when settings decide (PPO reads "ig" only with ppo.ig_weight > 0):
+    the step provides STEP_FIELDS, "ig" only with probes, the judge's fields only with `judge`,
+    "values" only with `critic` (an unmet input fails at config validation, naming the field).
+  settings: config -> the estimator's keyword arguments (its config section and defaults).
+  group: compares the rollouts of one question (needs rollout.group_size >= 2).
+  outcome_only: per-trajectory outcome advantages from `outcome` and `group_ids` alone: usable
+    where there are no turns to credit (DAC's roles, the rubric generator).
+  probes: config -> whether the scoring pass runs the ground-truth probes (information gain)
+    for this method's own inputs (rl.probe_all adds them to any run, for the metrics).
+  judge: reads per-round judge verdicts (a judge pass between rewards and advantages).
+  critic: trains a value model (PPO's critic; its targets come back as value_targets).
+  value_targets: the keys of the estimator's stats that are the critic's regression targets.
+  validate: (config, fail) -> None, the method's own checks; fail(field, value, why) raises the
+    ConfigError naming the field.
+  metrics: the estimator's stats -> extra host metrics of the step (e.g. CW-GRPO's fallback).
+  """
+
+  name: str
+  estimator: str
+  inputs: frozenset | Callable[[Any], frozenset]
+  settings: Callable[[Any], dict[str, Any]] = _no_settings
+  group: bool = True
+  outcome_only: bool = False
+  probes: Callable[[Any], bool] = _never
+  judge: bool = False
+  critic: bool = False
+  value_targets: tuple[str, ...] = ()
+  validate: Callable[[Any, Callable[..., None]], None] | None = None
+  metrics: Callable[[Mapping[str, Any]], dict[str, float]] = _no_metrics
+
+  def inputs_for(self, config: Any) -> frozenset:
+    """The batch fields the estimator reads at `config`'s settings."""
+    return frozenset(self.inputs(config) if callable(self.inputs) else self.inputs)
+
+  def needs_probes(self, config: Any) -> bool:
+    """Whether a run of this method scores IGPO's ground-truth probes."""
+    return bool(self.probes(config) or config.rl.get("probe_all", False))
+
+  def check(self, config: Any, fail: Callable[..., None]) -> None:
+    """The checks every method gets from its entry, then its own `validate`."""
+    group = config.rollout.group_size
+    if self.group and group < 2:
+      fail("rollout.group_size", group, f"algorithm {self.name!r} normalizes within the group "
+           "of each question and needs group_size >= 2")
+    inputs = self.inputs_for(config)
+    if PROBE_FIELDS & inputs and not self.probes(config):
+      fail("algorithm", self.name, "reads information gain ('ig') but its entry runs no "
+           "probes (Method.probes)")
+    if JUDGE_FIELDS & inputs and not self.judge:
+      fail("algorithm", self.name, "reads judge verdicts but its entry sets judge=False")
+    if CRITIC_FIELDS & inputs and not self.critic:
+      fail("algorithm", self.name, "reads critic values but its entry sets critic=False")
+    if self.validate is not None:
+      self.validate(config, fail)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register_method(method: Method) -> Method:
+  """Adds `method` to the registry (its estimator must be registered; its inputs known)."""
+  if method.name in METHODS:
+    raise ValueError(f"method {method.name!r} is already registered")
+  get_advantage_estimator(method.estimator)  # a KeyError naming the known ones
+  unknown = (set() if callable(method.inputs) else set(method.inputs)) - BATCH_FIELDS
+  if unknown:
+    raise ValueError(f"method {method.name!r}: unknown inputs {sorted(unknown)}; the batch "
+                     f"fields are {sorted(BATCH_FIELDS)}")
+  METHODS[method.name] = method
+  return method
+
+
+def get_method(name: str) -> Method:
+  """The registered method `name`; a KeyError names the known ones otherwise."""
+  try:
+    return METHODS[name]
+  except KeyError:
+    raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
+
+
+def std_settings(config: Any) -> dict[str, Any]:
+  """rl.std_estimator and rl.std_eps (as `eps`), for estimators that divide by a group std."""
+  return dict(std_estimator=config.rl.std_estimator, eps=config.rl.std_eps)
+
+
+for _module in pkgutil.iter_modules(__path__):
+  importlib.import_module(f"{__name__}.{_module.name}")
+
+__all__ = ["CRITIC_FIELDS", "JUDGE_FIELDS", "METHODS", "Method", "PROBE_FIELDS", "STEP_FIELDS",
+           "get_method", "register_method", "std_settings"]

@@ -1,0 +1,162 @@
+"""What the studies' reports share: finished runs collected from a study's root, moving averages,
+mean ± sample std over seeds, differences paired by step and by question, table cells, and the
+figures with a seed band (the mean over seeds as a line, the min-max over seeds as a band)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from agentjax.studies.runs import read_json, result_path
+
+
+def say(msg: str) -> None:
+  print(msg, flush=True)
+
+
+def read_metrics(workdir: str) -> list[dict]:
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return [m for m in map(json.loads, f) if "reward" in m]
+
+
+WINDOW = 5  # steps per moving average (curves, steps to target, GT entropy windows)
+
+
+def moving(x: list[float], w: int = WINDOW) -> list[float | None]:
+  """Mean of the last w values at each index; None until a full window exists (a partial one
+  would let a single noisy step count)."""
+  return [sum(x[i - w + 1:i + 1]) / w if i >= w - 1 else None for i in range(len(x))]
+
+
+def grpo_f1(runs: dict) -> dict:
+  """{seed: GRPO's training F1 per step}: what the other methods are paired with, step by step
+  (the same seed sees the same questions at a step)."""
+  return {r["seed"]: [m["f1"] for m in r["curve"]] for r in runs.get("grpo", [])}
+
+
+def mean_std(xs: list[float]) -> tuple[float, float]:
+  """Mean and sample std (nan for one value)."""
+  n = len(xs)
+  m = sum(xs) / n
+  std = math.sqrt(sum((x - m) ** 2 for x in xs) / (n - 1)) if n > 1 else float("nan")
+  return m, std
+
+
+def collect(root: str, sizes, methods, seeds, steps: int) -> dict:
+  """Every finished run of `steps` steps: curves and evals, grouped by size and method."""
+  out = {}
+  for size in sizes:
+    start = read_json(result_path(root, f"{size}/sft/0"))
+    if start is None:
+      continue
+    runs = {}
+    for method in methods:
+      for seed in seeds:
+        path = result_path(root, f"{size}/{method}/{seed}")
+        result = read_json(path)
+        if result is None:
+          continue
+        curve = read_metrics(os.path.dirname(path))
+        if result.get("steps", len(curve)) != steps:
+          say(f"{path}: a run of {result.get('steps', len(curve))} steps, not {steps}; left out")
+          continue
+        runs.setdefault(method, []).append(dict(result, seed=seed, curve=curve))
+    out[size] = {"start": start, "runs": runs}
+  return out
+
+
+def pm(ms: tuple[float, float] | None, digits: int = 3, sign: str = "") -> str:
+  if ms is None:
+    return "—"
+  spread = "" if math.isnan(ms[1]) else f" ± {ms[1]:.{digits}f}"  # one seed: no spread
+  return f"{ms[0]:{sign}.{digits}f}{spread}"
+
+
+def plot_seed_bands(study: dict, out: str, panels, title: str = "{size} model"
+                    ) -> list[str]:
+  """One figure per (metric key, file name, label) of `panels` vs step (moving averages over full
+  windows): the mean over seeds as a line, the min-max over seeds as a band. outcome_only's line
+  lies under GRPO's (identical runs)."""
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  paths = []
+  for key, name, label in panels:
+    fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
+    for ax, (size, s) in zip(axes[0], study.items()):
+      grpo = grpo_f1(s["runs"])
+      for method, rs in s["runs"].items():
+        if key == "f1_minus_grpo":  # the per-step question mix cancels out
+          rs = [r for r in rs if r["seed"] in grpo]
+          values = [[m["f1"] - g for m, g in zip(r["curve"], grpo[r["seed"]])] for r in rs]
+        else:
+          values = [[m[key] for m in r["curve"]] for r in rs]
+        if not values:
+          continue
+        n = min(len(v) for v in values)
+        curves = [moving(v[:n])[WINDOW - 1:] for v in values]
+        steps = [m["step"] for m in rs[0]["curve"][WINDOW - 1:n]]
+        mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))]
+        line, = ax.plot(steps, mean, label=f"{method} ({len(rs)} seeds)")
+        ax.fill_between(steps, [min(c[i] for c in curves) for i in range(len(steps))],
+                        [max(c[i] for c in curves) for i in range(len(steps))], alpha=0.15,
+                        color=line.get_color())
+      ax.set_title(title.format(size=size))
+      ax.set_xlabel("RL step")
+      ax.set_ylabel(f"{label}\n({WINDOW}-step moving average)")
+      ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, f"{name}.png")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    paths.append(path)
+  return paths
+
+
+def step_mean(curve: list[dict], key: str, weight=None) -> float | None:
+  """Mean of `key` over the steps that log it (a finite value), weighted by weight(step row) when
+  given; None when no step logs it or every weight is 0."""
+  rows = [m for m in curve if isinstance(m.get(key), (int, float)) and math.isfinite(m[key])]
+  ws = [weight(m) if weight else 1.0 for m in rows]
+  total = sum(ws)
+  return sum(w * m[key] for w, m in zip(ws, rows)) / total if total else None
+
+
+def vs_reference(reference: str, ref: dict, paired: list[dict]) -> dict:
+  """A method's runs against the reference method's of the same seeds (`ref`: seed -> run):
+  test F1 paired by question (points and the paired standard error) and training F1 paired by
+  step."""
+  from agentjax.data.demo_world import paired_gain
+  per_seed = [paired_gain(ref[r["seed"]]["test"]["f1_by_id"], r["test"]["f1_by_id"])
+              for r in paired]
+  return {"reference": reference, "seeds": [r["seed"] for r in paired],
+          "test_f1_points": [round(100 * d, 2) for d, _ in per_seed],
+          "test_f1_stderr_points": [round(100 * e, 2) for _, e in per_seed],
+          "train_f1_paired_by_step": mean_std(
+              [paired_by_step(r, ref[r["seed"]], "f1") for r in paired])}
+
+
+def paired_by_step(r: dict, other: dict, key: str) -> float:
+  """Mean over steps of r's training `key` minus `other`'s at the same step (same seed)."""
+  return sum(m[key] - o[key] for m, o in zip(r["curve"], other["curve"])) / len(r["curve"])
+
+
+def cell(ms, digits: int = 3, sign: str = "") -> str:
+  return "—" if ms is None else pm(ms, digits, sign)
+
+
+def step_seconds(curve: list[dict]) -> tuple[float, float]:
+  """(mean step_s over every step, mean over steps 2..n): step 1 holds the first compiles."""
+  s = [m["step_s"] for m in curve]
+  return sum(s) / len(s), sum(s[1:]) / max(len(s) - 1, 1)
+
+
+def no_nan(obj):
+  """JSON has no NaN: a one-seed std is written as null."""
+  if isinstance(obj, dict):
+    return {k: no_nan(v) for k, v in obj.items()}
+  if isinstance(obj, (list, tuple)):
+    return [no_nan(v) for v in obj]
+  return None if isinstance(obj, float) and math.isnan(obj) else obj

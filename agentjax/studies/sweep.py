@@ -1,0 +1,519 @@
+r"""The studies' sweep (the command line: launch/compare.py): every size x method x seed of a
+study (STUDIES: igpo, cw_grpo, lora, dac) run as a subprocess of the command line, then the
+study's report.
+
+Layout under --root: synthworld/ tfds/ bm25_index/ (the world of `make demo`, reused when it has
+the same settings), {size}/sft/, {size}/start.json (dev + test eval of the SFT export),
+{size}/{method}/seed{k}/ (a normal RL workdir + result.json: dev and test eval of the final
+policy). A run whose result.json exists is not run again; an interrupted one resumes from its
+checkpoint. Several compare.py processes on one machine (e.g. started as cores free up) can work
+on one sweep: each run is claimed with a file lock (flock) under {root}/claims (also the
+Co-ReAct study's runs: agentjax/studies/coreact.py).
+
+The sweep's flags are defined here (launch/coreact_study.py shares them).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import queue
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from typing import Sequence
+
+from absl import app, flags
+
+from agentjax.studies.cw_grpo import CW_METHODS, CW_PANELS, PAPER_CLAIMS, markdown_cw, summarize_cw
+from agentjax.studies.dac import (DAC_METHODS, augmentation_summary, augmented_dev_rows,
+                                  check_generator_start, dac_split, generator_init, markdown_dac,
+                                  plot_dac, run_generator_sft, summarize_dac)
+from agentjax.studies.igpo import IGPO_PANELS, METHODS, markdown, summarize
+from agentjax.studies.lora import (LORA_LR, LORA_METHODS, LORA_PANELS, LORA_RANK, markdown_lora,
+                                   summarize_lora)
+from agentjax.studies.reporting import collect, no_nan, plot_seed_bands, say
+from agentjax.studies.runs import (DAC_START, GENERATOR_SFT, SIZES, SPLITS, point_at_world,
+                                   read_json, result_path, sft_config, split_result, write_json)
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+  """One study's methods and defaults (--root, --out, --sizes, --sft_from when not given)."""
+  methods: dict
+  root: str
+  out: str
+  sizes: tuple
+  probe_all: bool  # the ground-truth probes (IGPO's IG and GT entropy, for every method)
+  sft_from: str  # a `make demo` folder whose world and SFT export to reuse ("" = none)
+
+
+STUDIES = {
+    "igpo": Study(METHODS, "runs/compare", "docs/results", tuple(SIZES), True, ""),
+    "cw_grpo": Study(CW_METHODS, "runs/cw_grpo", "docs/results/cw_grpo", ("base",), False,
+                     "runs/demo"),
+    "lora": Study(LORA_METHODS, "runs/lora", "docs/results/lora", ("wide",), True, ""),
+    "dac": Study(DAC_METHODS, "runs/dac", "docs/results/dac", ("base",), False, "runs/cw_grpo"),
+}
+
+
+_STUDY = flags.DEFINE_enum("study", "igpo", list(STUDIES), "igpo: IGPO vs GRPO (docs/results); "
+                          "cw_grpo: CW-GRPO vs GRPO and its judge controls (docs/results/cw_grpo); "
+                          "lora: IGPO with LoRA vs full fine-tuning (docs/results/lora); "
+                          "dac: DAC's two LoRA roles vs monolithic GRPO (docs/results/dac).")
+_ROOT = flags.DEFINE_string("root", "", "Folder of the world and every run (default: the study's, "
+                            "runs/compare or runs/cw_grpo).")
+_OUT = flags.DEFINE_string("out", "", "Where the tables and plots go (default: the study's, "
+                           "docs/results or docs/results/cw_grpo).")
+_SIZES = flags.DEFINE_list("sizes", [], "Model sizes (see the docstring; default: the study's).")
+_METHODS = flags.DEFINE_list("methods", [], "Methods (see the docstring; default: the study's).")
+_SFT_FROM = flags.DEFINE_string("sft_from", None, "A `make demo` folder (synthworld/, tfds/, "
+                                "bm25_index/, sft/hf_export) whose world and base SFT export are "
+                                "copied into --root when its SFT settings are this study's "
+                                "(default: the study's; \"\" = train the SFT here).")
+_SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed: data order, rollouts, "
+                           "minibatches).")
+_STEPS = flags.DEFINE_integer("steps", 20, "RL steps of every run.")
+_WORKERS = flags.DEFINE_integer("workers", 2, "Runs in flight at once (subprocesses).")
+_TARGET = flags.DEFINE_float("target_gain", 0.05, "Steps to target: the first step whose full "
+                             "5-step moving average of training F1 is this much above the seed's "
+                             "start (its first 5 steps, averaged over the methods: every method "
+                             "sees the same questions at a step for a seed).")
+_PIN = flags.DEFINE_bool("pin_cores", True, "Pin worker k to one CPU core (taskset): on a small "
+                         "CPU, two multi-threaded workers mostly contend.")
+_FIRST_CORE = flags.DEFINE_integer("first_core", 0, "With --pin_cores: worker k runs on core "
+                                   "first_core + k.")
+_REPORT_ONLY = flags.DEFINE_bool("report_only", False, "Only build the report.")
+_RUN = flags.DEFINE_string("run", "", "Internal: run one size/method/seed in this process.")
+_EVAL_SIZE = flags.DEFINE_integer("eval_size", 0, "Questions of each eval split (0: the whole "
+                                  "split); less only for smoke tests.")
+_GENERATOR_SFT_STEPS = flags.DEFINE_integer("generator_sft_steps", 0, "dac study: steps of the "
+                                            "generator's warm start (0: configs/dac.py:"
+                                            "generator_sft's sft.steps); less only for smoke "
+                                            "tests.")
+_PRIORITY = flags.DEFINE_list("priority_methods", [], "Run order: every method's first seed, "
+                              "then these methods' other seeds, then the rest (default: seed by "
+                              "seed). For a sweep that may not finish: the main comparison gets "
+                              "its seeds first.")
+_HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the report (default: "
+                                "this machine's CPU and core count).")
+
+
+def _study() -> Study:
+  return STUDIES[_STUDY.value]
+
+
+def root_dir() -> str:
+  return _ROOT.value or _study().root
+
+
+def out_dir() -> str:
+  return _OUT.value or _study().out
+
+
+def _sizes() -> list[str]:
+  return _SIZES.value or list(_study().sizes)
+
+
+def _methods() -> list[str]:
+  return _METHODS.value or list(_study().methods)
+
+
+def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: str = "igpo",
+              eval_size: int = 0):
+  """The RL config of one run of `study`: the method's config file and overrides on the demo
+  preset, the world under `root`, the size's SFT export as the start (and with DAC, the
+  generator adapter from the size's warm start, generator_config). eval_size: questions of each
+  eval split (0: the whole split)."""
+  import importlib
+  module, overrides = STUDIES[study].methods[method]
+  config = importlib.import_module(f"configs.{module}").get_config("demo")
+  point_at_world(config, root, size)
+  config.model.hf_path = os.path.join(root, size, "sft", "hf_export")
+  config.model.tokenizer_path = ""
+  config.seed = seed
+  config.train.steps = steps
+  config.train.eval_every = 0
+  config.train.eval_at_start = False  # the SFT export is evaluated once per size (start.json)
+  config.data.eval_size = 0  # the final eval: the whole dev split
+  config.train.checkpoint_every = 10
+  config.train.export_hf = False
+  config.rl.probe_all = STUDIES[study].probe_all
+  if eval_size:  # smoke tests only: the first eval_size questions of each split
+    config.data.eval_size = eval_size
+  if config.trainer == "dac":  # the generator adapter starts from this size's warm start
+    config.model.lora.init = f"generator={generator_init(root, size)}"
+  for key, value in overrides.items():
+    *parents, leaf = key.split(".")
+    node = config
+    for name in parents:
+      node = node[name]
+    if leaf not in node:  # a typo must not become a new, unread field
+      raise KeyError(f"method {method!r}: config has no field {key!r}")
+    node[leaf] = value
+  return config
+
+
+def _eval_split(config, root: str, split: str, **source) -> dict:
+  """Greedy eval of the whole split, from a checkpoint (workdir=) or HF folder (hf_path=)."""
+  from agentjax.train.trainer import eval_benchmarks
+  c = config.copy_and_resolve_references()
+  c.data.eval_split = split  # the whole split (rl_config's eval_size: smoke tests only)
+  rows = eval_benchmarks(c, **source)["per_question"]["synthworld"]
+  return split_result(root, split, rows)
+
+
+def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: int = 0,
+            generator_sft_steps: int = 0) -> None:
+  """One size/method/seed RL run + its final dev/test eval, or the SFT (+ start eval) of a size.
+  A size whose SFT export exists (a finished SFT, or one reused by _reuse_sft) is not trained.
+  DAC's study also has the generator's warm start (size/generator_sft/0) and the eval of the DAC
+  agent before RL (size/dac_start/0); its DAC runs add the augmentation check."""
+  from agentjax.judge import judge_identity
+  from agentjax.train.trainer import train
+  size, method, seed = spec.split("/")
+  if method == GENERATOR_SFT:
+    run_generator_sft(root, size, generator_sft_steps)
+    return
+  if method == DAC_START:  # both roles as RL starts them: the backbone and the warm start
+    config = rl_config(root, size, "dac", 0, steps, study, eval_size)
+    t0 = time.time()
+    result = {split: dac_split(config, root, split) for split in SPLITS}
+    result["minutes"] = (time.time() - t0) / 60
+    os.makedirs(os.path.dirname(result_path(root, spec)), exist_ok=True)
+    write_json(result_path(root, spec), result)
+    return
+  if method == "sft":
+    if not os.path.exists(os.path.join(root, size, "sft", "hf_export", "config.json")):
+      train(sft_config(root, size), os.path.join(root, size, "sft"))
+    start = os.path.join(root, size, "start.json")
+    if not os.path.exists(start):
+      rl = rl_config(root, size, next(iter(STUDIES[study].methods)), 0, steps, study,
+                     eval_size)
+      write_json(start, {split: _eval_split(rl, root, split, hf_path=rl.model.hf_path)
+                     for split in SPLITS})
+    return
+  workdir = os.path.join(root, size, method, f"seed{seed}")
+  config = rl_config(root, size, method, int(seed), steps, study, eval_size)
+  if config.trainer == "dac":
+    check_generator_start(config, root, size)
+  t0 = time.time()
+  train(config, workdir)
+  # The trainer's final eval is the whole dev split (500 questions, greedy); test is added here.
+  with open(os.path.join(workdir, "eval", f"{steps}.json")) as f:
+    dev_rows = json.load(f)["per_question"]
+  result = {"dev": split_result(root, "dev", dev_rows)}
+  result["test"] = _eval_split(config, root, "test", workdir=workdir)
+  if config.trainer == "dac":  # the generator on dev evidence with distractors vs clean
+    result["augmentation_check"] = augmentation_summary(
+        augmented_dev_rows(config, workdir), dev_rows)
+  result["minutes"] = (time.time() - t0) / 60  # of this invocation (less after a resume)
+  result["steps"] = steps
+  result["judge"] = judge_identity(config.judge)  # backend, model, prompt hash, study noise
+  result["overrides"] = STUDIES[study].methods[method][1]
+  # Linux reports ru_maxrss in KiB: the peak of this whole process (load, training, both evals),
+  # read before train_state_bytes builds a second state.
+  result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  result["train_state"] = train_state_bytes(config)
+  result["checkpoint_bytes"] = _tree_bytes(os.path.join(workdir, "checkpoints", str(steps)))
+  write_json(result_path(root, spec), result)
+
+
+def train_state_bytes(config) -> dict:
+  """What a run of `config` trains and keeps between steps, counted from the arrays the trainer
+  builds (TrainTarget, init_train_state): the trained params (the whole model, or the adapters),
+  the optimizer state (AdamW's two moments + counters), and the frozen backbone a LoRA run reads
+  (0 for full fine-tuning, whose params are the trained ones), and a PPO run's critic (its
+  params and optimizer state; 0 without one). Bytes as held (float32 here)."""
+  import jax
+  from agentjax.parallel import make_mesh
+  from agentjax.train.trainer import TrainTarget, init_train_state, load_model
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  cfg, params, _ = load_model(config, mesh)
+  target = TrainTarget.build(config, cfg, params, mesh)
+  _, state = init_train_state(config, cfg, params, mesh, target)
+  nbytes = lambda tree: sum(x.nbytes for x in jax.tree.leaves(tree))  # noqa: E731
+  return {"trained_params": sum(x.size for x in jax.tree.leaves(state["params"])),
+          "trained_bytes": nbytes(state["params"]), "opt_state_bytes": nbytes(state["opt_state"]),
+          "frozen_bytes": 0 if target.spec is None else nbytes(target.backbone),
+          "critic_bytes": nbytes(state.get("critic", {}))}
+
+
+def _tree_bytes(folder: str) -> int | None:
+  """Bytes of the files under `folder` (a checkpoint step on disk); None when it is missing."""
+  if not os.path.isdir(folder):
+    return None
+  return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(folder)
+             for f in files)
+
+
+_FREE_CORES: "queue.Queue[int]" = queue.Queue()
+
+
+def _claim(spec: str, root: str | None = None) -> int | None:
+  """An open file descriptor holding an exclusive flock on claims/<spec> under `root` (default:
+  --root), or None when another process holds it (several compare.py processes can share one
+  sweep). The kernel drops the lock when every descriptor is closed: the run's subprocess
+  inherits it, so a killed orchestrator does not free a run that is still training."""
+  folder = os.path.join(root or root_dir(), "claims")
+  os.makedirs(folder, exist_ok=True)
+  fd = os.open(os.path.join(folder, spec.replace("/", "_")), os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    os.close(fd)
+    return None
+  os.ftruncate(fd, 0)
+  os.write(fd, str(os.getpid()).encode())  # who holds it, for a reader
+  return fd
+
+
+def free_cores(workers: int) -> None:
+  """With --pin_cores: worker k may take core first_core + k (modulo this process's cores)."""
+  if _PIN.value:
+    cores = sorted(os.sched_getaffinity(0))
+    for k in range(workers):
+      _FREE_CORES.put(cores[(_FIRST_CORE.value + k) % len(cores)])
+
+
+def run_claimed(spec: str, done: Sequence[str], cmd: Sequence[str], log: str,
+                root: str | None = None) -> tuple[str, int | None, float]:
+  """Runs `cmd` (argv) as a subprocess holding the claim of `spec` (_claim), pinned to a free
+  core with --pin_cores (free_cores), its output appended to `log`. Nothing is run (rc None)
+  when every path of `done` exists, before or after the claim, or another process holds it.
+  Returns (spec, exit status or None, seconds)."""
+  t0 = time.time()
+  finished = lambda: all(os.path.exists(p) for p in done)  # noqa: E731
+  fd = None if finished() else _claim(spec, root)
+  if fd is None or finished():  # done, or taken
+    if fd is not None:
+      os.close(fd)
+    return spec, None, 0.0
+  core = _FREE_CORES.get() if _PIN.value else None
+  if core is not None:
+    cmd = ["taskset", "-c", str(core)] + list(cmd)
+  try:
+    with open(log, "a") as f:  # appended: a resumed run keeps the earlier attempt's output
+      rc = subprocess.call(list(cmd), stdout=f, stderr=subprocess.STDOUT, pass_fds=(fd,))
+  finally:
+    os.close(fd)
+    if core is not None:
+      _FREE_CORES.put(core)
+  return spec, rc, time.time() - t0
+
+
+def _spawn(spec: str) -> tuple[str, int | None, float]:
+  root = root_dir()
+  # This process's own command line (launch/compare.py), one run in a subprocess.
+  cmd = [sys.executable, os.path.abspath(sys.argv[0]), f"--run={spec}", f"--root={root}",
+         f"--steps={_STEPS.value}", f"--study={_STUDY.value}", f"--eval_size={_EVAL_SIZE.value}",
+         f"--generator_sft_steps={_GENERATOR_SFT_STEPS.value}"]
+  return run_claimed(spec, [result_path(root, spec)], cmd,
+                     os.path.join(root, spec.replace("/", "_") + ".log"), root)
+
+
+# Config fields that only say where the world is (use_demo_world), and sections the SFT trainer
+# does not read: an SFT export made with the same settings elsewhere differs from ours only there.
+_WORLD_PATH_KEYS = ("data.manual_dir", "data.data_dir", "retrieval.corpus_path",
+                    "retrieval.index_dir", "model.tokenizer_path", "sft.demos", "sft.corpus_path")
+_RL_ONLY_SECTIONS = ("judge.", "cw.")
+
+
+def _flat(d: dict) -> dict:
+  """{"a.b": leaf} of a nested dict (a config's to_dict(), a recorded config.json)."""
+  from flax import traverse_util
+  return traverse_util.flatten_dict(d, sep=".")
+
+
+def sft_mismatch(recorded: dict, ours) -> list[str]:
+  """Fields (dotted) where a recorded SFT config.json differs from `ours` (a ConfigDict), world
+  paths and RL-only sections aside; [] when the export it made is the one we would train."""
+  from configs import base
+  from agentjax.train.trainer import RECORDED_EXTRAS  # written beside the config, not fields
+  mine = _flat(json.loads(json.dumps(ours.to_dict())))  # tuples as JSON lists, as recorded
+  theirs = _flat({k: v for k, v in recorded.items() if k not in RECORDED_EXTRAS})
+  # Fields added to configs/base.py after that run are absent from its record: at their base
+  # default they change nothing (e.g. model.lora.* off).
+  default = _flat(json.loads(json.dumps(base.get_config("demo").to_dict())))
+  added = lambda k: k not in theirs and k in default and mine.get(k) == default[k]  # noqa: E731
+  keep = lambda k: (k not in _WORLD_PATH_KEYS and not k.startswith(_RL_ONLY_SECTIONS)  # noqa: E731
+                    and not added(k))
+  return sorted(k for k in set(mine) | set(theirs)
+                if keep(k) and mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
+
+
+def reuse_sft(root: str, source: str, topk: int) -> str:
+  """Copies the world (synthworld/, tfds/, bm25_index/) and the base SFT export of the `make demo`
+  folder `source` into `root` when they are the ones this study would build and train: the world
+  stamp matches (build_demo_world reuses it) and the SFT config differs only in world paths and
+  RL-only sections. The SFT is deterministic on one CPU machine, so training it again would give
+  the same export at the cost of the demo's SFT time. Returns what it did."""
+  from agentjax.data.demo_world import build_demo_world
+  target = os.path.join(root, "base", "sft", "hf_export")
+  if os.path.exists(os.path.join(target, "config.json")):
+    return f"base SFT export: {target} exists"
+  # `make demo`'s layout ({source}/sft) or a study's ({source}/base/sft, with its start.json).
+  base = os.path.join(source, "base") if os.path.isdir(os.path.join(source, "base", "sft")) \
+      else source
+  recorded = read_json(os.path.join(base, "sft", "config.json"))
+  export = os.path.join(base, "sft", "hf_export")
+  if recorded is None or not os.path.exists(os.path.join(export, "config.json")):
+    return f"base SFT: no finished SFT in {base}/sft; trained here"
+  for name in ("synthworld", "tfds", "bm25_index"):
+    if not os.path.exists(os.path.join(root, name)):
+      shutil.copytree(os.path.join(source, name), os.path.join(root, name))
+  world = build_demo_world(os.path.join(root, "synthworld"), topk=topk)
+  if not world.startswith("SynthWorld and tokenizer: reusing"):
+    return f"{world}; base SFT: {source}'s world has other settings, so the SFT is trained here"
+  diff = sft_mismatch(recorded, sft_config(root, "base"))
+  if diff:
+    return (f"base SFT: {source}/sft was trained with other settings ({', '.join(diff)}); "
+            "trained here")
+  os.makedirs(os.path.dirname(target), exist_ok=True)
+  shutil.copytree(export, target + ".tmp", dirs_exist_ok=True)
+  shutil.copy(os.path.join(base, "sft", "config.json"),
+              os.path.join(root, "base", "sft", "config.json"))
+  os.replace(target + ".tmp", target)  # an interrupted copy never looks like an export
+  done = f"base SFT export and world: copied from {base} (same world and SFT settings)"
+  # A study's eval of that export (start.json: the demo RL config, whole dev and test splits)
+  # is the one this study would make: reused too.
+  start = os.path.join(base, "start.json")
+  if base != source and os.path.exists(start) and not os.path.exists(
+      os.path.join(root, "base", "start.json")):
+    shutil.copy(start, os.path.join(root, "base", "start.json"))
+    done += f"; its start eval {start} too"
+  return done
+
+
+def _run_all() -> None:
+  from agentjax.data.demo_world import build_demo_world
+  root, study = root_dir(), _STUDY.value
+  topk = rl_config(root, "base", next(iter(STUDIES[study].methods)), 0, 1, study).retrieval.topk
+  source = _study().sft_from if _SFT_FROM.value is None else _SFT_FROM.value
+  if source and "base" in _sizes():
+    os.makedirs(root, exist_ok=True)
+    say(reuse_sft(root, source, topk))
+  say(build_demo_world(os.path.join(root, "synthworld"), topk=topk))
+  free_cores(_WORKERS.value)
+  with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
+    # DAC's study: the generator's warm start after the SFT, and the DAC agent's eval before RL
+    # beside the RL runs (stage "rl" runs only sizes whose earlier stages are done).
+    stages = ("sft", GENERATOR_SFT, "rl") if study == "dac" else ("sft", "rl")
+    for i, stage in enumerate(stages):
+      if stage != "rl":
+        ready = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
+                                            for x in stages[:i])]
+        specs = [f"{s}/{stage}/0" for s in ready]
+      else:  # only sizes whose SFT start is ready (another process may still be training one)
+        sizes = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
+                                            for x in stages[:-1])]
+        for s in set(_sizes()) - set(sizes):
+          say(f"size {s}: its SFT start is not ready (held by another process?); skipped")
+        specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _methods()]
+        if _PRIORITY.value:
+          first = _SEEDS.value[0]
+          rank = lambda x: (x.split("/")[2] != first,  # noqa: E731
+                            x.split("/")[1] not in _PRIORITY.value)
+          specs = sorted(specs, key=rank)  # stable: seed by seed within each group
+        if study == "dac":
+          specs = [f"{s}/{DAC_START}/0" for s in sizes] + specs
+      specs = [x for x in specs if not os.path.exists(result_path(root, x))]
+      say(f"{len(specs)} run(s): {' '.join(specs)}")
+      for spec, rc, secs in pool.map(_spawn, specs):
+        if rc is None:
+          say(f"  {spec}: done or taken by another compare.py process")
+          continue
+        say(f"  {spec}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {secs / 60:.1f} min")
+        if rc:
+          say(f"    log: {os.path.join(root, spec.replace('/', '_') + '.log')}")
+
+
+def hardware() -> str:
+  if _HARDWARE.value:
+    return _HARDWARE.value
+  import platform
+  where = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+  if _PIN.value:
+    where += f", {_WORKERS.value} run(s) at a time, each on one core"
+  return where
+
+
+def report() -> None:
+  root, out = root_dir(), out_dir()
+  study = collect(root, _sizes(), _methods(), _SEEDS.value, _STEPS.value)
+  if not study:
+    raise SystemExit(f"no finished size under {root} (run without --report_only first)")
+  os.makedirs(out, exist_ok=True)
+  if _STUDY.value == "cw_grpo":
+    table = summarize_cw(study)
+    text = markdown_cw(table, _STEPS.value, hardware())
+    saved = {"study": "cw_grpo", "steps": _STEPS.value, "hardware": hardware(),
+             "seed_band": "min-max over seeds", "paper_claims": dict(PAPER_CLAIMS),
+             "table": table}
+    panels, title = CW_PANELS, "{size} model: mean over seeds, band min-max over seeds"
+  elif _STUDY.value == "lora":
+    table = summarize_lora(study)
+    text = markdown_lora(table, _STEPS.value, hardware())
+    saved = {"study": "lora", "steps": _STEPS.value, "hardware": hardware(),
+             "lora": {"rank": LORA_RANK, "alpha": float(LORA_RANK), "lr": LORA_LR},
+             "seed_band": "min-max over seeds", "table": table}
+    panels, title = LORA_PANELS, "{size} model, IGPO (mean over seeds; band: min-max)"
+  elif _STUDY.value == "dac":
+    dac_start = {size: read_json(result_path(root, f"{size}/{DAC_START}/0")) for size in study}
+    table = {size: summarize_dac({size: s}, dac_start[size])[size] for size, s in study.items()}
+    text = markdown_dac(table, _STEPS.value, hardware())
+    saved = {"study": "dac", "steps": _STEPS.value, "hardware": hardware(),
+             "methods": {m: {"config": f"configs/{c}.py:demo", "overrides": o}
+                         for m, (c, o) in DAC_METHODS.items()},
+             "generator_sft": {size: read_json(result_path(root, f"{size}/{GENERATOR_SFT}/0"))
+                               for size in study},
+             "seed_band": "min-max over seeds", "table": table}
+    with open(os.path.join(out, "results.md"), "w") as f:
+      f.write(text)
+    write_json(os.path.join(out, "results.json"), no_nan(saved))
+    paths = plot_dac(study, out)
+    say(text)
+    say(f"written: {os.path.join(out, 'results.md')}, results.json, "
+         + ", ".join(os.path.basename(p) for p in paths))
+    return
+  else:
+    table = summarize(study, _TARGET.value)
+    text = markdown(table, _STEPS.value, hardware())
+    saved = {"steps": _STEPS.value, "hardware": hardware(), "target_gain": _TARGET.value,
+             "table": table}
+    panels, title = IGPO_PANELS, "{size} model"
+  with open(os.path.join(out, "results.md"), "w") as f:
+    f.write(text)
+  write_json(os.path.join(out, "results.json"), no_nan(saved))
+  paths = plot_seed_bands(study, out, panels, title)
+  say(text)
+  say(f"written: {os.path.join(out, 'results.md')}, results.json, "
+       + ", ".join(os.path.basename(p) for p in paths))
+  say(json.dumps({"compare": {size: {m: round(r["test_f1"][0], 4)
+                                      for m, r in t["methods"].items()}
+                               for size, t in table.items()}}))
+
+
+def main(_):
+  if _RUN.value:  # a run's log shows its steps (the trainer logs one line per step at INFO)
+    logging.getLogger().setLevel(logging.INFO)
+    run_one(root_dir(), _RUN.value, _STEPS.value, _STUDY.value, _EVAL_SIZE.value,
+            _GENERATOR_SFT_STEPS.value)
+    return
+  logging.getLogger().setLevel(logging.WARNING)
+  for name in _sizes():
+    if name not in SIZES:
+      raise app.UsageError(f"--sizes: unknown size {name!r}; known: {sorted(SIZES)}")
+  for name in _methods():
+    if name not in _study().methods:
+      raise app.UsageError(f"--methods: unknown method {name!r} in study {_STUDY.value!r}; "
+                           f"known: {sorted(_study().methods)}")
+  if not _REPORT_ONLY.value:
+    _run_all()
+  report()

@@ -1,0 +1,273 @@
+"""The builders of a run, shared by the trainer loop, evaluation, serving and the studies: the
+model and tokenizer, the retriever, the rollout agents, the questions and their order, the train
+state and its checkpointer, and the restore of a trained policy.
+
+    cfg, params, tokenizer = load_model(config, mesh)
+    engine, eval_engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh)
+    optimizer, state = init_train_state(config, cfg, params, mesh)
+
+(agentjax/train/trainer.py is the loop that strings them together.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any, Sequence
+
+import jax
+import numpy as np
+import optax
+from jax.sharding import NamedSharding, PartitionSpec
+
+from agentjax.agent import RolloutConfig, RolloutEngine
+from agentjax.judge import judge_identity
+from agentjax.models.qwen import QwenConfig, init_params, param_shardings
+from agentjax.models.qwen.checkpoint import load_hf
+from agentjax.models.tokenizer import load_tokenizer
+from agentjax.parallel.host import primary_first
+from agentjax.retrieval import SearchBackend, make_backend
+from agentjax.retrieval.shared import PrimarySearch
+from agentjax.sampling import SamplingParams
+from agentjax.train import config as config_lib
+from agentjax.train.adapters import TrainTarget
+from agentjax.train.checkpoint import Checkpointer, abstract_state
+from agentjax.train.critic import Critic, needs_critic
+from agentjax.train.optim import opt_state_shardings
+from agentjax.train.step import schedule_args, updates_per_step
+
+log = logging.getLogger(__name__)
+
+# Config fields whose change makes a workdir's checkpoints unusable (compared at restore).
+COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
+               "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
+               "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora", "critic.init",
+               "critic.weight_decay", "critic.clip_norm")
+# A compat key's value in a workdir written before the key existed.
+COMPAT_DEFAULTS = {"lora": None, "critic.init": "policy", "critic.weight_decay": 0.01,
+                   "critic.clip_norm": 1.0}
+# What a run's config.json records beside its config fields (make_checkpointer): readers that
+# rebuild the config from it (serve, eval) drop these.
+RECORDED_EXTRAS = ("judge_identity", "lora", "lora_backbone")
+# SFT also depends on these (its batch order and its data).
+SFT_COMPAT_KEYS = ("sft.demos", "sft.corpus_path", "sft.batch_size", "sft.max_len")
+EXPORT_DIR = "hf_export"
+
+
+
+
+def load_model(config: Any, mesh: jax.sharding.Mesh) -> tuple[QwenConfig, Any, Any]:
+  """(QwenConfig, params placed on `mesh` by the rules table, tokenizer) from config.model."""
+  m = config.model
+  numerics = dict(param_dtype=m.param_dtype, dtype=m.dtype, remat_policy=m.remat_policy,
+                  # .get: configs recorded before these keys existed read the defaults
+                  attention=m.get("attention", "auto"),
+                  attention_block=m.get("attention_block", 512))
+  tokenizer = load_tokenizer(os.path.expanduser(m.tokenizer_path or m.hf_path))
+  if m.hf_path:
+    cfg, params = load_hf(os.path.expanduser(m.hf_path), mesh=mesh, **numerics)
+  else:
+    # From scratch: the preset's shape, its vocabulary sized to the tokenizer (a multiple of 64).
+    vocab = -(-len(tokenizer) // 64) * 64
+    shape = {"vocab_size": vocab, **{k: v for k, v in m.shape.items() if v}}
+    cfg = QwenConfig.preset(m.preset, **shape, **numerics)
+    params = init_params(cfg, jax.random.key(config.seed), mesh=mesh)
+  if len(tokenizer) > cfg.vocab_size:
+    raise config_lib.ConfigError(
+        f"config.model.tokenizer_path={m.tokenizer_path or m.hf_path!r}: the tokenizer has "
+        f"{len(tokenizer)} tokens but the model's vocabulary is {cfg.vocab_size}")
+  return cfg, params, tokenizer
+
+
+def make_search_backend(config: Any) -> SearchBackend:
+  r = config.retrieval
+  if r.backend == "bm25":
+    with primary_first("bm25-index"):  # one process builds the on-disk index, the others load it
+      return make_backend("bm25", corpus_path=os.path.expanduser(r.corpus_path),
+                          index_dir=os.path.expanduser(r.index_dir) if r.index_dir else None)
+  backend = make_backend("http", url=r.url, timeout_s=r.timeout_s)
+  # A remote retriever may answer hosts differently (a timeout on one): process 0 asks for all.
+  # (BM25 is a pure function of the query on every host, so it needs no broadcast.)
+  return PrimarySearch(backend) if jax.process_count() > 1 else backend
+
+
+def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
+  """The rollout settings of training (sampled, group_size per question) or of eval (greedy, one
+  trajectory per question)."""
+  r = config.rollout
+  sampling = SamplingParams(greedy=True) if greedy else SamplingParams(
+      temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+  return RolloutConfig(protocol=r.protocol, group_size=1 if greedy else r.group_size,
+                       max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                       max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
+                       topk=config.retrieval.topk, sampling=sampling,
+                       use_chat_template=r.use_chat_template,
+                       # .get: configs recorded before the slot engine existed lack these
+                       engine=r.get("engine", "slots"), slots=r.get("slots", 0),
+                       lanes=r.get("lanes", 2), refill_fraction=r.get("refill_fraction", 0.125),
+                       kv_window_min=r.get("kv_window_min", 256),
+                       prefill_rows=r.get("prefill_rows", 32))
+
+
+def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
+                mesh: jax.sharding.Mesh, lora: Any = None,
+                eval_sampling: SamplingParams | None = None, eval_only: bool = False
+                ) -> tuple[Any, Any]:
+  """(training agent, eval agent): RolloutEngines, or with trainer "dac" DacAgents (searcher
+  and generator; eval: one answer per evidence set). The eval agent rolls out one trajectory
+  per question, greedy unless `eval_sampling`. eval_only: no training agent (None)."""
+  train_rollout = rollout_config(config)
+  eval_rollout = rollout_config(config, greedy=True)
+  if eval_sampling is not None:
+    eval_rollout = dataclasses.replace(eval_rollout, sampling=eval_sampling)
+  if config.trainer == "dac":
+    from agentjax.dac.roles import DacAgent, DacSettings
+    settings = DacSettings.from_config(config)
+    make = lambda rollout, samples: DacAgent(  # noqa: E731
+        cfg, tokenizer, backend, rollout, settings, mesh=mesh, lora=lora, samples=samples)
+    return (None if eval_only else make(train_rollout, None)), make(eval_rollout, 1)
+  make = lambda rollout: RolloutEngine(cfg, tokenizer, backend, rollout, mesh=mesh,  # noqa: E731
+                                       lora=lora)
+  return (None if eval_only else make(train_rollout)), make(eval_rollout)
+
+
+def load_questions(config: Any, names: Sequence[str], split: str,
+                   field: str = "data.train") -> list[dict[str, Any]]:
+  """Question records of `split` of each benchmark (tfds search_qa, built from data.manual_dir
+  on first use), concatenated in benchmark order; each gains "benchmark". A benchmark without
+  that split raises ConfigError naming `field` (the config entry that asked for it)."""
+  import tensorflow_datasets as tfds  # only when data is needed
+  from agentjax.data.searchqa import load_split
+  tfds.disable_progress_bar()
+  out = []
+  for name in names:
+    with primary_first(f"tfds:{name}:{split}"):  # one process builds, the others read
+      try:
+        records = load_split(name, split, data_dir=os.path.expanduser(config.data.data_dir),
+                             manual_dir=os.path.expanduser(config.data.manual_dir))
+      except ValueError as e:
+        if "has no split" not in str(e):
+          raise
+        raise config_lib.ConfigError(f"config.{field}={split!r}: {e}") from None
+    out += [dict(rec, benchmark=name) for rec in records]
+  return out
+
+
+@dataclasses.dataclass
+class QuestionStream:
+  """Endless, deterministic question order: epoch e is a permutation seeded by (seed, e).
+
+  `take(position, n)` is a pure function of the position, so the data state of a checkpoint is
+  one integer (questions consumed so far)."""
+  records: list[dict[str, Any]]
+  seed: int
+
+  def _order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(len(self.records))
+
+  def take(self, position: int, n: int) -> list[dict[str, Any]]:
+    size = len(self.records)
+    out, epoch, order = [], -1, None
+    for p in range(position, position + n):
+      if p // size != epoch:
+        epoch = p // size
+        order = self._order(epoch)
+      out.append(self.records[int(order[p % size])])
+    return out
+
+
+def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.sharding.Mesh,
+                     target: TrainTarget | None = None, with_critic: bool = True
+                     ) -> tuple[optax.GradientTransformation, dict[str, Any]]:
+  """(optimizer, state): state = {"params", "opt_state", "rng"}, sharded by the rules table
+  (parameters and Adam moments FSDP-sharded alike; the step counter and the key replicated);
+  a PPO run's state also holds {"critic": {"params", "opt_state"}} (Critic.init_state) unless
+  with_critic is False.
+
+  target: what is trained (agentjax/train/adapters.py); default: built from config (the whole
+  model, or LoRA adapters on `params` when config.model.lora.adapters is set)."""
+  target = target or TrainTarget.build(config, cfg, params, mesh)
+  lr, warmup, total, final_ratio = schedule_args(config)
+  optimizer = target.optimizer(config, lr, warmup, total, final_ratio, config.optimizer.b2)
+  trainable = target.trainable
+  shardings = target.shardings(mesh) or param_shardings(cfg, mesh)
+  opt_state = jax.jit(optimizer.init, out_shardings=opt_state_shardings(
+      optimizer, trainable, shardings, mesh))(trainable)
+  # Created under jit: device_put cannot target devices of other processes.
+  rng = jax.jit(lambda: jax.random.key(config.seed),
+                out_shardings=NamedSharding(mesh, PartitionSpec()))()
+  state = {"params": trainable, "opt_state": opt_state, "rng": rng}
+  if with_critic and needs_critic(config):  # PPO: the value model and its optimizer state
+    critic = Critic.build(config, target, updates_per_step(config))
+    state["critic"] = critic.init_state(config, params, mesh)
+  return optimizer, state
+
+
+def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = None
+                      ) -> Checkpointer:
+  """The run's Checkpointer (RL, or SFT when config.trainer == "sft").
+
+  config.json also records the judge's identity (backend, model, prompt hash): CW-GRPO's numbers
+  depend on the judge, and the prompt file can change under the same path; and with LoRA the
+  adapters' spec and the backbone (path, fingerprint) they only make sense on: a resume onto
+  another backbone is refused after the compat keys matched, before any array is read."""
+  target = target or TrainTarget.of(config)
+  recorded = dict(config.to_dict(), **target.recorded())
+  if config.trainer == "sft":
+    return Checkpointer(workdir, save_every=config.sft.checkpoint_every or None,
+                        keep=config.train.keep_checkpoints, config=recorded,
+                        compat_keys=COMPAT_KEYS + SFT_COMPAT_KEYS,
+                        compat_defaults=COMPAT_DEFAULTS, check_stored=target.check_backbone)
+  recorded["judge_identity"] = judge_identity(config.judge)
+  return Checkpointer(workdir, save_every=config.train.checkpoint_every,
+                      keep=config.train.keep_checkpoints, config=recorded,
+                      compat_keys=COMPAT_KEYS, compat_defaults=COMPAT_DEFAULTS,
+                      check_stored=target.check_backbone)
+
+
+def restore_trainable(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
+                      step: int | None = None, purpose: str = "restore"
+                      ) -> tuple[QwenConfig, TrainTarget, Any, Any, str]:
+  """(cfg, target, trained params, tokenizer, checkpoint dir) of a run at `step` (default: the
+  latest): the full train state is the restore target (orbax reads it shard by shard into
+  place, FSDP included); only its params are kept (with LoRA: {name: adapter}, on
+  target.backbone). FileNotFoundError without a checkpoint. A PPO run's critic is not built:
+  its part of the target is abstract (orbax reads it, and it is dropped)."""
+  cfg, params, tokenizer = load_model(config, mesh)
+  target = TrainTarget.build(config, cfg, params, mesh)
+  _, state = init_train_state(config, cfg, params, mesh, target, with_critic=False)
+  restore_target = abstract_state(state)
+  if needs_critic(config):
+    critic = Critic.build(config, target, updates_per_step(config))
+    restore_target["critic"] = critic.abstract_state(mesh)
+  workdir = os.path.expanduser(workdir)
+  ckpt = make_checkpointer(config, workdir, target)
+  try:
+    restored = ckpt.restore_or_none(restore_target, step=step)
+  finally:
+    ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"no checkpoint in {workdir}/checkpoints to {purpose}")
+  return cfg, target, restored[0]["params"], tokenizer, str(ckpt.step_dir(restored[2]))
+
+
+def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
+                   step: int | None = None, purpose: str = "restore", role: str | None = None
+                   ) -> tuple[QwenConfig, Any, Any, str]:
+  """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
+  for eval and serving (`restore_trainable`). A LoRA run's policy comes back as plain params: the
+  backbone with the policy adapter merged (or adapter `role`). A DAC run has no single policy: it
+  needs `role` ("searcher" or "generator")."""
+  if config.trainer == "dac" and role is None:
+    raise config_lib.ConfigError(
+        f"config.trainer='dac': {workdir} holds two roles (adapters {config.model.lora.adapters})"
+        f" and no single policy to {purpose}; evaluate both with launch/eval.py, or merge one "
+        f"role's PEFT folder ({workdir}/adapters/<role>/) with launch/merge_lora.py and use that "
+        f"Hugging Face folder")
+  cfg, target, trainable, tokenizer, source = restore_trainable(config, workdir, mesh, step=step,
+                                                                purpose=purpose)
+  return cfg, target.merged(trainable, role), tokenizer, source
+
+
+__all__ = ["COMPAT_DEFAULTS", "COMPAT_KEYS", "EXPORT_DIR", "QuestionStream", "RECORDED_EXTRAS", "SFT_COMPAT_KEYS", "init_train_state", "load_model", "load_questions", "make_agents", "make_checkpointer", "make_search_backend", "opt_state_shardings", "restore_policy", "restore_trainable", "rollout_config"]
