@@ -74,8 +74,7 @@ from agentjax.rl.advantages import (_masked_mean_std, discounted_turn_returns,
                                     grpo_outcome_advantages, group_normalize, ig_statistics,
                                     igpo_turn_rewards, outcome_stats, register_advantage,
                                     turn_to_token)
-from agentjax.rl.losses import (_clipped_objective, _prepare, register_policy_loss,
-                                sequence_sum)
+from agentjax.rl.losses import _clipped_objective, _prepare, grouped_ratio, register_policy_loss
 
 Array = jax.Array
 _F32 = jnp.float32
@@ -228,10 +227,7 @@ def gspo_turn_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: A
   """
   logp, old_logp, mask = _prepare(logp, old_logp, loss_mask)
   runs = jnp.where(mask, advantage_runs(advantages, mask, segment_ids), 0)
-  n_tok = jnp.maximum(sequence_sum(mask.astype(_F32), runs), 1.0)
-  turn_log_ratio = sequence_sum(logp - old_logp, runs) / n_tok
-  log_ratio = logp - jax.lax.stop_gradient(logp) + jax.lax.stop_gradient(turn_log_ratio)
-  ratio = jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -20.0, 20.0)), 1.0)
+  ratio = grouped_ratio(logp, old_logp, mask, runs)
   return _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy,
                             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,

@@ -293,6 +293,18 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
                             norm_length=norm_length, totals=totals, segment_ids=segment_ids)
 
 
+def grouped_ratio(logp: Array, old_logp: Array, mask: Array,
+                  groups: Array | None = None) -> Array:
+  """The GSPO-token ratio of token groups: rho = exp(logp - sg(logp) + sg(log s_g)), with s_g =
+  exp(mean over the group's sampled tokens of (logp - old_logp)) (clamped to [-20, 20] in log
+  space): value s_g, gradient through each token's own logp; 1 off the mask. groups: [B, L] ids
+  (0: none; sequence_sum's segments), None: each row one group (GSPO's sequence)."""
+  n_tok = jnp.maximum(sequence_sum(mask.astype(_F32), groups), 1.0)
+  group_log_ratio = sequence_sum(logp - old_logp, groups) / n_tok  # [B, 1] or [B, L]
+  log_ratio = logp - jax.lax.stop_gradient(logp) + jax.lax.stop_gradient(group_log_ratio)
+  return jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -20.0, 20.0)), 1.0)
+
+
 @register_policy_loss("gspo")
 def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, *,
               ref_logp: Array | None = None, entropy: Array | None = None,
@@ -313,10 +325,7 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
   clip range is the GSPO paper's (3e-4, 4e-4). Arguments and metrics as in `ppo_loss`.
   """
   logp, old_logp, mask = _prepare(logp, old_logp, loss_mask)
-  n_tok = jnp.maximum(sequence_sum(mask.astype(_F32), segment_ids), 1.0)
-  seq_log_ratio = sequence_sum(logp - old_logp, segment_ids) / n_tok  # [B, 1] or [B, L]
-  log_ratio = logp - jax.lax.stop_gradient(logp) + jax.lax.stop_gradient(seq_log_ratio)
-  ratio = jnp.where(mask, jnp.exp(jnp.clip(log_ratio, -20.0, 20.0)), 1.0)
+  ratio = grouped_ratio(logp, old_logp, mask, segment_ids)
   return _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy,
                             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
