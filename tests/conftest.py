@@ -22,6 +22,24 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "slow: end-to-end checks of minutes (make test-all only)")
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+  """After a module's last test, drop jax's caches so the module's executables are freed.
+
+  XLA:CPU maps each executable's code into the process with its own memory mappings, and jit's
+  caches keep every executable alive: one process running the whole suite passed Linux's
+  vm.max_map_count (65530) late in tests/test_trainer.py, and LLVM's next mapping failed with a
+  segfault (CI, 2026-11-26; reproduced by lowering vm.max_map_count to 4000 and running
+  tests/test_trainer.py alone). Tests in one module still share their compiled programs.
+  """
+  if nextitem is None or nextitem.module is not item.module:
+    import gc
+
+    import jax
+    jax.clear_caches()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer_dir(tmp_path_factory):
   """A byte-level BPE tokenizer folder with a Qwen-style chat template."""
