@@ -20,7 +20,7 @@ from agentjax.rl import losses as L
 from agentjax.rl.info_gain import Probes
 from agentjax.train import config as config_lib
 from agentjax.train.critic import Critic
-from agentjax.train.microbatch import merge, num_micro, split
+from agentjax.rl.microbatch import merge, num_micro, split
 from agentjax.train.rl import (PolicyLossConfig, make_policy_update, make_roles_update,
                                score_batch)
 

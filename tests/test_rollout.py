@@ -354,36 +354,3 @@ def test_no_class_overrides_a_private_method_of_the_rollout_engine():
                for bases, methods, module in classes[name] if bases & engines
                for m in methods & private}
   assert not overrides, overrides
-
-
-def test_no_import_cycle_between_agent_modules():
-  """agentjax.agent's modules import one another in one direction only (module level or inside a
-  function): trajectories <- guide <- slots <- rollout."""
-  import ast
-  modules = {m for m, _ in _agentjax_sources() if m.startswith("agentjax.agent.")}
-  graph = {}
-  for module, path in _agentjax_sources():
-    if module not in modules:
-      continue
-    deps = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-      names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-      if isinstance(node, ast.ImportFrom) and node.module:
-        names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-      deps |= {n for n in names if n.startswith("agentjax.agent.")}
-    graph[module] = (deps & modules) - {module}
-  order, state = [], {}
-
-  def visit(m, path):
-    if state.get(m) == "done":
-      return
-    assert state.get(m) != "open", f"import cycle: {' -> '.join(path + [m])}"
-    state[m] = "open"
-    for d in sorted(graph.get(m, ())):
-      visit(d, path + [m])
-    state[m] = "done"
-    order.append(m)
-  for m in sorted(graph):  # (the package's __init__, which re-exports them all, is not one)
-    visit(m, [])
-  assert order.index("agentjax.agent.trajectories") < order.index("agentjax.agent.slots") < \
-      order.index("agentjax.agent.rollout")

@@ -20,6 +20,7 @@ together); a failed call scores that rubric's rank and atomic terms 0 (counted, 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from typing import Any, Callable, Mapping, Sequence
 
@@ -30,6 +31,8 @@ from agentjax.coreact.rubric import (RewardSettings, fit_rubric_prompt, parse_ru
                                      rubric_prompt, rubric_reward)
 from agentjax.jsonl import iter_json_objects
 from agentjax.rl import ranking
+
+log = logging.getLogger(__name__)
 
 # The branch-point fields the task reads besides the context's.
 BRANCH_FIELDS = ("candidates", "expert_ranking")
@@ -138,6 +141,20 @@ class RubricRewards:
     scores, _ = self.score(texts, branches)
     return np.array([s.reward for s in scores], np.float32), summarize_scores(scores, "rubric/")
 
+  # The task's eval in the RL loop: what it logs (eval/<score>), and the progress bar's keys.
+  eval_scores = ("spearman", "reward", "pairwise", "top1", "format", "atomic")
+  progress = ("reward", "rubric/spearman", "kl", "step_s")
+
+  def evaluate(self, engine: Any, params: Any, records: Sequence[Mapping[str, Any]],
+               batch_size: int) -> dict[str, Any]:
+    """The rubric generator's held-out scores: greedy rubrics of the dev branch points
+    (evaluate_rubrics)."""
+    return evaluate_rubrics(engine, params, records, batch_size, self)
+
+  def describe(self, result: Mapping[str, Any]) -> str:
+    return (f"{result['n']} held-out branch points: Spearman {result['spearman']:.4f} "
+            f"reward {result['reward']:.4f}")
+
 
 def _output(batch: Any, b: int, eos_texts: Sequence[str] = ()) -> str:
   """Row b's generated text without a final EOS token: its answer, or the raw text of its one
@@ -226,3 +243,23 @@ def rubric_agreement(texts: Sequence[str], branches: Sequence[Mapping[str, Any]]
   result["pairwise"] = float(np.mean(pair))
   result["top1"] = float(np.mean(top))
   return result, scores
+
+
+def evaluate_generator(config: Any, engine: Any, params: Any, tokenizer: Any, mesh: Any,
+                       source: str, samples: int, temperature: float | None) -> dict[str, Any]:
+  """Co-ReAct's rubric generator on config.coreact.branches_dev (evaluate_rubrics; prompts
+  fitted as the trainer fits them): what launch/eval.py reports for a trainer "rubric" run.
+  {"source", "split": the file, "samples", "temperature", "seed", "rubric": evaluate_rubrics'
+  result}."""
+  from agentjax.parallel import use_mesh
+  records = fitted_branch_records(config, tokenizer, "coreact.branches_dev")
+  if config.data.eval_size:
+    records = records[:config.data.eval_size]
+  rewards = RubricRewards.from_config(config, mesh=mesh, engine=engine)
+  with use_mesh(mesh):
+    result = evaluate_rubrics(engine, params, records, config.train.eval_batch, rewards,
+                              samples=samples, seed=config.seed)
+  log.info("rubric generator %s on %d held-out branch points x %d samples: Spearman %.4f "
+           "reward %.4f", source, result["n"], samples, result["spearman"], result["reward"])
+  return {"source": source, "split": config.coreact.branches_dev, "samples": samples,
+          "temperature": temperature, "seed": int(config.seed), "rubric": result}

@@ -135,6 +135,12 @@ def get_method(name: str) -> Method:
     raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
 
 
+def outcome_methods() -> list[str]:
+  """The methods of per-trajectory outcome advantages (Method.outcome_only): what DAC's roles and
+  the rubric generator (one reward per rubric) can use."""
+  return sorted(name for name, m in METHODS.items() if m.outcome_only)
+
+
 def std_settings(config: Any) -> dict[str, Any]:
   """rl.std_estimator and rl.std_eps (as `eps`), for estimators that divide by a group std."""
   return dict(std_estimator=config.rl.std_estimator, eps=config.rl.std_eps)
@@ -143,5 +149,5 @@ def std_settings(config: Any) -> dict[str, Any]:
 for _module in pkgutil.iter_modules(__path__):
   importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["CRITIC_FIELDS", "JUDGE_FIELDS", "METHODS", "Method", "PROBE_FIELDS", "STEP_FIELDS",
+__all__ = ["CRITIC_FIELDS", "JUDGE_FIELDS", "METHODS", "Method", "outcome_methods", "PROBE_FIELDS", "STEP_FIELDS",
            "get_method", "register_method", "std_settings"]

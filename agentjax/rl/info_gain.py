@@ -39,6 +39,7 @@ from agentjax.models.attention import AttentionMask
 from agentjax.models.logprobs import chunked_token_logprobs
 from agentjax.models.qwen.model import Qwen
 from agentjax.sampling.sampler import bucket
+from agentjax.rl.microbatch import map_micro
 
 # The answer schema each protocol's probes use: {gt} is replaced by the gold answer, and only the
 # gold answer's own tokens are scored.
@@ -337,10 +338,8 @@ def score_packed_rows(model: Qwen, params, index, tokens: jax.Array, valid: jax.
   index: packing.PackIndex of plan_packing(probe_keep(valid, num_turns, T, probe_valid), ...),
   planned on the host from the same arrays. Other arguments and the result ([B, ...] per
   trajectory) as score_packed's: the same numbers, over R x W slots instead of B x (S + T*K*A).
-  micro_batch: packed rows per forward (train/microbatch.map_micro; 0: all R at once).
+  micro_batch: packed rows per forward (rl/microbatch.map_micro; 0: all R at once).
   """
-  from agentjax.train.microbatch import map_micro  # local: train imports this module
-
   t = turn_ends.shape[1] - 1
   rows = probe_rows(index, tokens, valid, turn_ends, probe_tokens, probe_valid)
   logp, ent = map_micro(lambda r: rows_logprobs(model, params, r, with_entropy=with_entropy,

@@ -34,6 +34,7 @@ from agentjax.train import config as config_lib
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.checkpoint import Checkpointer, abstract_state
 from agentjax.train.critic import Critic, needs_critic
+from agentjax.train.kinds import trainer_kind
 from agentjax.train.optim import opt_state_shardings
 from agentjax.train.step import schedule_args, updates_per_step
 
@@ -114,22 +115,21 @@ def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBac
                 mesh: jax.sharding.Mesh, lora: Any = None,
                 eval_sampling: SamplingParams | None = None, eval_only: bool = False
                 ) -> tuple[Any, Any]:
-  """(training agent, eval agent): RolloutEngines, or with trainer "dac" DacAgents (searcher
-  and generator; eval: one answer per evidence set). The eval agent rolls out one trajectory
+  """(training agent, eval agent): RolloutEngines, or the trainer kind's agents (DAC's
+  DacAgents: searcher and generator; eval: one answer per evidence set). The eval agent rolls out one trajectory
   per question, greedy unless `eval_sampling`. eval_only: no training agent (None)."""
   train_rollout = rollout_config(config)
   eval_rollout = rollout_config(config, greedy=True)
   if eval_sampling is not None:
     eval_rollout = dataclasses.replace(eval_rollout, sampling=eval_sampling)
-  if config.trainer == "dac":
-    from agentjax.dac.roles import DacAgent, DacSettings
-    settings = DacSettings.from_config(config)
-    make = lambda rollout, samples: DacAgent(  # noqa: E731
-        cfg, tokenizer, backend, rollout, settings, mesh=mesh, lora=lora, samples=samples)
-    return (None if eval_only else make(train_rollout, None)), make(eval_rollout, 1)
-  make = lambda rollout: RolloutEngine(cfg, tokenizer, backend, rollout, mesh=mesh,  # noqa: E731
-                                       lora=lora)
-  return (None if eval_only else make(train_rollout)), make(eval_rollout)
+  kind = trainer_kind(config)
+  if kind.make_agent is not None:  # DAC: the searcher and the generator (eval: one answer a set)
+    make = lambda rollout, samples: kind.make_agent(  # noqa: E731
+        config, cfg, tokenizer, backend, rollout, mesh, lora, samples)
+  else:
+    make = lambda rollout, samples: RolloutEngine(  # noqa: E731
+        cfg, tokenizer, backend, rollout, mesh=mesh, lora=lora)
+  return (None if eval_only else make(train_rollout, None)), make(eval_rollout, 1)
 
 
 def load_questions(config: Any, names: Sequence[str], split: str,
@@ -206,7 +206,7 @@ def init_train_state(config: Any, cfg: QwenConfig, params: Any, mesh: jax.shardi
 
 def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = None
                       ) -> Checkpointer:
-  """The run's Checkpointer (RL, or SFT when config.trainer == "sft").
+  """The run's Checkpointer (RL, or SFT for a supervised trainer kind).
 
   config.json also records the judge's identity (backend, model, prompt hash): CW-GRPO's numbers
   depend on the judge, and the prompt file can change under the same path; and with LoRA the
@@ -214,7 +214,7 @@ def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = No
   another backbone is refused after the compat keys matched, before any array is read."""
   target = target or TrainTarget.of(config)
   recorded = dict(config.to_dict(), **target.recorded())
-  if config.trainer == "sft":
+  if trainer_kind(config).supervised:
     return Checkpointer(workdir, save_every=config.sft.checkpoint_every or None,
                         keep=config.train.keep_checkpoints, config=recorded,
                         compat_keys=COMPAT_KEYS + SFT_COMPAT_KEYS,
@@ -257,11 +257,12 @@ def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
                    ) -> tuple[QwenConfig, Any, Any, str]:
   """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
   for eval and serving (`restore_trainable`). A LoRA run's policy comes back as plain params: the
-  backbone with the policy adapter merged (or adapter `role`). A DAC run has no single policy: it
-  needs `role` ("searcher" or "generator")."""
-  if config.trainer == "dac" and role is None:
+  backbone with the policy adapter merged (or adapter `role`). A run of a kind with roles (DAC) has no
+  single policy: it needs `role` ("searcher" or "generator")."""
+  if trainer_kind(config).roles and role is None:
     raise config_lib.ConfigError(
-        f"config.trainer='dac': {workdir} holds two roles (adapters {config.model.lora.adapters})"
+        f"config.trainer={config.trainer!r}: {workdir} holds {len(trainer_kind(config).roles)} "
+        f"roles (adapters {config.model.lora.adapters})"
         f" and no single policy to {purpose}; evaluate both with launch/eval.py, or merge one "
         f"role's PEFT folder ({workdir}/adapters/<role>/) with launch/merge_lora.py and use that "
         f"Hugging Face folder")

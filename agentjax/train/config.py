@@ -21,49 +21,17 @@ from agentjax.models.qwen.config import (ATTENTION_IMPLEMENTATIONS, DTYPES, PRES
 from agentjax.judge.base import BUILTIN_JUDGES, JUDGES
 from agentjax.models.lora import ALL_TARGETS, DECODE_MODES, LoraSpec
 from agentjax.judge.controls import NOISE_MODES
-from agentjax.methods import METHODS, get_method
+from agentjax.methods import METHODS, get_method, outcome_methods  # noqa: F401
 from agentjax.rl.advantages import CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
-
-TRAINERS = ("rl", "sft", "dac", "rubric")
-
-
-def outcome_methods() -> list[str]:
-  """The methods of per-trajectory outcome advantages (Method.outcome_only): what DAC's roles and
-  the rubric generator (one reward per rubric) can use."""
-  return sorted(name for name, m in METHODS.items() if m.outcome_only)
+from agentjax.train.fields import fail as _fail, get as _get, names as _names  # noqa: F401
+from agentjax.train.fields import non_negative as _non_negative, positive as _positive
+from agentjax.train.kinds import TRAINER_KINDS, trainer_kind
 
 JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
 # rl.pack_tokens is a multiple of this: the multiple train/rl.trim rounds padded widths to, so a
 # packed row lines up with attention blocks and log-prob chunks as a padded one does.
 PACK_MULTIPLE = 128
-
-
-def _fail(field: str, value: Any, why: str) -> None:
-  raise ConfigError(f"config.{field}={value!r}: {why}")
-
-
-def _get(config: Any, field: str) -> Any:
-  node = config
-  for part in field.split("."):
-    if part not in node:
-      raise ConfigError(f"config.{field} is missing (start from configs/base.py)")
-    node = node[part]
-  return node
-
-
-def _positive(config: Any, *fields: str) -> None:
-  for f in fields:
-    v = _get(config, f)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-      _fail(f, v, "must be a positive number")
-
-
-def _non_negative(config: Any, *fields: str) -> None:
-  for f in fields:
-    v = _get(config, f)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-      _fail(f, v, "must be >= 0")
 
 
 def benchmark_list(value: str, field: str) -> list[str]:
@@ -78,9 +46,7 @@ def benchmark_list(value: str, field: str) -> list[str]:
 
 def validate(config: Any) -> None:
   """Raises ConfigError naming the first field that cannot work."""
-  trainer = _get(config, "trainer")
-  if trainer not in TRAINERS:
-    _fail("trainer", trainer, f"unknown trainer; known: {list(TRAINERS)}")
+  kind = trainer_kind(config)  # its entry (kinds.py); ConfigError when unknown
   _validate_model(config)
   for dim in ("data", "fsdp", "tensor"):
     v = _get(config, f"mesh.{dim}")
@@ -100,21 +66,12 @@ def validate(config: Any) -> None:
   if not 0.0 <= _get(config, "retrieval.max_failure_rate") < 1.0:
     _fail("retrieval.max_failure_rate", _get(config, "retrieval.max_failure_rate"),
           "must be in [0, 1): the share of a step's queries that may fail")
-  if trainer == "sft":
-    _positive(config, "sft.steps", "sft.batch_size", "sft.max_len", "sft.lr")
-    _non_negative(config, "sft.checkpoint_every")
-    micro, batch = _get(config, "sft.micro_batches"), _get(config, "sft.batch_size")
-    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1 or batch % micro:
-      _fail("sft.micro_batches", micro, f"must be an int >= 1 that divides sft.batch_size={batch}")
-    if any(isinstance(b, bool) or not isinstance(b, int) or b < 1
-           for b in _get(config, "sft.length_buckets")):
-      _fail("sft.length_buckets", _get(config, "sft.length_buckets"), "must be positive ints")
-    if not _get(config, "sft.demos"):
-      _fail("sft.demos", "", "needs the demonstrations JSONL (SynthWorld writes demos.jsonl)")
+  if kind.supervised:  # demonstrations: none of the RL fields below are read
+    kind.validate(config)
     return
   _validate_rl(config)
-  if trainer == "dac":
-    _validate_dac(config)
+  if kind.validate is not None:
+    kind.validate(config)
   _validate_coreact(config)
 
 
@@ -141,12 +98,6 @@ def _validate_model(config: Any) -> None:
   if spec is not None:
     lora_rates(config)
     lora_inits(config)
-
-
-def _names(value: Any, field: str) -> tuple[str, ...]:
-  if not isinstance(value, str):
-    _fail(field, value, "must be a comma-separated string")
-  return tuple(n.strip() for n in value.split(",") if n.strip())
 
 
 def lora_spec(config: Any) -> LoraSpec | None:
@@ -337,11 +288,12 @@ def _validate_rl(config: Any) -> None:
 
 def _validate_critic(config: Any) -> None:
   """The PPO estimators' settings (ppo.*, critic.*)."""
-  trainer = _get(config, "trainer")
-  if trainer != "rl":
+  kind = trainer_kind(config)
+  if not kind.critic:
     critics = sorted(name for name, m in METHODS.items() if m.critic)
+    allowed = [name for name, k in TRAINER_KINDS.items() if k.critic]
     _fail("algorithm", _get(config, "algorithm"), f"the critic methods {critics} "
-          f"train with trainer 'rl', not {trainer!r}")
+          f"train with trainer {' or '.join(map(repr, allowed))}, not {kind.name!r}")
   for f in ("ppo.gamma", "ppo.lam"):
     if not 0.0 <= _get(config, f) <= 1.0:
       _fail(f, _get(config, f), "must be in [0, 1]")
@@ -365,92 +317,17 @@ def _validate_critic(config: Any) -> None:
 
 
 def trained_roles(config: Any) -> tuple[str, ...] | None:
-  """The adapters a run's updates train when not just the policy: DAC's two roles."""
-  from agentjax.dac.roles import ROLES
-  return ROLES if _get(config, "trainer") == "dac" else None
-
-
-def _validate_dac(config: Any) -> None:
-  from agentjax.dac.rewards import SEARCHER_REWARDS, SUFFICIENCY_MATCHES
-  from agentjax.answers import normalize_answer
-  from agentjax.dac.roles import ROLES
-  names = _names(_get(config, "model.lora.adapters"), "model.lora.adapters")
-  missing = [r for r in ROLES if r not in names]
-  if missing:
-    _fail("model.lora.adapters", _get(config, "model.lora.adapters"),
-          f"trainer 'dac' trains the LoRA adapters {list(ROLES)} on one backbone: add "
-          f"{missing}")
-  if _get(config, "train.export_hf"):
-    _fail("train.export_hf", True, "a DAC run has two roles: each is exported as a PEFT folder "
-          "({workdir}/adapters/<role>/); merge one into a Hugging Face folder with "
-          "launch/merge_lora.py")
-  protocol = _get(config, "rollout.protocol")
-  if protocol in PROTOCOLS and not PROTOCOLS[protocol].can_search:
-    _fail("rollout.protocol", protocol, "is the searcher's protocol: it must be able to search "
-          "(the generator's answer_only protocol is DAC's own)")
-  algorithm = _get(config, "algorithm")
-  if algorithm not in outcome_methods():
-    _fail("algorithm", algorithm, f"DAC's roles take per-trajectory outcome advantages: one of "
-          f"{outcome_methods()}")
-  for f in ("dac.generator_samples", "dac.max_evidence_docs", "dac.generator_max_new_tokens",
-            "dac.generator_max_total_tokens", "dac.augment_depth"):
-    v = _get(config, f)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-      _fail(f, v, "must be an int >= 1")
-  k = _get(config, "dac.augment_k")
-  if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-    _fail("dac.augment_k", k, "must be an int >= 0")
-  m, group = _get(config, "dac.generator_samples"), _get(config, "dac.generator_group")
-  if group not in ("evidence", "question"):
-    _fail("dac.generator_group", group, "must be 'evidence' or 'question'")
-  if group == "evidence" and m < 2 and get_method(algorithm).group:
-    _fail("dac.generator_samples", m, f"the generator's advantages are grouped by evidence set "
-          f"(dac.generator_group='evidence'): {algorithm!r} needs >= 2 answers per set")
-  if _get(config, "dac.generator_max_new_tokens") >= _get(config, "dac.generator_max_total_tokens"):
-    _fail("dac.generator_max_total_tokens", _get(config, "dac.generator_max_total_tokens"),
-          "must exceed dac.generator_max_new_tokens (the prompt needs room)")
-  rate = _get(config, "dac.augment_rate")
-  if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0.0 <= rate <= 1.0:
-    _fail("dac.augment_rate", rate, "must be a share in [0, 1]")
-  for f in ("dac.alpha", "dac.insufficient_answer_penalty"):
-    v = _get(config, f)
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-      _fail(f, v, "must be a number")
-  _non_negative(config, "dac.insufficient_answer_penalty")
-  if _get(config, "dac.searcher_reward") not in SEARCHER_REWARDS:
-    _fail("dac.searcher_reward", _get(config, "dac.searcher_reward"),
-          f"must be one of {list(SEARCHER_REWARDS)}")
-  if _get(config, "dac.sufficiency_match") not in SUFFICIENCY_MATCHES:
-    _fail("dac.sufficiency_match", _get(config, "dac.sufficiency_match"),
-          f"must be one of {list(SUFFICIENCY_MATCHES)}")
-  text = _get(config, "dac.abstain_text")
-  if not isinstance(text, str) or not normalize_answer(text):
-    _fail("dac.abstain_text", text, "must be text that is not empty after normalization")
-  if not isinstance(_get(config, "dac.generator_sees_reasoning"), bool):
-    _fail("dac.generator_sees_reasoning", _get(config, "dac.generator_sees_reasoning"),
-          "must be True or False")
+  """The adapters a run's updates train when not just the policy: the kind's roles (DAC's)."""
+  return trainer_kind(config).roles
 
 
 def _validate_coreact(config: Any) -> None:
   """config.coreact (read by trainer "rubric", collection and guided eval)."""
   from agentjax.coreact import RANK_REWARDS, SELECTS
-  trainer = _get(config, "trainer")
-  if trainer == "rubric":
-    if _get(config, "rollout.protocol") != "rubric":
-      _fail("rollout.protocol", _get(config, "rollout.protocol"), "trainer 'rubric' trains the "
-            "rubric generator: its one-turn output is the rubric (protocol 'rubric')")
-    if _get(config, "rollout.max_turns") != 1:
-      _fail("rollout.max_turns", _get(config, "rollout.max_turns"),
-            "trainer 'rubric' is a single-turn task: must be 1")
-    algorithm = _get(config, "algorithm")
-    if algorithm not in outcome_methods():
-      _fail("algorithm", algorithm, f"the rubric generator gets one outcome reward per rubric: "
-            f"one of {outcome_methods()}")
-    for f in ("coreact.branches_train", "coreact.branches_dev"):
-      if not _get(config, f):
-        _fail(f, "", "trainer 'rubric' needs branch points (launch/collect_branches.py)")
-  elif _get(config, "rollout.protocol") == "rubric":
-    _fail("rollout.protocol", "rubric", "is the rubric generator's protocol (trainer 'rubric')")
+  kind, protocol = trainer_kind(config), _get(config, "rollout.protocol")
+  owners = [k.name for k in TRAINER_KINDS.values() if k.protocol == protocol]
+  if owners and kind.name not in owners:  # a kind's own protocol (the rubric generator's)
+    _fail("rollout.protocol", protocol, f"is the protocol of trainer {owners[0]!r}")
   if _get(config, "coreact.rank_reward") not in RANK_REWARDS:
     _fail("coreact.rank_reward", _get(config, "coreact.rank_reward"),
           f"must be one of {list(RANK_REWARDS)}")
@@ -537,7 +414,7 @@ def check_paths(config: Any) -> None:
   tok = config.model.tokenizer_path
   if tok and not os.path.isdir(os.path.expanduser(tok)):
     _fail("model.tokenizer_path", tok, "is not a folder")
-  if config.trainer == "sft":
+  if trainer_kind(config).supervised:
     for field in ("sft.demos", "sft.corpus_path"):
       path = _get(config, field)
       if path and not os.path.isfile(os.path.expanduser(path)):

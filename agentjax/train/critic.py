@@ -41,7 +41,7 @@ from agentjax.models.qwen.value import (QwenValue, init_value_head, load_value_h
 from agentjax.methods import get_method
 from agentjax.rl.losses import value_loss, value_totals
 from agentjax.train.adapters import TrainTarget
-from agentjax.train.microbatch import accumulate, map_micro
+from agentjax.rl.microbatch import accumulate, map_micro
 from agentjax.train.optim import opt_state_shardings, make_guarded_step, make_optimizer, make_schedule
 
 log = logging.getLogger(__name__)

@@ -29,6 +29,7 @@ import numpy as np
 from agentjax.agent.trajectories import search_stats
 from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.sampling import SamplingParams
+from agentjax.train.kinds import trainer_kind
 from agentjax.train.builders import (load_model, load_questions, make_agents,
                                      make_search_backend, restore_policy, restore_trainable)
 
@@ -204,9 +205,9 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   config_lib.validate(config)
   config_lib.check_paths(config)
   mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-  dac = config.trainer == "dac"  # the searcher then the generator, both adapters
+  roles = trainer_kind(config).roles  # DAC: the searcher then the generator, both adapters
   lora = None
-  if workdir is not None and dac:
+  if workdir is not None and roles:
     cfg, target, trainable, tokenizer, source = restore_trainable(config, workdir, mesh,
                                                                   step=step, purpose="evaluate")
     params, lora = target.rollout_params(trainable), target.spec
@@ -215,9 +216,8 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
                                                     purpose="evaluate")
   else:
     (cfg, params, tokenizer), source = load_model(config, mesh), hf_path
-    if dac:  # both roles played by the plain model
-      from agentjax.dac.roles import ROLES
-      params = {role: params for role in ROLES}
+    if roles:  # every role played by the plain model
+      params = {role: params for role in roles}
   sampling = None  # greedy; a temperature samples with the config's top_k / top_p filters
   if temperature is not None:
     r = config.rollout
@@ -226,9 +226,9 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
                           eval_sampling=sampling, eval_only=True)
   if make_engine is not None:  # another agent on the same policy (launch/eval.py --agent)
     engine = make_engine(config, engine, mesh)
-  if config.trainer == "rubric":  # a rubric generator: its held-out branch points
-    return _eval_rubric_generator(config, engine, params, tokenizer, mesh, source, samples,
-                                  temperature)
+  if trainer_kind(config).evaluate is not None:  # e.g. a rubric generator: its branch points
+    return trainer_kind(config).evaluate(config, engine, params, tokenizer, mesh, source, samples,
+                                         temperature)
   questions = eval_questions(config)
   out = {"source": source, "split": config.data.eval_split, "samples": samples,
          "temperature": temperature, "seed": int(config.seed),
@@ -243,27 +243,6 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
              result["n"], samples, result["accuracy"], result["em"], result["f1"])
   out["overall"], out["average"] = mix_scores(out["per_question"])
   return out
-
-
-def _eval_rubric_generator(config: Any, engine: Any, params: Any, tokenizer: Any, mesh: Any,
-                           source: str, samples: int, temperature: float | None
-                           ) -> dict[str, Any]:
-  """Co-ReAct's rubric generator on config.coreact.branches_dev (agentjax/coreact/task.py
-  evaluate_rubrics; prompts fitted as the trainer fits them). {"source", "split": the file,
-  "samples", "temperature", "seed", "rubric": evaluate_rubrics' result}."""
-  from agentjax.coreact.task import RubricRewards, evaluate_rubrics, fitted_branch_records
-  from agentjax.parallel import use_mesh
-  records = fitted_branch_records(config, tokenizer, "coreact.branches_dev")
-  if config.data.eval_size:
-    records = records[:config.data.eval_size]
-  rewards = RubricRewards.from_config(config, mesh=mesh, engine=engine)
-  with use_mesh(mesh):
-    result = evaluate_rubrics(engine, params, records, config.train.eval_batch, rewards,
-                              samples=samples, seed=config.seed)
-  log.info("rubric generator %s on %d held-out branch points x %d samples: Spearman %.4f "
-           "reward %.4f", source, result["n"], samples, result["spearman"], result["reward"])
-  return {"source": source, "split": config.coreact.branches_dev, "samples": samples,
-          "temperature": temperature, "seed": int(config.seed), "rubric": result}
 
 
 def format_table(result: Mapping[str, Any]) -> str:

@@ -91,7 +91,7 @@ def make_guarded_step(loss_fn: Callable[..., tuple[jax.Array, dict[str, jax.Arra
   dropped because the loss, the gradients or the new parameters were not all finite; the new
   parameters are checked too: a finite gradient times a huge step can overflow).
   with_grad: loss_fn already returns ((loss, metrics), grads), e.g. gradients accumulated over
-  micro-batches (agentjax/train/microbatch.accumulate).
+  micro-batches (agentjax/rl/microbatch.accumulate).
   """
   value_and_grad = loss_fn if with_grad else jax.value_and_grad(loss_fn, has_aux=True)
 

@@ -10,7 +10,7 @@ positions restarting at 0, so a pass over [R, W] packed rows computes few paddin
     logp, _ = packed_sequence_logprobs(model, params, packed)    # [B, S]: sequence_logprobs'
     plan.stats()                                                 # packing_efficiency, ...
 
-Micro-batches (train/microbatch.py, strided slices): order the minibatch with micro_batch_order,
+Micro-batches (rl/microbatch.py, strided slices): order the minibatch with micro_batch_order,
 plan with plan_micro_packing, and every slice of the packed rows is a packing of its own.
 IGPO's probe pass on packed rows: rl/info_gain.py probe_keep + score_packed_rows.
 
@@ -182,7 +182,7 @@ def plan_packing(keep: np.ndarray, pack_tokens: int, *, row_multiple: int = 1,
 def micro_batch_order(lengths: np.ndarray, num_micro: int) -> np.ndarray:
   """An order of a minibatch's trajectories whose micro-batches carry balanced token counts.
 
-  The micro-batches of train/microbatch.split are strided (slice i: rows i, i + n, ...), so
+  The micro-batches of rl/microbatch.split are strided (slice i: rows i, i + n, ...), so
   trajectory order[j] goes to micro-batch j % n. Longest first, each to the slice with the fewest
   tokens that still has room (B / n trajectories each). -> order [B], a permutation."""
   lengths = np.asarray(lengths)

@@ -41,7 +41,7 @@ from agentjax.methods import get_method
 from agentjax.rl.advantages import get_advantage_estimator
 from agentjax.rl.info_gain import Probes, probe_keep, score_packed, score_packed_rows
 from agentjax.rl.losses import get_policy_loss, loss_totals
-from agentjax.train.microbatch import accumulate, map_micro, num_micro
+from agentjax.rl.microbatch import accumulate, map_micro, num_micro
 from agentjax.train.optim import make_guarded_step
 from agentjax.train.packing import (PackIndex, PackPlan, micro_batch_order, plan_micro_packing,
                                     plan_packing)

@@ -43,7 +43,7 @@ from agentjax.rl.evidence import evidence_set, sufficient
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.critic import Critic
-from agentjax.train.microbatch import global_micro
+from agentjax.rl.microbatch import global_micro
 from agentjax.train.optim import make_schedule
 from agentjax.train.rl import (PACK_KEYS, MinibatchPacker, advantage_kwargs, compute_advantages,
                                make_policy_update, make_roles_update, minibatches, plan_scoring,

@@ -48,7 +48,6 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from agentjax.agent import RolloutConfig, RolloutEngine
-from agentjax.dac.stage import DacRollout
 from agentjax.compiles import CompileCounter
 from agentjax.jsonl import iter_json_objects
 from agentjax.judge import judge_identity
@@ -64,6 +63,7 @@ from agentjax.train import config as config_lib
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.checkpoint import Checkpointer, abstract_state
 from agentjax.train.critic import CRITIC_EXPORT_DIR, Critic, needs_critic
+from agentjax.train.kinds import trainer_kind
 from agentjax.train.step import AgentRollout, RLStep, StepOutput, schedule_args, updates_per_step
 from agentjax.train.builders import (COMPAT_DEFAULTS, COMPAT_KEYS, EXPORT_DIR, QuestionStream,
                                      RECORDED_EXTRAS, SFT_COMPAT_KEYS, init_train_state,
@@ -191,10 +191,11 @@ def _write_json(path: str, obj: Any) -> None:
 
 
 def train(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
-  """Runs config.trainer ("rl", "dac" or "sft") in `workdir`; see train_rl / train_sft."""
+  """Runs config.trainer (train/kinds.py: "rl", "dac", "rubric" or "sft") in `workdir`; see
+  train_rl / train_sft."""
   config_lib.validate(config)
   config_lib.check_paths(config)
-  if config.trainer == "sft":
+  if trainer_kind(config).supervised:
     return train_sft(config, workdir, stop_after=stop_after)
   return train_rl(config, workdir, stop_after=stop_after)
 
@@ -289,29 +290,22 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   # LoRA the backbone itself run without adapters (no copy).
   ref_params, ref_model = target.reference(rl.kl_coef)
 
-  rubric_task = None
-  if config.trainer == "rubric":  # Co-ReAct's rubric generator on branch points, not questions
-    from agentjax.coreact.task import fitted_branch_records
-    try:
-      train_records = fitted_branch_records(config, tokenizer, "coreact.branches_train")
-      dev = fitted_branch_records(config, tokenizer, "coreact.branches_dev")
-    except ValueError as e:
-      raise config_lib.ConfigError(str(e)) from None
-    stream = QuestionStream(train_records, config.seed)
-    eval_name = "branches"
+  kind = trainer_kind(config)  # what this trainer rolls out, on which records (train/kinds.py)
+  if kind.load_data is not None:  # e.g. Co-ReAct's rubric generator: branch points
+    train_records, dev, eval_name = kind.load_data(config, tokenizer)
   else:
     train_names = config_lib.benchmark_list(config.data.train, "data.train")
     eval_name = config_lib.benchmark_list(config.data.eval, "data.eval")[0]
-    stream = QuestionStream(load_questions(config, train_names, "train"), config.seed)
+    train_records = load_questions(config, train_names, "train")
     dev = load_questions(config, [eval_name], config.data.eval_split, "data.eval_split")
+  stream = QuestionStream(train_records, config.seed)
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
   backend = make_search_backend(config)
   engine, eval_engine = make_agents(config, cfg, tokenizer, backend, mesh, target.spec)
-  if config.trainer == "rubric":  # the applier; the rubric scored is the text without its EOS
-    from agentjax.coreact.task import RubricRewards
-    rubric_task = RubricRewards.from_config(config, mesh=mesh, engine=engine)
-  searcher = engine.searcher if config.trainer == "dac" else engine
+  # A task that is not question answering scores the rollouts itself (the rubric generator's).
+  task = kind.make_task(config, mesh, engine) if kind.make_task is not None else None
+  searcher = kind.prompt_agent(engine)
   longest = max(len(searcher.prompt_ids(r["question"])) for r in stream.records + dev)
   if longest + config.rollout.max_new_tokens >= config.rollout.max_total_tokens:
     raise config_lib.ConfigError(
@@ -320,8 +314,10 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
   steps = config.train.steps
   optimizer, state = init_train_state(config, cfg, params, mesh, target)
-  # The rollout stage: DAC's two roles (both adapters updated by every step), or one agent.
-  stage = DacRollout(engine) if config.trainer == "dac" else AgentRollout(engine, rubric_task)
+  # The rollout stage: the kind's (DAC's two roles, both adapters updated by every step), or
+  # one agent.
+  stage = (kind.rollout_stage(engine) if kind.rollout_stage is not None
+           else AgentRollout(engine, task))
   rl_step = RLStep.build(config, mesh, stage, optimizer, ref_params, target=target,
                          ref_model=ref_model)
 
@@ -344,8 +340,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
     return os.path.join(workdir, "eval", f"{at_step}.json")
 
   def run_eval(at_step: int) -> dict[str, Any]:
-    if rubric_task is not None:
-      return run_rubric_eval(at_step)
+    if task is not None:
+      return run_task_eval(at_step)
     t0 = time.perf_counter()
     with use_mesh(mesh):
       result = evaluate(eval_engine, target.rollout_params(state["params"]), dev,
@@ -363,26 +359,25 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
              config.data.eval_split, result["n"], result["f1"], result["em"])
     return result
 
-  def run_rubric_eval(at_step: int) -> dict[str, Any]:
-    """The rubric generator's held-out scores (greedy rubrics of the dev branch points)."""
-    from agentjax.coreact.task import evaluate_rubrics
+  def run_task_eval(at_step: int) -> dict[str, Any]:
+    """A task's own held-out scores (the rubric generator's: greedy rubrics of the dev branch
+    points), logged as eval/<task.eval_scores>."""
     t0 = time.perf_counter()
     with use_mesh(mesh):
-      result = evaluate_rubrics(eval_engine, target.rollout_params(state["params"]), dev,
-                                config.train.eval_batch, rubric_task)
+      result = task.evaluate(eval_engine, target.rollout_params(state["params"]), dev,
+                             config.train.eval_batch)
     _write_json(eval_path(at_step), dict(result, step=at_step, benchmark=eval_name))
-    metrics = {f"eval/{k}": result[k] for k in RUBRIC_EVAL_SCORES}
+    metrics = {f"eval/{k}": result[k] for k in task.eval_scores}
     metrics["eval/seconds"] = time.perf_counter() - t0
     writer.write(at_step, metrics)
-    log.info("eval at step %d on %d held-out branch points: Spearman %.4f reward %.4f", at_step,
-             result["n"], result["spearman"], result["reward"])
+    log.info("eval at step %d on %s", at_step, task.describe(result))
     return result
 
   def save(at_step: int, force: bool) -> None:
     ckpt.save(at_step, state, {"position": position, "faults": faults.state()}, force=force)
 
   evals = {}
-  postfix = ("reward", "rubric/spearman", "kl", "step_s") if rubric_task is not None else \
+  postfix = task.progress if task is not None else \
       ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
   compiles = CompileCounter()  # programs compiled by this process since the loop started
   with _Preemption() as preempt:
@@ -454,7 +449,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   return {"step": step, "workdir": workdir, "hf_export": export,
           "tensorboard": os.path.join(workdir, "tensorboard"),
           "evals": {k: {key: v[key] for key in (
-              RUBRIC_EVAL_SCORES if rubric_task is not None else ("f1", "em")) + ("n",)}
+              tuple(task.eval_scores) if task is not None else ("f1", "em")) + ("n",)}
               for k, v in evals.items()},
           "params": state["params"], "cfg": cfg,
           "critic_params": state["critic"]["params"] if "critic" in state else None}
@@ -465,9 +460,6 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 # loop calls `evaluate` through this module's namespace, so tests can patch trainer.evaluate).
 from agentjax.train.evaluation import (ABSTENTION_SCORES, eval_benchmarks, evaluate,  # noqa: E402,F401
                                        format_table)
-
-# What the rubric generator's eval logs (agentjax/coreact/task.py evaluate_rubrics).
-RUBRIC_EVAL_SCORES = ("spearman", "reward", "pairwise", "top1", "format", "atomic")
 
 
 # ============================================================================ SFT
