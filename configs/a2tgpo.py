@@ -6,10 +6,11 @@ of the number of accumulated terms, plus the group-normalized outcome
 WHICH PARTS ARE IN:
   (i)   turn-group normalization ................ IN  (advantage estimator "a2tgpo")
   (ii)  variance-rescaled discounted accumulation IN  (same)
-  (iii) adaptive turn-level clipping ............ NOT IN. The per-turn clip scale needs a per-token
-        input that agentjax/rl/losses.py's loss API cannot carry; it is only reported (metrics
-        a2tgpo/clip_scale_mean, a2tgpo/clip_scale_std). The paper preset runs the official loss's
-        turn-level importance ratio (rl.loss="gspo_turn") with the official FIXED clip range.
+  (iii) adaptive turn-level clipping ............ IN  (the estimator's per-token loss input
+        "clip_scale": each token's ratio clipped to [1 - c clip_low, 1 + c clip_high], c its
+        turn's 1 + beta (2 sigmoid(g) - 1); a2tgpo.adaptive_clip=False: the fixed range). The
+        paper preset runs it with the official loss's turn-level importance ratio
+        (rl.loss="gspo_turn") and the official clip range.
 
   python launch/train.py --config=configs/a2tgpo.py:demo --workdir=runs/demo/a2tgpo
   python launch/train.py --config=configs/a2tgpo.py:qwen3-4b --workdir=/mnt/shared/runs/a2tgpo-4b \
@@ -28,7 +29,7 @@ Presets:
 
 The A²TGPO settings (config.a2tgpo; defaults and "our reading" notes in agentjax/methods/
 a2tgpo.py): gamma, alpha, rescale ("sqrt_terms" | "sqrt_discounted" | "none"), scale_by_std,
-clip_beta (the unapplied clip scale's half-width).
+clip_beta (the clip scale's half-width), adaptive_clip ((iii) on or off).
 """
 
 import ml_collections
@@ -49,7 +50,8 @@ def get_config(arg: str = "demo"):
       alpha=0.3,            # IGPO_ADV_RESCALE_ALPHA
       rescale="sqrt_terms",  # D / sqrt(accumulated terms): the paper and the code
       scale_by_std=True,    # norm_adv_by_std_in_grpo
-      clip_beta=0.3,        # (iii)'s scale 1 + 0.3 (2 sigmoid(g) - 1): reported, NOT applied
+      clip_beta=0.3,        # (iii)'s scale 1 + 0.3 (2 sigmoid(g) - 1) of the clip range
+      adaptive_clip=True,   # (iii) applied (the paper's method; False: the fixed range)
   ))
   if arg == "qwen3-4b":
     config.model.hf_path = "models/Qwen3-4B"

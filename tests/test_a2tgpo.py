@@ -16,7 +16,7 @@ from agentjax.rl import advantages as adv_lib
 from agentjax.rl import losses as losses_lib
 from agentjax.train import config as config_lib
 from agentjax.train.config import ConfigError
-from agentjax.train.rl import advantage_kwargs
+from agentjax.train.rl import advantage_kwargs, policy_loss_config
 from configs import a2tgpo as a2tgpo_config
 from configs import base
 
@@ -25,7 +25,7 @@ B, T, L = 12, 4, 24
 # One compile per setting tuple; every call below uses the shapes [B, T] / [B, L].
 _estimator = jax.jit(a2.a2tgpo_advantages,
                      static_argnames=("gamma", "alpha", "rescale", "scale_by_std", "clip_beta",
-                                      "std_estimator", "eps", "collapse_tol"))
+                                      "adaptive_clip", "std_estimator", "eps", "collapse_tol"))
 
 SETTINGS = (
     dict(),  # the defaults: gamma 1, alpha 0.3, sqrt_terms, population std + 1e-6
@@ -164,6 +164,9 @@ def test_estimator_matches_numpy_loops(kw):
     mask = d["loss_mask"] > 0
     np.testing.assert_allclose(float(stats["clip_scale_mean"]), clip[mask].mean(), rtol=1e-5)
     np.testing.assert_allclose(float(stats["clip_scale_std"]), clip[mask].std(), atol=1e-5)
+    # (iii)'s loss input: each sampled token's turn's scale, 1 on every other slot.
+    np.testing.assert_allclose(np.asarray(stats["clip_scale"]), np.where(mask, clip, 1.0),
+                               rtol=1e-5)
     g = d["group_ids"]
     same = [d["outcome"][g == g[b]].min() == d["outcome"][g == g[b]].max() for b in range(B)]
     np.testing.assert_allclose(float(stats["collapse_fraction"]), ref_group_fraction(same, g),
@@ -231,9 +234,10 @@ def test_unknown_rescale():
 # ---------------------------------------------------------------------------------------------
 
 
-def ref_gspo_turn(logp, old, adv, mask, clip_low, clip_high):
+def ref_gspo_turn(logp, old, adv, mask, clip_low, clip_high, scale=None):
   """Loss (token-mean) and d loss / d logp by loops: turns = runs of equal advantage among a
-  row's sampled tokens."""
+  row's sampled tokens; scale: per-token clip scales c, range [1 - c low, 1 + c high]."""
+  scale = np.ones(logp.shape) if scale is None else scale
   n_tok = mask.sum()
   loss, grad = 0.0, np.zeros(logp.shape)
   for b in range(logp.shape[0]):
@@ -250,7 +254,8 @@ def ref_gspo_turn(logp, old, adv, mask, clip_low, clip_high):
       r = np.exp(np.mean([logp[b, t] - old[b, t] for t in run]))
       for t in run:
         a = adv[b, t]
-        pg1, pg2 = -a * r, -a * np.clip(r, 1 - clip_low, 1 + clip_high)
+        c = scale[b, t]
+        pg1, pg2 = -a * r, -a * np.clip(r, 1 - c * clip_low, 1 + c * clip_high)
         loss += max(pg1, pg2) / n_tok
         grad[b, t] = (-a * r / n_tok) if pg1 >= pg2 else 0.0
   return loss, grad
@@ -284,6 +289,77 @@ def test_gspo_turn_loss_matches_numpy():
   assert len(set(runs[0][mask[0] > 0].tolist())) == 3
   seg = np.where(np.arange(length) < 6, 1, 2)[None].repeat(b, 0)
   assert len(set(np.asarray(a2.advantage_runs(adv, mask, seg))[1][mask[1] > 0].tolist())) == 2
+  # (iii): per-token clip scales (each turn's tokens share one in A²TGPO; here any [B, L]).
+  scale = rng.uniform(0.7, 1.3, size=(b, length)).astype(np.float32)
+  (loss, _), grad = jax.value_and_grad(
+      lambda lp: fn(lp, old, adv, mask, clip_low=lo, clip_high=hi, clip_scale=scale),
+      has_aux=True)(logp)
+  want, want_grad = ref_gspo_turn(logp.astype(np.float64), old, adv, mask, lo, hi, scale)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+  np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-4, atol=1e-7)
+
+
+def ref_ppo(logp, old, adv, mask, clip_low, clip_high, scale):
+  """PPO-clip, token-mean, per-token clip range [1 - c low, 1 + c high], by loops."""
+  loss, clipped = 0.0, 0
+  for b, t in zip(*np.nonzero(mask)):
+    r = np.exp(logp[b, t] - old[b, t])
+    c = scale[b, t]
+    pg1, pg2 = -adv[b, t] * r, -adv[b, t] * np.clip(r, 1 - c * clip_low, 1 + c * clip_high)
+    loss += max(pg1, pg2)
+    clipped += pg2 > pg1
+  return loss / mask.sum(), clipped / mask.sum()
+
+
+def test_ppo_and_gspo_losses_take_a_per_token_clip_scale():
+  rng = np.random.default_rng(1)
+  b, length = 4, 10
+  mask = (rng.uniform(size=(b, length)) < 0.8).astype(np.float32)
+  adv = rng.normal(size=(b, length)).astype(np.float32)
+  logp = rng.normal(-1.0, 0.3, size=(b, length)).astype(np.float32)
+  old = (logp + rng.normal(0, 0.2, size=(b, length))).astype(np.float32)
+  scale = rng.uniform(0.5, 1.5, size=(b, length)).astype(np.float32)
+  scale[~(mask > 0)] = np.nan  # slots off the mask never matter
+  ppo = losses_lib.get_policy_loss("ppo")
+  loss, metrics = ppo(logp, old, adv, mask, clip_low=0.1, clip_high=0.15, clip_scale=scale)
+  want, frac = ref_ppo(logp.astype(np.float64), old, adv, mask, 0.1, 0.15, scale)
+  np.testing.assert_allclose(float(loss), want, rtol=1e-5)
+  np.testing.assert_allclose(float(metrics["clip_fraction"]), frac, rtol=1e-6)
+  assert np.isfinite(float(loss))
+  # A scale of ones is the fixed range, exactly, in every loss that takes one.
+  ones = np.ones((b, length), np.float32)
+  for name in ("ppo", "gspo", "gspo_turn"):
+    fn = losses_lib.get_policy_loss(name)
+    got = fn(logp, old, adv, mask, clip_low=0.1, clip_high=0.15, clip_scale=ones)
+    plain = fn(logp, old, adv, mask, clip_low=0.1, clip_high=0.15)
+    jax.tree.map(np.testing.assert_array_equal, got, plain)
+
+
+def test_the_update_objective_passes_the_methods_loss_inputs():
+  """train/rl.py: a PolicyLossConfig's inputs reach the loss as keywords, from the minibatch."""
+  from agentjax.models.logprobs import sequence_logprobs
+  from agentjax.models.qwen import Qwen, QwenConfig, init_params
+  from agentjax.train.rl import PolicyLossConfig, _role_objective
+  cfg = QwenConfig.preset("tiny", vocab_size=64)
+  model = Qwen(cfg)
+  params = init_params(cfg, jax.random.key(0))
+  rng = np.random.default_rng(2)
+  b, length = 2, 8
+  tokens = jnp.asarray(rng.integers(0, 64, size=(b, length)), jnp.int32)
+  valid = jnp.ones((b, length), bool)
+  logp = sequence_logprobs(model, params, tokens, valid)[0]
+  mb = dict(tokens=tokens, valid=valid, loss_mask=jnp.ones((b, length), bool).at[:, 0].set(False),
+            old_logp=logp + jnp.asarray(rng.normal(0, 0.3, (b, length)), jnp.float32),
+            ref_logp=logp, advantages=jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
+            clip_scale=jnp.asarray(rng.uniform(0.2, 2.0, (b, length)), jnp.float32))
+  kw = (("clip_high", 0.05), ("clip_low", 0.05))
+  with_input = _role_objective(model, PolicyLossConfig("ppo", kw, inputs=("clip_scale",)))
+  without = _role_objective(model, PolicyLossConfig("ppo", kw))
+  got, _ = with_input(params, mb)
+  want, _ = losses_lib.ppo_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
+                                clip_low=0.05, clip_high=0.05, clip_scale=mb["clip_scale"])
+  np.testing.assert_allclose(float(got), float(want), rtol=1e-5)
+  assert abs(float(without(params, mb)[0]) - float(got)) > 1e-4  # the scale changed the clip
 
 
 # ---------------------------------------------------------------------------------------------
@@ -297,9 +373,17 @@ def test_registry_entry_and_config_file():
   assert method.estimator == "a2tgpo" and method.needs_probes(config)
   assert "gspo_turn" in losses_lib.POLICY_LOSSES
   assert advantage_kwargs(config) == dict(gamma=1.0, alpha=0.3, rescale="sqrt_terms",
-                                          scale_by_std=True, clip_beta=0.3,
+                                          scale_by_std=True, clip_beta=0.3, adaptive_clip=True,
                                           std_estimator="population", eps=1e-6)
   config_lib.validate(config)
+  # (iii): the clip scale is the policy loss's input, unless switched off.
+  assert method.loss_inputs_for(config) == ("clip_scale",)
+  assert policy_loss_config(config).inputs == ("clip_scale",)
+  fixed = a2tgpo_config.get_config("demo")
+  fixed.a2tgpo.adaptive_clip = False
+  assert method.loss_inputs_for(fixed) == () and policy_loss_config(fixed).inputs == ()
+  assert "clip_scale" not in adv_lib.get_advantage_estimator("a2tgpo")(
+      **random_batch(4), **advantage_kwargs(fixed))[1]
   # The demo is igpo's demo with the algorithm swapped (plus the a2tgpo section).
   igpo = __import__("configs.igpo", fromlist=["get_config"]).get_config("demo")
   igpo.algorithm, igpo.preset = "a2tgpo", "demo"
@@ -331,3 +415,15 @@ def test_settings_without_a_section_are_the_defaults_and_bad_ones_fail():
     bad.a2tgpo[key] = value
     with pytest.raises(ConfigError, match=rf"config\.a2tgpo\.{key}="):
       config_lib.validate(bad)
+
+
+def test_a_loss_that_cannot_take_the_clip_scale_is_refused_naming_rl_loss(monkeypatch):
+  def plain_loss(logp, old_logp, advantages, loss_mask, **kwargs):
+    raise AssertionError("never called")
+  monkeypatch.setitem(losses_lib.POLICY_LOSSES, "plain_test", plain_loss)
+  config = a2tgpo_config.get_config("demo")
+  config.rl.loss = "plain_test"
+  with pytest.raises(ConfigError, match=r"config\.rl\.loss='plain_test'.*clip_scale"):
+    config_lib.validate(config)
+  config.a2tgpo.adaptive_clip = False  # the fixed range: any loss
+  config_lib.validate(config)

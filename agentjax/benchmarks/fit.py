@@ -505,6 +505,7 @@ def update_programs(s: Setup, width: int, rl_step: Any) -> list[Program]:
   """One policy update (RLStep.build's) on a minibatch of rl.minibatch_size x width, and with a
   critic its values (scoring) and its update on the same minibatch."""
   import jax.numpy as jnp
+  from agentjax.methods import get_method
   from agentjax.train.step import CRITIC_MINIBATCH, POLICY_MINIBATCH
   rl = s.config.rl
   f32 = jnp.float32
@@ -514,7 +515,10 @@ def update_programs(s: Setup, width: int, rl_step: Any) -> list[Program]:
   micro = getattr(rl_step, "micro_batch", 0)
   per_pass = f", {micro} rows a pass" if micro else ""
   frozen = () if s.spec is None else (s.backbone,)
-  mb = _rows(s, mbs, width, **{k: dtypes[k] for k in POLICY_MINIBATCH})
+  # A method's per-token loss inputs (A²TGPO's clip scale) ride in the minibatch too.
+  inputs = get_method(s.config.algorithm).loss_inputs_for(s.config)
+  mb = _rows(s, mbs, width, **{k: dtypes[k] for k in POLICY_MINIBATCH},
+             **dict.fromkeys(inputs, f32))
   args = (s.trainable, s.opt_state, mb, *frozen)
   out = [Program("update", rl_step.update, args,
                  live=s.state_bytes("params", "opt_state") if s.spec is None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import inspect
 import pkgutil
 from typing import Any, Callable, Mapping
 
@@ -67,6 +68,9 @@ class Method:
   judge: reads per-round judge verdicts (a judge pass between rewards and advantages).
   critic: trains a value model (PPO's critic; its targets come back as value_targets).
   value_targets: the keys of the estimator's stats that are the critic's regression targets.
+  loss_inputs: the keys of the estimator's stats that are [B, L] per-token inputs of the policy
+    loss, passed to it as keywords of the same name (A²TGPO's "clip_scale"), or config -> those
+    keys; the loss (config.rl.loss) must take them (checked at config validation).
   validate: (config, fail) -> None, the method's own checks; fail(field, value, why) raises the
     ConfigError naming the field.
   metrics: the estimator's stats -> extra host metrics of the step (e.g. CW-GRPO's fallback).
@@ -82,12 +86,17 @@ class Method:
   judge: bool = False
   critic: bool = False
   value_targets: tuple[str, ...] = ()
+  loss_inputs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
   validate: Callable[[Any, Callable[..., None]], None] | None = None
   metrics: Callable[[Mapping[str, Any]], dict[str, float]] = _no_metrics
 
   def inputs_for(self, config: Any) -> frozenset:
     """The batch fields the estimator reads at `config`'s settings."""
     return frozenset(self.inputs(config) if callable(self.inputs) else self.inputs)
+
+  def loss_inputs_for(self, config: Any) -> tuple[str, ...]:
+    """The per-token policy-loss inputs the estimator returns at `config`'s settings."""
+    return tuple(self.loss_inputs(config) if callable(self.loss_inputs) else self.loss_inputs)
 
   def needs_probes(self, config: Any) -> bool:
     """Whether a run of this method scores IGPO's ground-truth probes."""
@@ -107,6 +116,14 @@ class Method:
       fail("algorithm", self.name, "reads judge verdicts but its entry sets judge=False")
     if CRITIC_FIELDS & inputs and not self.critic:
       fail("algorithm", self.name, "reads critic values but its entry sets critic=False")
+    needs = self.loss_inputs_for(config)
+    if needs:  # the loss must take them (else a TypeError deep inside the jitted update)
+      from agentjax.rl.losses import get_policy_loss
+      taken = inspect.signature(get_policy_loss(config.rl.loss)).parameters
+      missing = [k for k in needs if k not in taken]
+      if missing:
+        fail("rl.loss", config.rl.loss, f"algorithm {self.name!r} gives the policy loss the "
+             f"per-token input(s) {missing}, which this loss does not take")
     if self.validate is not None:
       self.validate(config, fail)
 
@@ -149,5 +166,6 @@ def std_settings(config: Any) -> dict[str, Any]:
 for _module in pkgutil.iter_modules(__path__):
   importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["CRITIC_FIELDS", "JUDGE_FIELDS", "METHODS", "Method", "outcome_methods", "PROBE_FIELDS", "STEP_FIELDS",
+__all__ = ["CRITIC_FIELDS", "JUDGE_FIELDS", "METHODS", "Method", "PROBE_FIELDS", "STEP_FIELDS",
+           "outcome_methods",
            "get_method", "register_method", "std_settings"]

@@ -24,14 +24,12 @@ paper) consumed by a per-turn clip range:
         official loss (`compute_policy_loss_gspo_turn`, dynamic_clip=True) also uses a
         TURN-level importance ratio exp(mean over the turn's tokens of log pi - log pi_old).
 
-What is in: (i) and (ii) as the advantage estimator "a2tgpo"; the turn-level importance ratio
-as the policy loss "gspo_turn" (rl.loss="gspo_turn"), with a FIXED clip range. What is NOT in:
-(iii)'s per-token clip scale. A policy loss (agentjax/rl/losses.py) receives logp, old_logp,
-advantages, loss_mask, ref_logp, entropy, totals and config.rl's scalar keywords only, so a
-per-token clip scale cannot reach it without edits outside this module (the step's minibatch
-fields, the trainer's loss call, the losses' clip). `adaptive_clip_scale` computes c, and the
-estimator reports its token statistics (metrics a2tgpo/clip_scale_mean and _std, what the
-official code prints) so a run shows what the clip would have been.
+What is in: (i) and (ii) as the advantage estimator "a2tgpo"; (iii) as the estimator's per-token
+loss input "clip_scale" (the registry entry's loss_inputs: the step cuts it into minibatches and
+the policy loss clips the ratio of each token to [1 - c clip_low, 1 + c clip_high]; the losses
+ppo, gspo and gspo_turn take it; a2tgpo.adaptive_clip=False runs the fixed range); the turn-level
+importance ratio as the policy loss "gspo_turn" (rl.loss="gspo_turn"). The metrics
+a2tgpo/clip_scale_mean and _std are c over the sampled tokens (what the official code prints).
 
 Settings (config.a2tgpo.*, DEFAULTS below; the base config has no such section, so a config
 without one runs these defaults; configs/a2tgpo.py writes the section). The group std of both
@@ -49,7 +47,10 @@ code: sqrt(population var + 1e-8), then + 1e-6: "sqrt_var_eps" with 1e-8 in the 
                       plain discounted sum of the turn-group-normalized IG)
   scale_by_std  True  divide by the group stds (the code's norm_adv_by_std_in_grpo); False only
                       centres (Dr.GRPO-like)
-  clip_beta     0.3   half-width of (iii)'s clip scale (the code's constant); metrics only here
+  clip_beta     0.3   half-width of (iii)'s clip scale (the code's constant)
+  adaptive_clip True  (iii) applied: the loss clips each token's ratio with its turn's scale c
+                      (our reading: the paper's method; whether the official script turns the
+                      code's dynamic_clip on is not in its public files); False: the fixed range
 
 Our readings where the paper and code leave room:
   - Every non-answer turn is an IG turn, IG exactly 0 included. The code marks IG turns by a
@@ -80,7 +81,8 @@ Array = jax.Array
 _F32 = jnp.float32
 
 RESCALES = ("sqrt_terms", "sqrt_discounted", "none")
-DEFAULTS = dict(gamma=1.0, alpha=0.3, rescale="sqrt_terms", scale_by_std=True, clip_beta=0.3)
+DEFAULTS = dict(gamma=1.0, alpha=0.3, rescale="sqrt_terms", scale_by_std=True, clip_beta=0.3,
+                adaptive_clip=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -151,8 +153,8 @@ def a2tgpo_turn_terms(ig: Array, outcome: Array, num_turns: Array, group_ids: Ar
 def a2tgpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Array,
                       turn_id: Array, loss_mask: Array, *, gamma: float = 1.0, alpha: float = 0.3,
                       rescale: str = "sqrt_terms", scale_by_std: bool = True,
-                      clip_beta: float = 0.3, std_estimator: str = "population",
-                      eps: float = 1e-6,
+                      clip_beta: float = 0.3, adaptive_clip: bool = True,
+                      std_estimator: str = "population", eps: float = 1e-6,
                       collapse_tol: float = 1e-6) -> tuple[Array, dict[str, Array]]:
   """A²TGPO advantages: turn-group-normalized IG, variance-rescaled discounted accumulation, plus
   the group-normalized outcome (module docstring), on the tokens the policy sampled.
@@ -164,13 +166,16 @@ def a2tgpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Ar
     group_ids: [B] int32.
     turn_id: [B, L] int32.
     loss_mask: [B, L].
-    gamma, alpha, rescale, scale_by_std, clip_beta: the settings (module docstring).
+    gamma, alpha, rescale, scale_by_std, clip_beta, adaptive_clip: the settings (module
+      docstring).
     std_estimator, eps: the group std (agentjax/rl/advantages.py STD_ESTIMATORS).
     collapse_tol: tolerance of the collapse statistics.
   Returns:
     advantages [B, L] float32 (0 off loss_mask), stats: outcome/advantage/IG statistics
-    ("collapse_fraction", "zero_adv_fraction", ...) and "clip_scale_mean" / "clip_scale_std",
-    (iii)'s scale over the sampled tokens (not applied by any loss: module docstring).
+    ("collapse_fraction", "zero_adv_fraction", ...), "clip_scale_mean" / "clip_scale_std",
+    (iii)'s scale over the sampled tokens, and with adaptive_clip "clip_scale": [B, L] float32,
+    each sampled token's turn's scale c (1 elsewhere), the policy loss's input (Method
+    loss_inputs: the step passes it to the loss as clip_scale=).
   """
   terms = a2tgpo_turn_terms(ig, outcome, num_turns, group_ids, gamma=gamma, alpha=alpha,
                             rescale=rescale, scale_by_std=scale_by_std, clip_beta=clip_beta,
@@ -179,13 +184,16 @@ def a2tgpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Ar
   stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
   stats.update(ig_statistics(ig, num_turns))
   mask = jnp.asarray(loss_mask).astype(bool) & (jnp.asarray(turn_id) >= 0)
-  clip_mean, clip_std = _masked_mean_std(turn_to_token(terms["clip_scale"], turn_id, mask), mask)
+  scale = jnp.where(mask, turn_to_token(terms["clip_scale"], turn_id, mask), 1.0)  # [B, L]
+  clip_mean, clip_std = _masked_mean_std(scale, mask)
   stats.update(clip_scale_mean=clip_mean, clip_scale_std=clip_std)
+  if adaptive_clip:
+    stats["clip_scale"] = scale
   return adv, stats
 
 
 # ---------------------------------------------------------------------------------------------
-# The turn-level importance ratio (the official recipe's loss, without (iii)'s clip scale).
+# The turn-level importance ratio (the official recipe's loss), clipped per turn by (iii).
 # ---------------------------------------------------------------------------------------------
 
 
@@ -216,14 +224,16 @@ def gspo_turn_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: A
                    kl_estimator: str = "low_var_kl", entropy_coef: float = 0.0,
                    aggregation: str = "token-mean", norm_length: int | None = None,
                    totals: dict[str, Array] | None = None,
-                   segment_ids: Array | None = None) -> tuple[Array, dict[str, Array]]:
+                   segment_ids: Array | None = None,
+                   clip_scale: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """The PPO objective with a turn-level ratio (the official A²TGPO code's
-  `compute_policy_loss_gspo_turn`, dynamic_clip=False): every sampled token of a turn gets
-  r_turn = exp(mean over the turn's sampled tokens of (logp - old_logp)), in the GSPO-token form
-  rho = exp(logp - sg(logp) + sg(log r_turn)) (value r_turn, gradient through each token's own
-  logp), clipped to the FIXED [1 - clip_low, 1 + clip_high]. Turns are inferred from the
-  advantages (`advantage_runs`), as the code does. Defaults: the official script's clip range
-  (3e-3, 4e-3). Arguments and metrics as agentjax/rl/losses.py `ppo_loss`.
+  `compute_policy_loss_gspo_turn`): every sampled token of a turn gets r_turn = exp(mean over the
+  turn's sampled tokens of (logp - old_logp)), in the GSPO-token form rho = exp(logp - sg(logp) +
+  sg(log r_turn)) (value r_turn, gradient through each token's own logp), clipped to
+  [1 - c clip_low, 1 + c clip_high]: c = clip_scale, (iii)'s per-turn scale on each of the turn's
+  tokens (dynamic_clip=True), or 1 without it (the fixed range, dynamic_clip=False). Turns are
+  inferred from the advantages (`advantage_runs`), as the code does. Defaults: the official
+  script's clip range (3e-3, 4e-3). Arguments and metrics as agentjax/rl/losses.py `ppo_loss`.
   """
   logp, old_logp, mask = _prepare(logp, old_logp, loss_mask)
   runs = jnp.where(mask, advantage_runs(advantages, mask, segment_ids), 0)
@@ -232,7 +242,8 @@ def gspo_turn_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: A
                             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length, totals=totals, segment_ids=segment_ids)
+                            norm_length=norm_length, totals=totals, segment_ids=segment_ids,
+                            clip_scale=clip_scale)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -250,7 +261,7 @@ def _settings(config: Any) -> dict[str, Any]:
   s = _section(config)
   return dict(gamma=float(s["gamma"]), alpha=float(s["alpha"]), rescale=str(s["rescale"]),
               scale_by_std=bool(s["scale_by_std"]), clip_beta=float(s["clip_beta"]),
-              **std_settings(config))
+              adaptive_clip=bool(s["adaptive_clip"]), **std_settings(config))
 
 
 def _validate(config: Any, fail: Callable[..., None]) -> None:
@@ -264,14 +275,20 @@ def _validate(config: Any, fail: Callable[..., None]) -> None:
             ("alpha", s["alpha"] >= 0.0, "must be >= 0 (0: the outcome advantage alone)"),
             ("rescale", s["rescale"] in RESCALES, f"must be one of {list(RESCALES)}"),
             ("scale_by_std", isinstance(s["scale_by_std"], bool), "must be a bool"),
+            ("adaptive_clip", isinstance(s["adaptive_clip"], bool), "must be a bool"),
             ("clip_beta", 0.0 <= s["clip_beta"] < 1.0, "must be in [0, 1)"))
   for key, ok, why in checks:
     if not ok:
       fail(f"a2tgpo.{key}", s[key], why)
 
 
+def _loss_inputs(config: Any) -> tuple[str, ...]:
+  """(iii): the per-token clip scale goes to the policy loss (clip_scale=) unless switched off."""
+  return ("clip_scale",) if _section(config)["adaptive_clip"] else ()
+
+
 def _metrics(stats: Mapping[str, Any]) -> dict[str, float]:
-  """(iii)'s clip scale over the sampled tokens (what the official code prints; not applied)."""
+  """(iii)'s clip scale over the sampled tokens (what the official code prints)."""
   return {"a2tgpo/clip_scale_mean": float(stats["clip_scale_mean"]),
           "a2tgpo/clip_scale_std": float(stats["clip_scale_std"])}
 
@@ -279,4 +296,5 @@ def _metrics(stats: Mapping[str, Any]) -> dict[str, float]:
 register_method(Method(
     name="a2tgpo", estimator="a2tgpo",
     inputs=frozenset({"ig", "outcome", "num_turns", "group_ids", "turn_id", "loss_mask"}),
-    settings=_settings, probes=lambda config: True, validate=_validate, metrics=_metrics))
+    settings=_settings, probes=lambda config: True, validate=_validate, metrics=_metrics,
+    loss_inputs=_loss_inputs))

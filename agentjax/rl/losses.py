@@ -197,8 +197,10 @@ def _explained_variance(var_err: Array, var_ret: Array) -> Array:
 
 def _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy, *, clip_low,
                        clip_high, dual_clip, kl_coef, kl_estimator, entropy_coef, aggregation,
-                       norm_length, totals, segment_ids):
-  """Shared tail of PPO and GSPO once the per-token ratio [B, L] is known (masked slots: 1)."""
+                       norm_length, totals, segment_ids, clip_scale=None):
+  """Shared tail of PPO and GSPO once the per-token ratio [B, L] is known (masked slots: 1).
+  clip_scale: None, or [B, L] per-token scales c of the clip range: the ratio is clipped to
+  [1 - c clip_low, 1 + c clip_high] (A²TGPO's adaptive turn-level clip)."""
   totals = loss_totals(mask, segment_ids) if totals is None else totals
   agg = lambda x: aggregate_loss(x, mask, aggregation, norm_length, totals,  # noqa: E731
                                  segment_ids)
@@ -207,7 +209,11 @@ def _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entrop
     raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
   adv = jnp.where(mask, advantages.astype(_F32), 0.0)
   pg1 = -adv * ratio
-  pg2 = -adv * jnp.clip(ratio, 1.0 - clip_low, 1.0 + clip_high)
+  low, high = 1.0 - clip_low, 1.0 + clip_high
+  if clip_scale is not None:
+    scale = jnp.where(mask, jnp.asarray(clip_scale).astype(_F32), 1.0)
+    low, high = 1.0 - clip_low * scale, 1.0 + clip_high * scale
+  pg2 = -adv * jnp.clip(ratio, low, high)
   pg = jnp.maximum(pg1, pg2)
   clipped = mask & (pg2 > pg1)
   dual = jnp.zeros_like(mask)
@@ -260,7 +266,8 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
              kl_coef: float = 0.0, kl_estimator: str = "low_var_kl", entropy_coef: float = 0.0,
              aggregation: str = "token-mean", norm_length: int | None = None,
              totals: dict[str, Array] | None = None,
-             segment_ids: Array | None = None) -> tuple[Array, dict[str, Array]]:
+             segment_ids: Array | None = None,
+             clip_scale: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """PPO clipped surrogate with a per-token ratio exp(logp - old_logp).
 
   Args:
@@ -279,6 +286,8 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
       loss and metrics are then this micro-batch's shares (module docstring).
     segment_ids: optional [B, L] trajectory ids of packed rows (0: none); the seq-mean
       aggregations (and GSPO's ratio) then count trajectories, not rows (`loss_totals`).
+    clip_scale: optional [B, L] per-token scale c of the clip range, [1 - c clip_low,
+      1 + c clip_high] (a method's loss input: A²TGPO's adaptive turn-level clip).
   Returns:
     (loss scalar, metrics): pg_loss, clip_fraction (tokens where the clipped branch was taken),
     dual_clip_fraction, approx_kl = mean(old_logp - logp), ratio_mean, ratio_max, and kl /
@@ -290,7 +299,8 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
                             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length, totals=totals, segment_ids=segment_ids)
+                            norm_length=norm_length, totals=totals, segment_ids=segment_ids,
+                            clip_scale=clip_scale)
 
 
 def grouped_ratio(logp: Array, old_logp: Array, mask: Array,
@@ -312,7 +322,8 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
               kl_coef: float = 0.0, kl_estimator: str = "low_var_kl", entropy_coef: float = 0.0,
               aggregation: str = "seq-mean-token-mean", norm_length: int | None = None,
               totals: dict[str, Array] | None = None,
-              segment_ids: Array | None = None) -> tuple[Array, dict[str, Array]]:
+              segment_ids: Array | None = None,
+              clip_scale: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """GSPO: the PPO objective with a sequence-level ratio, in its "GSPO-token" form.
 
   The sequence ratio s_b = exp(mean over b's sampled tokens of (logp - old_logp)) is applied to
@@ -330,7 +341,8 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
                             clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length, totals=totals, segment_ids=segment_ids)
+                            norm_length=norm_length, totals=totals, segment_ids=segment_ids,
+                            clip_scale=clip_scale)
 
 
 # ---------------------------------------------------------------------------------------------

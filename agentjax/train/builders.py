@@ -116,8 +116,9 @@ def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBac
                 eval_sampling: SamplingParams | None = None, eval_only: bool = False
                 ) -> tuple[Any, Any]:
   """(training agent, eval agent): RolloutEngines, or the trainer kind's agents (DAC's
-  DacAgents: searcher and generator; eval: one answer per evidence set). The eval agent rolls out one trajectory
-  per question, greedy unless `eval_sampling`. eval_only: no training agent (None)."""
+  DacAgents: searcher and generator; eval: one answer per evidence set). The eval agent rolls
+  out one trajectory per question, greedy unless `eval_sampling`. eval_only: no training agent
+  (None)."""
   train_rollout = rollout_config(config)
   eval_rollout = rollout_config(config, greedy=True)
   if eval_sampling is not None:
@@ -257,8 +258,8 @@ def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
                    ) -> tuple[QwenConfig, Any, Any, str]:
   """(cfg, params, tokenizer, checkpoint dir) of a run's policy at `step` (default: the latest),
   for eval and serving (`restore_trainable`). A LoRA run's policy comes back as plain params: the
-  backbone with the policy adapter merged (or adapter `role`). A run of a kind with roles (DAC) has no
-  single policy: it needs `role` ("searcher" or "generator")."""
+  backbone with the policy adapter merged (or adapter `role`). A run of a kind with roles (DAC)
+  has no single policy: it needs `role` ("searcher" or "generator")."""
   if trainer_kind(config).roles and role is None:
     raise config_lib.ConfigError(
         f"config.trainer={config.trainer!r}: {workdir} holds {len(trainer_kind(config).roles)} "

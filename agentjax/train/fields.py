@@ -1,7 +1,7 @@
 """Reading and rejecting config fields: the helpers every validator uses (config.py, kinds.py).
 
     get(config, "rollout.group_size")        # the value, or ConfigError naming the missing field
-    fail("rollout.group_size", 1, "why")     # raises ConfigError("config.rollout.group_size=1: why")
+    fail("rollout.group_size", 1, "why")   # ConfigError("config.rollout.group_size=1: why")
 
 Every message starts with the dotted field it is about. One ConfigError for model and run configs.
 """

@@ -245,6 +245,8 @@ class PolicyLossConfig:
   kwargs: tuple[tuple[str, Any], ...] = ()  # e.g. (("clip_high", 0.28), ("kl_coef", 1e-3))
   entropy: bool = False                 # compute the entropy (needed for an entropy bonus)
   chunk: int = 256
+  # [B, L] minibatch fields passed to the loss as keywords (a method's loss_inputs).
+  inputs: tuple[str, ...] = ()
 
   def as_kwargs(self) -> dict[str, Any]:
     return dict(self.kwargs)
@@ -260,7 +262,8 @@ def policy_loss_config(config: Any, norm_length: int | None = None) -> PolicyLos
                 aggregation=rl.aggregation,
                 norm_length=norm_length or config.rollout.max_total_tokens)
   return PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(kwargs.items())), entropy=True,
-                          chunk=rl.chunk)
+                          chunk=rl.chunk,
+                          inputs=get_method(config.algorithm).loss_inputs_for(config))
 
 
 def _role_objective(model: Qwen, loss: PolicyLossConfig):
@@ -284,7 +287,7 @@ def _role_objective(model: Qwen, loss: PolicyLossConfig):
                                     with_entropy=loss.entropy)
     return loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
                    ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, totals=totals,
-                   **kwargs)
+                   **{k: mb[k] for k in loss.inputs}, **kwargs)
 
   return objective
 

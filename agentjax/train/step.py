@@ -210,8 +210,11 @@ class RLStep:
     # Accumulated gradients live in the trainable params' shardings (LoRA: the adapters').
     grad_shardings = (target.shardings(mesh) or param_shardings(target.cfg, mesh)) \
         if micro else None
+    # A method's per-token loss inputs come with the first role's advantages (one agent's).
     losses = {role: policy_loss_config(config, stage.norm_length(config, role))
               for role in stage.roles}
+    losses = {role: loss if role == stage.roles[0] else dataclasses.replace(loss, inputs=())
+              for role, loss in losses.items()}
     if len(stage.roles) == 1:
       update = make_policy_update(model, optimizer, losses[stage.roles[0]], micro_batch=micro,
                                   grad_shardings=grad_shardings)
@@ -302,6 +305,9 @@ class RLStep:
         adv[role], adv_stats[role] = compute_advantages(method.estimator, batches[role],
                                                         rewards[role], scored[role].ig,
                                                         extra=extra, **self.adv_kwargs)
+      # The estimator's [B, L] inputs of the policy loss (A²TGPO's clip scale), cut into
+      # minibatches with the rest.
+      loss_inputs = {k: adv_stats[first].pop(k) for k in method.loss_inputs_for(config)}
       if self.critic is not None:  # the critic's regression targets and the slots they are on
         value_targets = dict(old_values=critic_fields["values"],
                              **{k: adv_stats[first].pop(k) for k in method.value_targets})
@@ -319,11 +325,11 @@ class RLStep:
     frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
     update_metrics, critic_metrics = [], []
     shuffle = np.random.default_rng([config.seed, step])
-    keys = POLICY_MINIBATCH + (PACK_KEYS if packer is not None else ())
+    keys = POLICY_MINIBATCH + tuple(loss_inputs) + (PACK_KEYS if packer is not None else ())
     with use_mesh(mesh):
       for _ in range(rl.ppo_epochs):
         per_role = [minibatches(batches[r], scored[r], adv[r], self.stage.minibatch_rows(config, r),
-                                shuffle, value_targets if r == first else None,
+                                shuffle, {**value_targets, **loss_inputs} if r == first else None,
                                 packer=packer if r == first else None) for r in roles]
         for mbs in zip(*per_role):
           if train_policy:
