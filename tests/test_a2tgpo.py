@@ -427,3 +427,35 @@ def test_a_loss_that_cannot_take_the_clip_scale_is_refused_naming_rl_loss(monkey
     config_lib.validate(config)
   config.a2tgpo.adaptive_clip = False  # the fixed range: any loss
   config_lib.validate(config)
+
+
+def test_a2tgpo_trains_end_to_end_with_and_without_the_adaptive_clip(world_dir, tokenizer,
+                                                                     tmp_path):
+  """configs/a2tgpo.py through the trainer (the tiny model): the clip scale reaches the loss in
+  the minibatches; the first step's rollouts do not depend on it."""
+  import json
+  import os
+
+  from agentjax.train.trainer import train
+  from tests.trainer_fixtures import tiny_config
+  rows = {}
+  for adaptive in (True, False):
+    config = tiny_config(world_dir, tokenizer.name_or_path, str(tmp_path), algorithm="a2tgpo",
+                         steps=2)
+    config.a2tgpo.adaptive_clip = adaptive
+    config.train.eval_every = 0
+    config.train.eval_at_start = False
+    config.train.export_hf = False
+    config.data.eval_size = 2
+    config.train.eval_batch = 2
+    workdir = str(tmp_path / f"adaptive_{adaptive}")
+    train(config, workdir)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      rows[adaptive] = [r for r in map(json.loads, f) if "reward" in r]
+  for adaptive, got in rows.items():
+    assert [r["step"] for r in got] == [1, 2]
+    for r in got:
+      assert r["skipped_updates"] == 0 and np.isfinite(r["loss"])
+      assert 1.0 - 0.3 <= r["a2tgpo/clip_scale_mean"] <= 1.0 + 0.3
+  assert rows[True][0]["reward"] == rows[False][0]["reward"]
+  assert rows[True][0]["a2tgpo/clip_scale_mean"] == rows[False][0]["a2tgpo/clip_scale_mean"]
