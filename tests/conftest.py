@@ -31,22 +31,51 @@ def pytest_configure(config):
   config.addinivalue_line("markers", "slow: end-to-end checks of minutes (make test-all only)")
 
 
+def _maps_in_use() -> int | None:
+  """Memory mappings of this process (Linux), or None where /proc cannot tell."""
+  try:
+    with open("/proc/self/maps", "rb") as f:
+      return sum(1 for _ in f)
+  except OSError:
+    return None
+
+
+def _map_budget() -> int:
+  """Mappings the suite may hold before it drops jax's caches: half of vm.max_map_count."""
+  if os.environ.get("AGENTJAX_TEST_MAP_BUDGET"):
+    return int(os.environ["AGENTJAX_TEST_MAP_BUDGET"])
+  try:
+    with open("/proc/sys/vm/max_map_count") as f:
+      return int(f.read()) // 2
+  except (OSError, ValueError):
+    return 65530 // 2
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-  """After a module's last test, drop jax's caches so the module's executables are freed.
+  """After a module's last test, drop jax's caches once the process holds half of the memory
+  mappings Linux allows.
 
   XLA:CPU maps each executable's code into the process with its own memory mappings, and jit's
   caches keep every executable alive: one process running the whole suite passed Linux's
   vm.max_map_count (65530) late in tests/test_trainer.py, and LLVM's next mapping failed with a
   segfault (CI, 2026-11-26; reproduced by lowering vm.max_map_count to 4000 and running
-  tests/test_trainer.py alone). Tests in one module still share their compiled programs.
+  tests/test_trainer.py alone). Dropping the caches frees them (one module peaks at ~6,000
+  mappings); doing it only when needed keeps the programs later modules share. Where /proc
+  cannot count, after every module.
   """
-  if nextitem is None or nextitem.module is not item.module:
+  if nextitem is not None and nextitem.module is item.module:
+    return
+  used = _maps_in_use()
+  if used is None or used > _map_budget():
     import gc
 
     import jax
     jax.clear_caches()
     gc.collect()
+    if used is not None:
+      print(f"\n[conftest] {used} memory mappings after {item.module.__name__}: jax's caches "
+            f"dropped ({_maps_in_use()} now)")
 
 
 @pytest.fixture(scope="session")
