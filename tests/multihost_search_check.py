@@ -1,6 +1,6 @@
 """PrimarySearch across processes: every process gets process 0's retriever answer.
 
-  python tests/multihost_search_check.py --num_processes=2 --process_id=0 --port=P   (and 1)
+  python -m tests.multihost_search_check --num_processes=2 --process_id=0 --port=P   (and 1)
 
 Each process has its own backend, which answers differently per process (process 1's fails every
 query, process 0's raises on its second call). Printed: one JSON line of what this process got.
@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class PerProcessBackend:

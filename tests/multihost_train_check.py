@@ -1,7 +1,7 @@
 """Two training steps with a checkpoint save and restore, on one process or several.
 
-  python tests/multihost_train_check.py --num_processes=2 --process_id=0 --port=P ...  (and 1)
-  python tests/multihost_train_check.py --num_processes=1 ...                          (8 devices)
+  python -m tests.multihost_train_check --num_processes=2 --process_id=0 --port=P ...  (and 1)
+  python -m tests.multihost_train_check --num_processes=1 ...                          (8 devices)
 
 Every process gets 8 / num_processes fake CPU devices, so the global mesh always has 8. Runs
 train(stop_after=1) (a checkpoint at step 1, as a preemption would), then train() again, which
@@ -14,10 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def main():

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from agentjax.agent.protocol import ANSWER, INVALID, RUBRIC, get_protocol  # noqa: E402
 from agentjax.models.qwen.config import ConfigError  # noqa: E402

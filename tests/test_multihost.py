@@ -18,8 +18,9 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(ROOT, "tests", "multihost_train_check.py")
-SEARCH_SCRIPT = os.path.join(ROOT, "tests", "multihost_search_check.py")
+# Run as modules from the repository root (its tests package is importable there).
+SCRIPT = ("-m", "tests.multihost_train_check")
+SEARCH_SCRIPT = ("-m", "tests.multihost_search_check")
 TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "search_wait_s",
           "tokens_per_s", "sampled_tokens_per_s", "eval/seconds", "compiles", "judge/seconds")
 
@@ -41,7 +42,7 @@ def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path,
           f"--algorithm={algorithm}"]
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("XLA_FLAGS", None)
-  procs = [subprocess.Popen([sys.executable, SCRIPT, *args, f"--process_id={i}"], cwd=ROOT,
+  procs = [subprocess.Popen([sys.executable, *SCRIPT, *args, f"--process_id={i}"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(num_processes)]
   outputs = [p.communicate(timeout=900) for p in procs]
@@ -84,7 +85,7 @@ def test_every_process_gets_process_zeros_search_response():
   env = dict(os.environ, PYTHONPATH=ROOT)
   env.pop("XLA_FLAGS", None)
   port = _free_port()
-  procs = [subprocess.Popen([sys.executable, SEARCH_SCRIPT, "--num_processes=2",
+  procs = [subprocess.Popen([sys.executable, *SEARCH_SCRIPT, "--num_processes=2",
                              f"--process_id={i}", f"--port={port}"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(2)]
