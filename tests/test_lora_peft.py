@@ -7,7 +7,6 @@ implementation independent of agentjax's adapters and layouts.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -23,13 +22,13 @@ from agentjax.models import masks
 from agentjax.models.lora import ALL_TARGETS, LoraSpec, attach
 from agentjax.models.qwen import Qwen, adapter_abstract
 from agentjax.models.qwen.checkpoint import load_hf
+from agentjax.models.qwen.merge import merge_lora
 from agentjax.models.qwen.peft import (CONFIG_FILE, WEIGHTS_FILE, load_peft, peft_spec,
                                        save_peft)
 from agentjax.models.safetensors_io import CheckpointError
 from agentjax.parallel import make_mesh
 from tests import hf_fixtures
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIED, UNTIED = "qwen2-tied-gqa2", "qwen3-headdim"  # qwen3-headdim: head_dim 24 != 64 / 4
 IDS = np.random.RandomState(0).randint(0, 211, (2, 9))
 # What the peft-side adapters target: a strict subset, so that targets are checked to match.
@@ -184,14 +183,6 @@ def test_peft_made_adapter_loads_with_peft_logits(peft_made, tmp_path):
 # --------------------------------------------------------------------------- merge
 
 
-def _merge_module():
-  spec = importlib.util.spec_from_file_location("merge_lora",
-                                                os.path.join(ROOT, "launch", "merge_lora.py"))
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
-
-
 def test_merged_folder_loads_in_transformers_with_peft_logits(peft_made, tiny_tokenizer_dir,
                                                               tmp_path):
   from transformers import AutoModelForCausalLM
@@ -201,8 +192,7 @@ def test_merged_folder_loads_in_transformers_with_peft_logits(peft_made, tiny_to
   shutil.copytree(folder, base)
   for name in os.listdir(tiny_tokenizer_dir):
     shutil.copy(os.path.join(tiny_tokenizer_dir, name), base)
-  merged = _merge_module().main([f"--base={base}", f"--adapter={out}",
-                                 f"--out={tmp_path / 'merged'}"])
+  merged = merge_lora(str(base), str(out), str(tmp_path / "merged"))
   files = set(os.listdir(merged))
   assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= files
   assert not any(f.startswith("adapter") for f in files)
