@@ -29,7 +29,7 @@ import time
 from absl import app, flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from agentjax.data.demo_world import (build_demo_world, f1_by_hops,  # noqa: E402
+from agentjax.data.demo_world import (WORLDS, build_demo_world, f1_by_hops,  # noqa: E402
                                       hops_by_id, paired_gain, use_demo_world)
 
 _ROOT = flags.DEFINE_string("root", "runs/demo", "Folder for the world, tokenizer and workdirs.")
@@ -38,6 +38,10 @@ _RL = config_flags.DEFINE_config_file("rl_config", "configs/igpo.py:demo", "RL c
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the SFT/RL workdirs instead of starting "
                             "them fresh.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 1024, "BPE vocabulary of the demo tokenizer.")
+_WORLD = flags.DEFINE_enum("world", "demo", sorted(WORLDS), "SynthWorld preset "
+                           "(agentjax/data/demo_world.py WORLDS): the demo's 1- and 2-hop world, "
+                           "or v2 (1-4 hops, distractors, confusable names; give the RL config "
+                           "enough turns, e.g. --rl_config.rollout.max_turns=6).")
 _STOP_EARLY = flags.DEFINE_float(
     "stop_early_rate", 0.5, "Share of 2-hop demonstrations whose teacher answers the bridge "
     "entity after one search (SynthWorld.demonstrations): the SFT policy inherits the shortcut "
@@ -51,7 +55,7 @@ def _say(msg: str) -> None:
 def build_world(folder: str, topk: int) -> None:
   """SynthWorld files + tokenizer in `folder`, unless they are there with the same settings."""
   _say("[1/4] " + build_demo_world(folder, topk=topk, vocab_size=_VOCAB.value,
-                                   stop_early_rate=_STOP_EARLY.value))
+                                   stop_early_rate=_STOP_EARLY.value, world=_WORLD.value))
 
 
 def by_hops(dev_path: str, before: list[dict], after: list[dict]) -> list[str]:

@@ -429,3 +429,65 @@ def test_natural_key_orders_digit_runs_as_numbers():
   ids = ["train_10", "train_2", "dev_1", "train_1", "5a8b", "5a10b"]
   assert sorted(ids, key=natural_key) == ["5a8b", "5a10b", "dev_1", "train_1", "train_2",
                                           "train_10"]
+
+
+# ------------------------------------------------------------------ SynthWorld v2
+
+
+def test_the_demo_world_is_the_one_it_always_was():
+  """The v2 options draw from their own random streams: the demo world (seed 0, 1- and 2-hop) is
+  byte for byte the world of the studies in docs/results (its sha256 taken before v2 existed)."""
+  import hashlib
+  w = SynthWorld.generate(seed=0, hop_weights=(1.0, 1.0, 0.0))
+  blob = json.dumps([w.corpus(), w.questions], sort_keys=True).encode()
+  assert hashlib.sha256(blob).hexdigest() == \
+      "efd56ec91d56e54bdceef141d3e1cd20f3298b4372551822786b8a73e88dfd80"
+
+
+def test_v2_has_four_hops_distractors_and_confusable_names(tmp_path):
+  from agentjax.data.demo_world import WORLD_V2
+  from agentjax.data.synthworld import _TEXT, RELATIONS
+  w = SynthWorld.generate(**dict(WORLD_V2, n_entities=400, n_train=300, n_dev=60, n_test=60))
+  for split, n in (("train", 300), ("dev", 60), ("test", 60)):
+    hops = [q["hops"] for q in w.questions[split]]
+    assert len(hops) == n and sorted(set(hops)) == [1, 2, 3, 4]
+    # (0.2, 0.3, 0.3, 0.2), largest remainder
+    assert [hops.count(h) for h in (1, 2, 3, 4)] == [round(n * f) for f in (0.2, 0.3, 0.3, 0.2)]
+  for q in w.questions["dev"]:  # 4-hop answers follow the chain through the world
+    chain = [w._by_name[name] for name in q["chain"]]
+    assert len(set(chain)) == len(chain) == q["hops"] + 1
+    for rel, (s, o) in zip(q["relations"], zip(chain, chain[1:])):
+      assert w.relations[rel][s] == o
+  # 1.5 distractor passages per entity, each naming two entities and no true fact
+  assert len(w.distractors) == round(1.5 * 400)
+  facts = set()
+  for rel, pairs in w.relations.items():
+    for s, o in pairs.items():
+      facts.add(_TEXT[rel].fact.format(s=w.entities[s].name, o=w.entities[o].name).lower())
+  for row in w.distractors:
+    body = row["contents"].split("\n", 1)[1].lower()
+    assert not any(f in body for f in facts), row
+    assert sum(e.name in row["contents"] for e in w.entities) >= 2
+  # confusable names: some persons share a family name; full names stay unique
+  persons = [e.name for e in w.entities if e.type == "person"]
+  family = [n.split(" ")[-1] for n in persons]
+  assert len(set(persons)) == len(persons) and len(set(family)) < 0.85 * len(family)
+  assert len({e.name for e in w.entities}) == len(w.entities)
+  assert set(RELATIONS) >= {r for q in w.questions["train"] for r in q["relations"]}
+  # Demonstrations of every hop count are written against real BM25 search (top 2).
+  paths = w.write(str(tmp_path / "v2"), topk=2, index_dir=str(tmp_path / "idx"))
+  demos = _read_jsonl(paths["demos"])
+  assert sorted({d["searches"] for d in demos}) == [1, 2, 3, 4]
+  with open(paths["world"]) as f:
+    assert json.load(f)["distractor_passages"] == len(w.distractors)
+  corpus = _read_jsonl(paths["corpus"])
+  assert len(corpus) == 400 + len(w.distractors)
+
+
+def test_v2_options_are_checked():
+  with pytest.raises(ValueError, match="hop_weights must be 3 or 4"):
+    SynthWorld.generate(seed=0, hop_weights=(1.0, 1.0), **SMALL)
+  with pytest.raises(ValueError, match="distractors must be >= 0"):
+    SynthWorld.generate(seed=0, distractors=-1.0, **SMALL)
+  with pytest.raises(ValueError, match="confusable_rate in"):
+    SynthWorld.generate(seed=0, confusable_rate=1.5, **SMALL)

@@ -13,33 +13,45 @@ from agentjax.jsonl import iter_json_objects
 # 2000 invented entities, 1- and 2-hop questions only (the tiny models cannot do 3 hops).
 DEMO_WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
                   hop_weights=(1.0, 1.0, 0.0))
+# SynthWorld v2, the research world (issue 32): 1- to 4-hop questions (0.2, 0.3, 0.3, 0.2), 1.5
+# distractor passages per entity that name two entities and a relation's words without a fact,
+# and 30% of persons sharing a family name with another: searches can be wasted inside one
+# trajectory, and more than one round is needed to answer most questions. 1000 dev and 1000
+# test questions (the run protocol's eval size).
+WORLD_V2 = dict(seed=0, n_entities=3000, n_train=6000, n_dev=1000, n_test=1000,
+                hop_weights=(0.2, 0.3, 0.3, 0.2), distractors=1.5, confusable_rate=0.3)
+WORLDS = {"demo": DEMO_WORLD, "v2": WORLD_V2}
 
 
 def build_demo_world(folder: str, *, topk: int, vocab_size: int = 1024,
-                     stop_early_rate: float = 0.5) -> str:
+                     stop_early_rate: float = 0.5, world: str = "demo") -> str:
   """SynthWorld files + tokenizer in `folder` (BM25 index next to it in ../bm25_index), unless
   they are there with the same settings (a demo_settings.json stamp). Returns what it did.
 
-  stop_early_rate: share of 2-hop demonstrations whose (hasty) teacher answers the bridge entity
-  after one search (SynthWorld.demonstrations)."""
+  stop_early_rate: share of multi-hop demonstrations whose (hasty) teacher answers a bridge
+  entity early (SynthWorld.demonstrations). world: a WORLDS preset ("demo", "v2")."""
+  if world not in WORLDS:
+    raise ValueError(f"unknown world {world!r}; known: {sorted(WORLDS)}")
+  preset = WORLDS[world]
   from agentjax.data.synthworld import SynthWorld
   from agentjax.data.tokenizer import synthworld_texts, train_tokenizer
   stamp = os.path.join(folder, "demo_settings.json")
-  settings = dict(DEMO_WORLD, vocab_size=vocab_size, topk=topk, first_query="question",
-                  hop_weights=list(DEMO_WORLD["hop_weights"]), stop_early_rate=stop_early_rate)
+  settings = dict(preset, vocab_size=vocab_size, topk=topk, first_query="question",
+                  hop_weights=list(preset["hop_weights"]), stop_early_rate=stop_early_rate)
   if os.path.exists(stamp):
     with open(stamp) as f:
       if json.load(f) == settings:
         return f"SynthWorld and tokenizer: reusing {folder}"
   t0 = time.time()
-  world = SynthWorld.generate(**DEMO_WORLD)
-  world.write(folder, topk=topk, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"),
+  synth = SynthWorld.generate(**preset)
+  synth.write(folder, topk=topk, index_dir=os.path.join(os.path.dirname(folder), "bm25_index"),
               first_query="question", stop_early_rate=stop_early_rate)
   train_tokenizer(synthworld_texts(folder), os.path.join(folder, "tokenizer"), vocab_size)
   with open(stamp, "w") as f:
     json.dump(settings, f)
-  sizes = {s: len(q) for s, q in world.questions.items()}
-  return (f"SynthWorld: {len(world.entities)} entities, questions {sizes}, BPE tokenizer "
+  sizes = {s: len(q) for s, q in synth.questions.items()}
+  return (f"SynthWorld: {len(synth.entities)} entities, {len(synth.distractors)} distractor "
+          f"passages, questions {sizes}, BPE tokenizer "
           f"({vocab_size}) in {folder} ({time.time() - t0:.0f} s)")
 
 

@@ -81,7 +81,27 @@ QUESTION_TEMPLATES: dict[tuple[str, ...], str] = {
     ("founded_by", "born_in", "located_in"): "In which country was the founder of {s} born?",
     ("headquartered_in", "located_in", "capital"):
         "What is the capital of the country where {s} is headquartered?",
+    ("works_for", "founded_by", "born_in", "located_in"):
+        "In which country was the founder of the organization that {s} works for born?",
+    ("founded_by", "born_in", "located_in", "capital"):
+        "What is the capital of the country where the founder of {s} was born?",
+    ("works_for", "headquartered_in", "located_in", "capital"):
+        "What is the capital of the country where the organization that {s} works for is "
+        "headquartered?",
 }
+MAX_HOPS = max(len(path) for path in QUESTION_TEMPLATES)
+
+# Distractor passages (SynthWorld v2): each mentions two entities and a relation's words without
+# stating any fact, so a query for that relation of either entity can retrieve it instead of (or
+# beside) the passage that answers: a search can be wasted. {a}, {b}: entity names.
+_DISTRACTOR_SENTENCES = (
+    "{a} once asked {b} where {b} was born, but the conversation moved on.",
+    "A profile of {a} mentions {b} and the organization each works for, without naming it.",
+    "{a} and {b} argued about which country is located nearest the sea.",
+    "A rumour linked {a} to whoever founded {b}; nobody confirmed who founded it.",
+    "{a} wrote a guide asking where organizations like {b} are headquartered.",
+    "Travellers from {a} often ask what the capital of {b} is; the guidebook does not say.",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,13 +195,15 @@ class SynthWorld:
     self.entities = entities
     self.relations = relations
     self.questions = questions
+    self.distractors: list[dict[str, str]] = []  # v2: extra corpus rows {"id", "contents"}
     self._by_name = {e.name: i for i, e in enumerate(entities)}
 
   # ---------------------------------------------------------------- generation
 
   @classmethod
   def generate(cls, seed: int = 0, n_entities: int = 2000, n_train: int = 4000, n_dev: int = 500,
-               n_test: int = 500, hop_weights: Sequence[float] = (1.0, 1.0, 1.0)) -> SynthWorld:
+               n_test: int = 500, hop_weights: Sequence[float] = (1.0, 1.0, 1.0),
+               distractors: float = 0.0, confusable_rate: float = 0.0) -> SynthWorld:
     """Draws a world and its questions from `seed`.
 
     Args:
@@ -190,7 +212,15 @@ class SynthWorld:
         rest persons.
       n_train, n_dev, n_test: questions per split (0 leaves a split empty). Subject entities are
         partitioned across splits in proportion to these sizes.
-      hop_weights: relative share of 1-, 2- and 3-hop questions in every split.
+      hop_weights: relative share of 1-, 2-, 3- (and with a fourth number 4-) hop questions in
+        every split.
+      distractors: distractor passages per entity (SynthWorld v2; 0: none). Each mentions two
+        entities and a relation's words without stating a fact (`_DISTRACTOR_SENTENCES`), so a
+        search for that relation can return it instead of the passage that answers.
+      confusable_rate: share of persons whose family name is another person's (v2: "Brakor
+        Zelnith" and "Tromi Zelnith"), so a name query can retrieve the wrong person.
+      Both are drawn from their own random streams after everything else: with 0 and 0 (and 3
+      hop weights) a seed gives exactly the world it gave before they existed.
 
     Raises:
       ValueError: sizes that the world cannot satisfy (too few distinct questions for a split's
@@ -201,8 +231,13 @@ class SynthWorld:
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
     if any(n < 0 for n in sizes.values()) or sum(sizes.values()) == 0:
       raise ValueError(f"question counts must be >= 0 and not all 0, got {sizes}")
-    if len(hop_weights) != 3 or any(w < 0 for w in hop_weights) or sum(hop_weights) <= 0:
-      raise ValueError(f"hop_weights must be 3 non-negative numbers, got {tuple(hop_weights)}")
+    if len(hop_weights) not in (3, MAX_HOPS) or any(w < 0 for w in hop_weights) \
+        or sum(hop_weights) <= 0:
+      raise ValueError(f"hop_weights must be 3 or {MAX_HOPS} non-negative numbers, got "
+                       f"{tuple(hop_weights)}")
+    if distractors < 0 or not 0.0 <= confusable_rate <= 1.0:
+      raise ValueError(f"distractors must be >= 0 and confusable_rate in [0, 1], got "
+                       f"{distractors}, {confusable_rate}")
     rng = random.Random(seed)
 
     counts = {t: max(2, round(n_entities * f)) for t, f in _TYPE_FRACTIONS.items()}
@@ -216,6 +251,9 @@ class SynthWorld:
       for k in range(counts[etype]):
         by_type[etype].append(len(entities))
         entities.append(Entity(f"{etype}-{k:05d}", names.make(etype), etype))
+    if confusable_rate:
+      entities = _confusable_names(entities, by_type[PERSON], confusable_rate,
+                                   random.Random(f"{seed}:confusable"))
 
     countries, cities = by_type[COUNTRY], by_type[CITY]
     persons, orgs = by_type[PERSON], by_type[ORGANIZATION]
@@ -239,6 +277,9 @@ class SynthWorld:
     }
     world = cls(seed, entities, relations, {})
     world.questions = world._make_questions(rng, by_type, sizes, hop_weights)
+    if distractors:
+      world.distractors = _distractor_passages(entities, distractors,
+                                               random.Random(f"{seed}:distractors"))
     return world
 
   def _make_questions(self, rng: random.Random, by_type: dict[str, list[int]],
@@ -258,13 +299,14 @@ class SynthWorld:
         start = end
     out = {}
     for split, n in sizes.items():
-      by_hops: dict[int, list[tuple[int, tuple[str, ...]]]] = {1: [], 2: [], 3: []}
+      by_hops: dict[int, list[tuple[int, tuple[str, ...]]]] = {
+          h: [] for h in range(1, MAX_HOPS + 1)}
       for s in pools[split]:
         for path in QUESTION_TEMPLATES:
           if RELATIONS[path[0]][0] == self.entities[s].type and self._chain(s, path) is not None:
             by_hops[len(path)].append((s, path))
       picked = []
-      for hops, k in zip((1, 2, 3), _allocate(n, hop_weights)):
+      for hops, k in zip(range(1, len(hop_weights) + 1), _allocate(n, hop_weights)):
         if k > len(by_hops[hops]):
           raise ValueError(
               f"split {split!r} needs {k} {hops}-hop questions but its subjects allow only "
@@ -297,9 +339,10 @@ class SynthWorld:
                     for rel, o in zip(_PASSAGE_RELATIONS[e.type], objects))
 
   def corpus(self) -> list[dict[str, str]]:
-    """FlashRAG corpus rows, one per entity: {"id": entity id, "contents": '"Name"\\nbody'}."""
+    """FlashRAG corpus rows, one per entity: {"id": entity id, "contents": '"Name"\\nbody'},
+    then the distractor passages (v2)."""
     return [{"id": e.id, "contents": f'"{e.name}"\n{self.passage(i)}'}
-            for i, e in enumerate(self.entities)]
+            for i, e in enumerate(self.entities)] + self.distractors
 
   def entity(self, name: str) -> Entity:
     """The entity called `name` (names are unique). Raises KeyError."""
@@ -427,7 +470,8 @@ class SynthWorld:
                                                        first_query, stop_early_rate))
     paths["world"] = os.path.join(out_dir, "world.json")
     with open(paths["world"], "w") as f:
-      json.dump({"seed": self.seed, "num_entities": len(self.entities), "topk": topk,
+      json.dump({"seed": self.seed, "num_entities": len(self.entities),
+                 "distractor_passages": len(self.distractors), "topk": topk,
                  "protocol": protocol.name, "first_query": first_query,
                  "stop_early_rate": stop_early_rate,
                  "splits": {s: len(rows) for s, rows in self.questions.items()}}, f, indent=2)
@@ -458,6 +502,37 @@ class _NameMaker:
     if etype == ORGANIZATION:
       return f"{self._word(2, 3)} {self._rng.choice(_ORG_SUFFIXES)}"
     return self._word(2, 3)
+
+
+def _confusable_names(entities: list[Entity], persons: Sequence[int], rate: float,
+                      rng: random.Random) -> list[Entity]:
+  """A `rate` share of `persons` take the family name of another person (full names stay
+  unique): pairs of confusable names, which a name query cannot tell apart by that word."""
+  out = list(entities)
+  taken = {e.name for e in entities}  # membership only
+  for p in persons:
+    if rng.random() >= rate:
+      continue
+    donor = out[rng.choice(persons)]
+    first = out[p].name.split(" ")[0]
+    name = f"{first} {donor.name.split(' ')[-1]}"
+    if donor.id != out[p].id and name not in taken:
+      taken.add(name)
+      out[p] = dataclasses.replace(out[p], name=name)
+  return out
+
+
+def _distractor_passages(entities: Sequence[Entity], per_entity: float,
+                         rng: random.Random) -> list[dict[str, str]]:
+  """round(per_entity * entities) corpus rows, each naming two entities in its title and in one
+  `_DISTRACTOR_SENTENCES` sentence that states no fact."""
+  rows = []
+  for i in range(round(per_entity * len(entities))):
+    a, b = rng.sample(range(len(entities)), 2)
+    na, nb = entities[a].name, entities[b].name
+    sentence = rng.choice(_DISTRACTOR_SENTENCES).format(a=na, b=nb)
+    rows.append({"id": f"distractor-{i:05d}", "contents": f'"{na} and {nb}"\n{sentence}'})
+  return rows
 
 
 def _allocate(n: int, weights: Sequence[float]) -> list[int]:
