@@ -22,11 +22,16 @@ $(STAMP): setup.py
 
 # The default suite (~10 minutes on 2 cores); test-all adds the slow end-to-end checks
 # (two-process multi-host training, the notebooks executed end to end, Co-ReAct's stages chained).
+# TEST_WORKERS pytest processes (pytest-xdist), each given whole files (their module fixtures are
+# built once): compiling tiny programs, most of the suite's time, runs on one core per process.
+TEST_WORKERS ?= 2
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+
 test: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" tests
+	$(PYTEST) -m "not slow" tests
 
 test-all: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
 
 demo: $(STAMP)
 	$(PY) launch/demo.py

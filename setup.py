@@ -45,7 +45,8 @@ setup(
         # torch: exactly the CPU build that lies on local disk (other specs pull CUDA wheels).
         # nbclient/nbformat/ipykernel execute notebooks/*.ipynb (tests/test_notebooks.py), whose
         # plots need matplotlib.
-        "test": ["pytest>=8", "torch==2.13.0", "nbclient>=0.10,<1", "nbformat>=5.10,<6",
+        # pytest-xdist: `make test` runs the suite in TEST_WORKERS processes.
+        "test": ["pytest>=8", "pytest-xdist>=3.5,<4", "torch==2.13.0", "nbclient>=0.10,<1", "nbformat>=5.10,<6",
                  "ipykernel>=6.29,<8", "matplotlib>=3.8,<4",
                  # peft: the reference for LoRA adapter folders (tests/test_lora_peft.py).
                  "peft==0.21.2"],
