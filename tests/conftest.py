@@ -11,15 +11,6 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-# Most of the suite's time is XLA:CPU compiling tiny programs that then run for milliseconds:
-# LLVM's cheap pipeline compiles them ~25% faster (tests/test_rl_step.py + test_decode_window.py:
-# 270 s -> 205 s). It changes how fast the programs run, not what they compute (no fast-math is
-# switched on). Set before jax is imported; subprocesses inherit it; benchmarks never see it.
-_FAST_COMPILE = ("--xla_backend_optimization_level=0", "--xla_llvm_disable_expensive_passes=true")
-os.environ["XLA_FLAGS"] = " ".join(
-    [os.environ.get("XLA_FLAGS", "")] + [f for f in _FAST_COMPILE
-                                         if f.split("=")[0] not in os.environ.get("XLA_FLAGS", "")]
-).strip()
 
 import pytest  # noqa: E402
 
