@@ -46,6 +46,9 @@ METHODS = {
     "ppo": ("ppo", {}),
     "ppo_turn": ("ppo", {"algorithm": "ppo_turn"}),
     "ppo_ig": ("ppo", {"ppo.ig_weight": 1.0}),
+    # A²TGPO: configs/a2tgpo.py:demo (igpo's demo with algorithm "a2tgpo" and its config.a2tgpo
+    # section: (i) turn-group normalization, (ii) rescaled accumulation, (iii) adaptive clip).
+    "a2tgpo": ("a2tgpo", {}),
 }
 
 
