@@ -482,6 +482,19 @@ def test_v2_has_four_hops_distractors_and_confusable_names(tmp_path):
     assert json.load(f)["distractor_passages"] == len(w.distractors)
   corpus = _read_jsonl(paths["corpus"])
   assert len(corpus) == 400 + len(w.distractors)
+  # What the distractors do to search, against a count written here.
+  backend = BM25Backend(paths["corpus"], index_dir=str(tmp_path / "idx"))
+  stats = w.hop_retrieval(backend, topk=2, split="dev")
+  hops = [(q, h) for q in w.questions["dev"] for h in range(q["hops"])]
+  docs = backend.search([SynthWorld.hop_query(q["relations"][h], q["chain"][h])
+                         for q, h in hops], 2).documents
+  ids = [w.entity(q["chain"][h]).id for q, h in hops]
+  assert stats["queries"] == len(hops)
+  assert stats["first"] == sum(d[0].id == i for d, i in zip(docs, ids)) / len(hops)
+  assert stats["missing"] == sum(all(x.id != i for x in d) for d, i in zip(docs, ids)) / len(hops)
+  assert stats["distractor_in_topk"] == sum(
+      any(x.id.startswith("distractor-") for x in d) for d in docs) / len(hops)
+  assert stats["distractor_in_topk"] > 0.5
 
 
 def test_v2_options_are_checked():

@@ -415,6 +415,26 @@ class SynthWorld:
       j += n
     return out
 
+  def hop_retrieval(self, backend: SearchBackend, topk: int, split: str = "train"
+                    ) -> dict[str, float]:
+    """How the teacher's hop queries fare against `backend` (what distractors and confusable
+    names do to search): over every hop of `split`'s questions, the share whose needed passage
+    (the hop subject's) ranks first, is missing from the top `topk`, and whose top `topk` holds
+    a distractor passage; "queries" counts them."""
+    questions = self.questions[split]
+    hops = [(q, h) for q in questions for h in range(q["hops"])]
+    docs = self._search(backend, [self.hop_query(q["relations"][h], q["chain"][h])
+                                  for q, h in hops], topk)
+    first = missing = distracted = 0
+    for (q, h), d in zip(hops, docs):
+      want = self.entity(q["chain"][h]).id
+      first += bool(d) and d[0].id == want
+      missing += not self._supports(d, q, h)
+      distracted += any(x.id.startswith("distractor-") for x in d)
+    n = max(len(hops), 1)
+    return {"queries": float(len(hops)), "first": first / n, "missing": missing / n,
+            "distractor_in_topk": distracted / n}
+
   @staticmethod
   def _search(backend: SearchBackend, queries: list[str], topk: int) -> list[list[Document]]:
     response = backend.search(queries, topk)
