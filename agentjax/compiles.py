@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import jax
 
+# Recorded around the backend's compile, which includes reading a program back from a persistent
+# compilation cache (jax_compilation_cache_dir): a retrace is counted either way.
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _count = 0
 _registered = False

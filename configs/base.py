@@ -4,6 +4,9 @@ The algorithm configs (igpo.py, grpo.py, drgrpo.py, rloo.py, reinforcepp.py, gsp
 from `get_config(arg)` and change what their method needs. The part after the colon picks a preset:
 
   demo         the tiny model on SynthWorld with local BM25, CPU, minutes (what `make demo` runs)
+  research     SynthWorld v2 (1-4 hops, distractors) and the research backbone (4 layers, hidden
+               256, from scratch on a mixed SFT corpus: launch/backbone.py), the run protocol's
+               settings (issue 32): constant lr after warm-up, 1000 eval questions
   qwen2.5-3b   the IGPO paper's settings: 32 prompts x 16 rollouts, lr 1e-6, KL 0.001
   qwen2.5-7b   (low_var_kl), clip 0.2, max 10 turns, temperature 1.0, gamma 1; NQ + HotpotQA
   qwen3-8b     train, the seven FlashRAG benchmarks for eval, a Search-R1 HTTP retriever
@@ -18,9 +21,10 @@ whole config (naming the field) before anything compiles.
 
 import ml_collections
 
-RUN_PRESETS = ("demo", "qwen2.5-3b", "qwen2.5-7b", "qwen3-8b")
+RUN_PRESETS = ("demo", "research", "qwen2.5-3b", "qwen2.5-7b", "qwen3-8b")
 FLASHRAG = "nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle"
 DEMO_ROOT = "runs/demo"  # where `make demo` writes SynthWorld, the tokenizer and the workdirs
+RESEARCH_ROOT = "runs/research"  # SynthWorld v2, the backbone (launch/backbone.py), the studies
 
 
 def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
@@ -404,6 +408,9 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # pack_micro_batches); each distinct tuple of lengths compiles the step once more.
   c.sft.micro_batches = 1
   c.sft.length_buckets = ()
+  # Protocols a demonstration may name besides rollout.protocol (its "protocol" field), for a
+  # mixed corpus: e.g. "answer_only" for DAC's evidence-set rows (agentjax/studies/backbone.py).
+  c.sft.protocols = ""
 
   # ---- device mesh: -1 takes the remaining devices (agentjax/parallel/rules.py maps axes)
   c.mesh = ml_collections.ConfigDict()
@@ -413,6 +420,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
 
   if arg == "demo":
     _demo(c)
+  elif arg == "research":
+    _research(c)
   else:
     _paper(c, arg)
   return c
@@ -473,6 +482,51 @@ def _demo(c):
   # ~0.65 of one [16, 384] batch per step, for 3-4 compiles (launch/bench.py sft_step).
   c.sft.micro_batches = 4
   c.sft.length_buckets = (256,)
+
+
+def _research(c):
+  """SynthWorld v2 and the research backbone (issue 32), on a CPU: the demo's settings but for
+  what the world and the protocol change. The backbone (launch/backbone.py) is a from-scratch
+  Qwen2 of 4 layers, hidden 256 (3.2M parameters with its 2048-token BPE), warm-started by
+  configs/sft.py:research on the mixed corpus of agentjax/studies/backbone.py, and exported
+  once to {RESEARCH_ROOT}/backbone/sft/hf_export, which every study starts from.
+
+  Ours, not a paper's: top 3 passages per search (distractors then compete with the passage
+  that holds the fact); 6 turns (a 4-hop question needs 5 with its answer); a constant lr after
+  5 warm-up steps and 150 steps (the run protocol: a decayed lr freezes a short run's end);
+  1000 dev questions for eval."""
+  _demo(c)
+  root = RESEARCH_ROOT
+  c.model.hf_path = f"{root}/backbone/sft/hf_export"
+  c.model.preset = "tiny"
+  c.model.shape.hidden_size = 256
+  c.model.shape.intermediate_size = 768
+  c.model.shape.num_layers = 4
+  c.model.shape.num_heads = 4
+  c.model.shape.num_kv_heads = 2
+  c.model.shape.head_dim = 64
+  c.model.tokenizer_path = f"{root}/backbone/tokenizer"
+  c.data.manual_dir = f"{root}/synthworld"
+  c.data.data_dir = f"{root}/tfds"
+  c.data.eval_size = 1000
+  c.retrieval.corpus_path = f"{root}/synthworld/corpus.jsonl"
+  c.retrieval.index_dir = f"{root}/bm25_index"
+  c.retrieval.topk = 3
+  c.rollout.max_turns = 6
+  c.rollout.max_obs_tokens = 256
+  c.rollout.max_total_tokens = 1536
+  c.optimizer.warmup_steps = 5
+  c.optimizer.final_lr_ratio = 1.0
+  c.train.steps = 150
+  c.train.checkpoint_every = 10
+  c.sft.demos = f"{root}/backbone/demos.jsonl"
+  c.sft.corpus_path = f"{root}/synthworld/corpus.jsonl"
+  c.sft.protocols = "answer_only"  # the corpus' evidence rows (DAC's generator prompt)
+  c.sft.steps = 4000
+  c.sft.max_len = 1024
+  c.sft.lr = 1e-3
+  c.sft.micro_batches = 4
+  c.sft.length_buckets = (256, 512)
 
 
 def _paper(c, arg):

@@ -6,7 +6,9 @@ RL), then a Hugging Face export that the RL configs start from.
       --config.sft.demos=data/demos.jsonl
 
 Presets: see configs/base.py. For `demo` the model is the tiny preset trained from scratch with the
-SynthWorld tokenizer; for the others it is the preset's Hugging Face folder.
+SynthWorld tokenizer; for `research` the research backbone from scratch on its mixed corpus
+(launch/backbone.py runs it), its lr decayed to 0.1x (the RL presets keep theirs constant); for
+the others it is the preset's Hugging Face folder.
 """
 
 from configs import base
@@ -15,6 +17,8 @@ from configs import base
 def get_config(arg: str = "demo"):
   config = base.get_config(arg)
   config.trainer = "sft"
-  if arg == "demo":
+  if arg in ("demo", "research"):
     config.model.hf_path = ""  # from scratch: shape from model.preset, vocab from the tokenizer
+  if arg == "research":
+    config.optimizer.final_lr_ratio = 0.1
   return config

@@ -142,6 +142,53 @@ def test_malformed_demos_are_refused_by_the_protocols_rule(tokenizer, demos):
     sft.tokenize_demos(tokenizer, [demo, cases[0][0]])
 
 
+def test_hook_segments_are_fed_before_their_turn_and_never_learned(tokenizer, demos):
+  """A "hook" segment (a per-turn hook's text, e.g. Co-ReAct's rubric suffix) is encoded on its
+  own, as the guided engine feeds it, right before its assistant segment, with loss 0; the rest
+  of the layout is the plain demo's."""
+  demo = next(d for d in demos if d["hops"] == 2)
+  hook = "\n[Rubric for the next step]\n1. [1] The action searches\n"
+  hooked = _edited(demo, segments=demo["segments"][:2] + [{"role": "hook", "text": hook}] +
+                   demo["segments"][2:])
+  ids, mask = tokenize_demo(tokenizer, hooked)
+  plain_ids, plain_mask = tokenize_demo(tokenizer, demo)
+  prompt = len(sft.prompt_ids(tokenizer, SEARCH_R1, demo["question"], True))
+  cut = prompt + sum(len(_encode(tokenizer, s["text"])) for s in demo["segments"][:2])
+  hook_ids = _encode(tokenizer, hook)
+  assert ids == plain_ids[:cut] + hook_ids + plain_ids[cut:]
+  assert mask == plain_mask[:cut] + [False] * len(hook_ids) + plain_mask[cut:]
+  name = f"id {demo['id']!r}"
+  for segments, why in [
+      ([{"role": "hook", "text": hook}] + demo["segments"], r"segments\[0\] is a hook"),
+      (demo["segments"][:1] + [{"role": "hook", "text": hook}] + demo["segments"][1:],
+       r"segments\[1\] is a hook"),
+      (demo["segments"] + [{"role": "hook", "text": hook}], r"segments\[5\] is a hook"),
+      (demo["segments"][:2] + [{"role": "hook", "text": 3}] + demo["segments"][2:],
+       r"segments\[2\] must be")]:
+    with pytest.raises(ValueError, match=f"demo \\({name}\\): {why}"):
+      tokenize_demo(tokenizer, _edited(demo, segments=segments))
+  # A malformed turn after a hook is named by its own index.
+  bad = _edited(hooked, 3, value="<think>t</think>\n<answer>x</answer>")
+  with pytest.raises(ValueError, match=r"segments\[3\]\.text \(turn 2\).*answer before"):
+    tokenize_demo(tokenizer, bad)
+
+
+def test_a_mixed_corpus_tokenizes_each_row_in_its_own_protocol(tokenizer, demos):
+  """tokenize_demos(also=...) lets a row name another protocol (its prompt and format rule);
+  a row naming one not allowed is refused, naming the row."""
+  from agentjax.agent.protocol import ANSWER_ONLY
+  other = {"id": "g0", "question": "Doc 1: Orsk is in Vell. Where is Orsk?",
+           "protocol": "answer_only", "golden_answers": ["Vell"],
+           "segments": [{"role": "assistant", "text": "<answer> Vell </answer>"}]}
+  rows = sft.tokenize_demos(tokenizer, [demos[0], other], SEARCH_R1, also=[ANSWER_ONLY])
+  assert rows[0] == tokenize_demo(tokenizer, demos[0])
+  assert rows[1] == tokenize_demo(tokenizer, other, ANSWER_ONLY)
+  assert rows[1][0][:len(sft.prompt_ids(tokenizer, ANSWER_ONLY, other["question"], True))] == \
+      sft.prompt_ids(tokenizer, ANSWER_ONLY, other["question"], True)
+  with pytest.raises(ValueError, match=r"demo 1 \(id 'g0'\): field 'protocol'.*answer_only"):
+    sft.tokenize_demos(tokenizer, [demos[0], other], SEARCH_R1)
+
+
 def test_pack_batch_pads_right_and_truncates():
   examples = [([5, 6, 7], [False, True, True]), ([8, 9, 10, 11, 12], [False] * 2 + [True] * 3)]
   batch = pack_batch(examples, max_len=4, pad_id=0)

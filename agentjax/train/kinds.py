@@ -97,6 +97,10 @@ def _validate_sft(config: Any) -> None:
     fail("sft.length_buckets", get(config, "sft.length_buckets"), "must be positive ints")
   if not get(config, "sft.demos"):
     fail("sft.demos", "", "needs the demonstrations JSONL (SynthWorld writes demos.jsonl)")
+  for name in names(get(config, "sft.protocols"), "sft.protocols"):
+    if name not in PROTOCOLS:
+      fail("sft.protocols", get(config, "sft.protocols"),
+           f"names an unknown protocol {name!r}; known: {sorted(PROTOCOLS)}")
 
 
 # ---------------------------------------------------------------------------------------- dac

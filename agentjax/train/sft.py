@@ -88,7 +88,9 @@ def check_demo(demo: Any, protocol: Protocol = SEARCH_R1, index: int | None = No
   rollout has: "question" a non-empty string; "protocol" (if given) `protocol.name`;
   "segments" a list of {"role", "text"} alternating assistant / observation, first and last an
   assistant one; every observation the protocol's rendering of a search result (its prefix ...
-  its suffix), which is what the rollout feeds after a valid search.
+  its suffix), which is what the rollout feeds after a valid search. A "hook" segment (text a
+  per-turn hook feeds before a turn, e.g. Co-ReAct's rubric suffix: agentjax/agent/guide.py)
+  may stand right before any assistant segment but the first; it is fed, not learned.
   """
   where = _demo_name(demo, index)
   if not isinstance(demo, Mapping):
@@ -103,11 +105,19 @@ def check_demo(demo: Any, protocol: Protocol = SEARCH_R1, index: int | None = No
   if not isinstance(segments, Sequence) or isinstance(segments, str) or not segments:
     raise ValueError(f"{where}: field 'segments' must be a non-empty list of segments")
   actions = []
+  k_turn = 0  # position in the assistant / observation alternation (hooks stand outside it)
   for k, seg in enumerate(segments):
     field = f"segments[{k}]"
     if not isinstance(seg, Mapping) or not isinstance(seg.get("text"), str):
       raise ValueError(f"{where}: {field} must be {{'role': ..., 'text': <str>}}, got {seg!r:.80}")
-    role = "assistant" if k % 2 == 0 else "observation"
+    if seg.get("role") == "hook":
+      if k_turn % 2 == 1 or k_turn == 0 or k + 1 >= len(segments) or \
+          not isinstance(segments[k + 1], Mapping) or segments[k + 1].get("role") != "assistant":
+        raise ValueError(f"{where}: {field} is a hook: it must stand right before an assistant "
+                         "segment that is not the first")
+      continue
+    role = "assistant" if k_turn % 2 == 0 else "observation"
+    k_turn += 1
     if seg.get("role") != role:
       raise ValueError(f"{where}: {field}.role is {seg.get('role')!r}, expected {role!r} "
                        "(segments alternate assistant / observation, starting with assistant)")
@@ -119,13 +129,14 @@ def check_demo(demo: Any, protocol: Protocol = SEARCH_R1, index: int | None = No
                          f"(it must start with {pre!r} and end with {suf!r})")
       continue
     actions.append(protocol.parse(text))
-  if len(segments) % 2 == 0:
+  if k_turn % 2 == 0:
     raise ValueError(f"{where}: field 'segments' ends with an observation; the last segment "
                      "must be the assistant's answer")
   found = trajectory_error(actions)
   if found is not None:
     turn, why = found
-    raise ValueError(f"{where}: segments[{2 * turn}].text (turn {turn + 1}) is malformed under "
+    at = [k for k, seg in enumerate(segments) if seg.get("role") == "assistant"][turn]
+    raise ValueError(f"{where}: segments[{at}].text (turn {turn + 1}) is malformed under "
                      f"protocol {protocol.name!r}: {why}")
 
 
@@ -136,14 +147,15 @@ def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = 
 
   Args:
     tokenizer: a transformers tokenizer (with a chat template when use_chat_template).
-    demo: {"question", "segments": [{"role": "assistant" | "observation", "text"}], and
+    demo: {"question", "segments": [{"role": "assistant" | "observation" | "hook", "text"}], and
       optionally "protocol" (checked against `protocol`)}; checked by `check_demo` first.
     protocol: the rollout protocol whose prompt the demo answers.
     use_chat_template: as RolloutConfig.use_chat_template.
     index: the demo's position in its file, named in errors.
   Returns:
     ids, and loss_mask: True on assistant tokens and the final end-of-turn token; False on the
-    prompt and on observations. Observations are not cut to RolloutConfig.max_obs_tokens.
+    prompt, on observations and on hooks (encoded as the guided engine encodes them: text
+    alone). Observations are not cut to RolloutConfig.max_obs_tokens.
   Raises:
     ValueError: a malformed demo (see check_demo), naming the demo and the field.
   """
@@ -151,10 +163,7 @@ def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = 
   ids = prompt_ids(tokenizer, protocol, demo["question"], use_chat_template)
   mask = [False] * len(ids)
   for seg in demo["segments"]:
-    if seg["role"] == "assistant":
-      seg_ids = encode_text(tokenizer, seg["text"])
-    else:
-      seg_ids = _observation_ids(tokenizer, seg["text"], protocol)
+    seg_ids = _segment_ids(tokenizer, seg, protocol)
     ids += seg_ids
     mask += [seg["role"] == "assistant"] * len(seg_ids)
   ids.append(_end_of_turn_id(tokenizer, use_chat_template))
@@ -162,11 +171,34 @@ def tokenize_demo(tokenizer: Any, demo: Mapping[str, Any], protocol: Protocol = 
   return ids, mask
 
 
+def _segment_ids(tokenizer: Any, seg: Mapping[str, str], protocol: Protocol) -> list[int]:
+  if seg["role"] == "observation":
+    return _observation_ids(tokenizer, seg["text"], protocol)
+  return encode_text(tokenizer, seg["text"])
+
+
+def demo_prefix_ids(tokenizer: Any, demo: Mapping[str, Any], upto: int,
+                    protocol: Protocol = SEARCH_R1, use_chat_template: bool = True) -> list[int]:
+  """The ids a model reads before segment `upto` of a (checked) demonstration, laid out as
+  tokenize_demo lays them out: what to complete to see the model's own turn there."""
+  check_demo(demo, protocol)
+  ids = prompt_ids(tokenizer, protocol, demo["question"], use_chat_template)
+  for seg in demo["segments"][:upto]:
+    ids += _segment_ids(tokenizer, seg, protocol)
+  return ids
+
+
 def tokenize_demos(tokenizer: Any, demos: Sequence[Mapping[str, Any]],
-                   protocol: Protocol = SEARCH_R1, use_chat_template: bool = True
-                   ) -> list[Example]:
-  """`tokenize_demo` of each demonstration; an error names the first malformed one by index."""
-  return [tokenize_demo(tokenizer, d, protocol, use_chat_template, index=i)
+                   protocol: Protocol = SEARCH_R1, use_chat_template: bool = True,
+                   also: Sequence[Protocol] = ()) -> list[Example]:
+  """`tokenize_demo` of each demonstration; an error names the first malformed one by index.
+
+  also: protocols a row may name besides `protocol` (its "protocol" field picks its prompt and
+  format rule): a mixed corpus, e.g. search transcripts with DAC's answer_only evidence rows
+  (agentjax/studies/backbone.py). A row without the field is in `protocol`."""
+  by_name = {p.name: p for p in (protocol, *also)}
+  return [tokenize_demo(tokenizer, d, by_name.get(d.get("protocol", protocol.name), protocol)
+                        if isinstance(d, Mapping) else protocol, use_chat_template, index=i)
           for i, d in enumerate(demos)]
 
 
@@ -412,7 +444,8 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
             callback: Callable[[int, dict[str, float]], None] | None = None,
             extra_examples: Sequence[Example] = (), checkpointer: Any = None,
             stop: Callable[[int], bool] | None = None, micro_batches: int = 1,
-            length_buckets: Sequence[int] = (), target: Any = None
+            length_buckets: Sequence[int] = (), target: Any = None,
+            also_protocols: Sequence[Protocol] = ()
             ) -> tuple[Any, list[dict[str, float]]]:
   """Trains `params` on the demonstrations for `steps` steps; returns (params, history).
 
@@ -440,6 +473,7 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
       `pack_text` of the corpus (plain language-model text).
     callback: called as callback(step, metrics) after every step (host floats).
     micro_batches, length_buckets: see pack_micro_batches; micro_batches must divide batch_size.
+    also_protocols: protocols a demo may name besides `protocol` (tokenize_demos' `also`).
   Returns:
     params, and history: one dict per step {"step", "loss", "accuracy", "tokens", "grad_norm",
     "skipped", "lr" (the step's learning rate), "seconds" (wall time of the step)}.
@@ -449,7 +483,7 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   if micro_batches < 1 or batch_size % micro_batches:
     raise ValueError(f"micro_batches={micro_batches} must be >= 1 and divide batch_size="
                      f"{batch_size}")
-  examples = tokenize_demos(tokenizer, demos, protocol, use_chat_template)
+  examples = tokenize_demos(tokenizer, demos, protocol, use_chat_template, also_protocols)
   examples += list(extra_examples)
   lengths = np.array([len(ids) for ids, _ in examples])
   if (lengths > max_len).any():

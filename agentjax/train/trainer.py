@@ -507,7 +507,8 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
         protocol=_protocol(config), use_chat_template=config.rollout.use_chat_template,
         log_every=config.train.log_every or 0, callback=callback, extra_examples=extra,
         checkpointer=ckpt, stop=stop, micro_batches=s.micro_batches,
-        length_buckets=tuple(s.length_buckets), target=target)
+        length_buckets=tuple(s.length_buckets), target=target,
+        also_protocols=_sft_protocols(config))
   done = ckpt.latest_step() or 0
   ckpt.close()
   writer.close()
@@ -524,3 +525,10 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
 def _protocol(config: Any):
   from agentjax.agent.protocol import get_protocol
   return get_protocol(config.rollout.protocol)
+
+
+def _sft_protocols(config: Any) -> list:
+  """The protocols sft.protocols lets a demonstration name besides rollout.protocol."""
+  from agentjax.agent.protocol import get_protocol
+  from agentjax.train.fields import names
+  return [get_protocol(n) for n in names(config.sft.get("protocols", ""), "sft.protocols")]

@@ -1,0 +1,46 @@
+"""CompileCounter counts every program jit has to produce: compiled, or read back from a
+persistent compilation cache (the suite runs with one: tests/conftest.py)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from agentjax.compiles import CompileCounter
+
+
+def _fresh_program():
+  # A new closure each call: jit's in-memory cache cannot recognize it (a retrace).
+  def f(x):
+    return jnp.sin(x) * 3.0 + 1.0
+  return jax.jit(f)
+
+
+def test_counts_a_retrace_whether_compiled_or_read_from_the_persistent_cache(tmp_path):
+  previous = {name: getattr(jax.config, name) for name in (
+      "jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+      "jax_persistent_cache_min_entry_size_bytes")}
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", -1)
+  try:
+    x = jnp.arange(7.0)
+    counts, hits = [], []
+    hit_events = []
+    jax.monitoring.register_event_listener(
+        lambda name, **_: hit_events.append(name) if name.endswith("cache_hits") else None)
+    for _ in range(2):
+      counter, before = CompileCounter(), len(hit_events)
+      np.testing.assert_allclose(_fresh_program()(x), np.sin(np.arange(7.0)) * 3 + 1, rtol=1e-6)
+      counts.append(counter.count)
+      hits.append(len(hit_events) - before)
+    program = _fresh_program()
+    program(x)
+    counter = CompileCounter()
+    program(x)  # jit's own cache: nothing produced
+    assert counter.count == 0
+  finally:
+    for name, value in previous.items():
+      jax.config.update(name, value)
+  # The first is compiled (and written); the second is the same HLO, read back: counted as well.
+  assert counts == [1, 1], counts
+  assert hits == [0, 1], hits
