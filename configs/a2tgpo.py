@@ -19,6 +19,8 @@ WHICH PARTS ARE IN:
 Presets:
   demo      igpo's demo (configs/igpo.py:demo: the tiny model on SynthWorld, PPO loss, clip 0.2)
             with algorithm "a2tgpo" and its defaults below.
+  research  igpo's research preset (SynthWorld v2, the research backbone; configs/base.py) the
+            same way.
   qwen3-4b  the official training script (ATGPO_multihop_qwen3_4B): Qwen3-4B, 64 prompts x 16
             rollouts, PPO minibatches of 8 prompts (128 trajectories), lr 1e-6, no KL, EM reward,
             gamma 1, alpha 0.3, the turn-level ratio clipped to [1 - 3e-3, 1 + 4e-3], prompt 2000 +
@@ -36,13 +38,13 @@ import ml_collections
 
 from configs import base, igpo
 
-PRESETS = ("demo", "qwen3-4b")
+PRESETS = ("demo", "research", "qwen3-4b")
 
 
 def get_config(arg: str = "demo"):
   if arg not in PRESETS:
     raise ValueError(f"unknown preset {arg!r}; known: {list(PRESETS)}")
-  config = igpo.get_config("demo") if arg == "demo" else base.get_config("qwen3-8b")
+  config = igpo.get_config(arg) if arg in ("demo", "research") else base.get_config("qwen3-8b")
   config.preset = arg
   config.algorithm = "a2tgpo"
   config.a2tgpo = ml_collections.ConfigDict(dict(

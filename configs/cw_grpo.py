@@ -14,6 +14,9 @@ answer round always keeps A. agentjax/rl/advantages.py `contribution_weighted_ad
 Presets:
   demo        SynthWorld on a CPU, the demo RL settings of every method (configs/base.py), the
               `oracle` judge (SynthWorld's gold evidence chain), gamma "infinite", fallback zero.
+  research    SynthWorld v2 and the research backbone (configs/base.py), the oracle judge, and
+              the official script's outcome: EM reward, groups of 4 (16 prompts a step, so a
+              step holds as many trajectories as the other research arms' 8 x 8; ours).
   demo-ig     the demo with IGPO's information-gain turn advantages times CW-GRPO's round
               weights (algorithm "cw_grpo_ig", agentjax/methods/cw_grpo.py; our composition):
                 python launch/train.py --config=configs/cw_grpo.py:demo-ig \
@@ -41,7 +44,7 @@ study); rl.reward_metric="em" is the paper's.
 
 from configs import base
 
-PRESETS = ("demo", "demo-ig", "qwen3-8b", "qwen3-1.7b")
+PRESETS = ("demo", "demo-ig", "research", "qwen3-8b", "qwen3-1.7b")
 
 
 def get_config(arg: str = "demo"):
@@ -53,8 +56,12 @@ def get_config(arg: str = "demo"):
   config.cw.gamma = 100.0
   config.cw.inf_threshold = 10.0
   config.cw.all_zero_fallback = "zero"
-  if arg in ("demo", "demo-ig"):
+  if arg in ("demo", "demo-ig", "research"):
     config.judge.backend = "oracle"
+    if arg == "research":
+      config.rl.reward_metric = "em"
+      config.rollout.group_size = 4
+      config.rl.prompts_per_step = 16
     return config
   if arg == "qwen3-1.7b":
     config.model.hf_path = "models/Qwen3-1.7B"

@@ -30,6 +30,8 @@ Presets:
       critic lr 1e-4 (ours: 10x verl's 1e-5 for a from-scratch 1M-parameter model that trains 30
       steps; the policy's demo lr is 3e-5), no critic-only warm-up (verl's 0: every method of
       the comparison updates its policy at every step).
+  research, research-ig   the same on SynthWorld v2 and the research backbone (configs/base.py);
+      research-ig with IGPO's information gain as the earlier turns' rewards.
   qwen2.5-3b, qwen2.5-7b, qwen3-8b   the IGPO paper's Table 2 comparison "under the same
       configuration": everything as configs/igpo.py's preset except the estimator (the igpo
       preset's group std settings are unused by PPO); the critic as verl's defaults, which the
@@ -46,18 +48,19 @@ Presets:
 from configs import base, cw_grpo, igpo
 
 DEMO = {"demo": "ppo", "demo-turn": "ppo_turn", "demo-round": "ppo_round", "demo-ig": "ppo"}
+RESEARCH = {"research": "ppo", "research-ig": "ppo"}
 PAPER = ("qwen2.5-3b", "qwen2.5-7b", "qwen3-8b")
-PRESETS = tuple(DEMO) + PAPER + ("cw-qwen3-8b",)
+PRESETS = tuple(DEMO) + tuple(RESEARCH) + PAPER + ("cw-qwen3-8b",)
 
 
 def get_config(arg: str = "demo"):
   if arg not in PRESETS:
     raise ValueError(f"unknown preset {arg!r}; known: {list(PRESETS)}")
-  if arg in DEMO:
-    config = base.get_config("demo")
-    config.algorithm = DEMO[arg]
+  if arg in DEMO or arg in RESEARCH:
+    config = base.get_config("demo" if arg in DEMO else "research")
+    config.algorithm = {**DEMO, **RESEARCH}[arg]
     config.critic.lr = 1e-4
-    if arg in ("demo-ig", "demo-round"):  # gae-round's turns learn from their own rewards only
+    if arg in ("demo-ig", "demo-round", "research-ig"):  # gae-round: turns learn from their own
       config.ppo.ig_weight = 1.0
   elif arg in PAPER:
     config = igpo.get_config(arg)

@@ -8,7 +8,6 @@ through one module fixture, the trainer tests one module fixture of three short 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 
@@ -469,22 +468,6 @@ def _metrics(workdir, key="reward"):
     return [json.loads(line) for line in f if f'"{key}"' in line]
 
 
-@contextlib.contextmanager
-def _persistent_compilation_cache(folder: str):
-  """JAX's persistent compilation cache in `folder` for the block, then off again. Each train()
-  call jits its update anew (a new function, so jit's in-memory cache misses): the resumed runs
-  then read the first run's programs from disk instead of compiling them again (~10 s each)."""
-  from jax.experimental.compilation_cache import compilation_cache
-  old = jax.config.jax_compilation_cache_dir
-  jax.config.update("jax_compilation_cache_dir", folder)
-  compilation_cache.reset_cache()
-  try:
-    yield
-  finally:
-    jax.config.update("jax_compilation_cache_dir", old)
-    compilation_cache.reset_cache()
-
-
 @pytest.fixture(scope="module")
 def dac_runs(world_dir, tokenizer, tmp_path_factory):
   """A: 2 DAC steps uninterrupted. B: the same stopped after 1 step, then resumed. Then
@@ -493,11 +476,12 @@ def dac_runs(world_dir, tokenizer, tmp_path_factory):
   from agentjax.train.trainer import train
   tmp = str(tmp_path_factory.mktemp("dac_runs"))
   config = _dac_config(world_dir, tokenizer.name_or_path, tmp)
-  with _persistent_compilation_cache(os.path.join(tmp, "jax_cache")):
-    a = train(config, os.path.join(tmp, "a"))
-    train(config, os.path.join(tmp, "b"), stop_after=1)
-    b = train(config, os.path.join(tmp, "b"))
-    evaluated = eval_benchmarks(config, workdir=os.path.join(tmp, "a"))
+  # Each train() jits its update anew (jit's in-memory cache misses): the resumed runs read the
+  # first run's programs from the suite's persistent compilation cache (tests/conftest.py).
+  a = train(config, os.path.join(tmp, "a"))
+  train(config, os.path.join(tmp, "b"), stop_after=1)
+  b = train(config, os.path.join(tmp, "b"))
+  evaluated = eval_benchmarks(config, workdir=os.path.join(tmp, "a"))
   return config, tmp, a, b, evaluated
 
 
