@@ -14,10 +14,12 @@ start (the CW-GRPO and DAC studies' one), reported in docs/results/ppo:
     python launch/compare.py --study=cw_grpo          # runs/cw_grpo -> docs/results/cw_grpo
     python launch/compare.py --study=lora             # runs/lora -> docs/results/lora
     python launch/compare.py --study=dac              # runs/dac -> docs/results/dac
+    # SynthWorld v2 from the research backbone (launch/backbone.py first), 150 steps a run
+    python launch/compare.py --study=research         # runs/research -> docs/results/research
 
 The sweep (its layout under --root, resumable runs claimed with file locks, the report) and its
 flags: agentjax/studies/sweep.py. Each study's methods, sizes and report (what it runs and what
-it writes under --out): agentjax/studies/igpo.py, cw_grpo.py, lora.py and dac.py.
+it writes under --out): agentjax/studies/igpo.py, cw_grpo.py, lora.py, dac.py and research.py.
 """
 
 from __future__ import annotations

@@ -608,3 +608,66 @@ def test_dac_report_against_a_direct_computation(tmp_path):
   assert [os.path.basename(p) for p in paths] == [
       "f1_vs_step.png", "sufficiency_vs_step.png", "abstain_vs_step.png"]
   assert all(open(p, "rb").read(8) == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+# ============================================================================ research study
+
+
+@pytest.mark.parametrize("method", list(sweep.STUDIES["research"].methods))
+def test_research_arms_share_the_protocol_and_differ_in_their_method(method):
+  """Every arm: the research preset (v2, the backbone's export, 150 steps, constant lr after
+  warm-up, top-3 BM25, 6 turns, the whole 1000-question dev split), the probes on; only the
+  method's own fields differ from GRPO's, and CW-GRPO's arms take the official EM reward and
+  groups of 4 (16 questions, the same 64 trajectories a step)."""
+  config = sweep.rl_config("/r", "backbone", method, seed=1, steps=150, study="research")
+  config_lib.validate(config)
+  grpo = sweep.rl_config("/r", "backbone", "grpo", seed=1, steps=150, study="research")
+  assert config.model.hf_path == "/r/backbone/sft/hf_export" and config.train.steps == 150
+  assert config.data.manual_dir == "/r/synthworld" and config.data.eval_size == 0
+  assert config.retrieval.topk == 3 and config.rollout.max_turns == 6 and config.rl.probe_all
+  assert config.optimizer.final_lr_ratio == 1.0 and config.model.shape.num_layers == 4
+  own = {"algorithm", "rl.igpo_norm", "rl.std_estimator", "rl.std_eps", "critic.lr",
+         "ppo.ig_weight", "judge.backend", "cw.gamma", "cw.inf_threshold", "cw.all_zero_fallback",
+         "rl.reward_metric", "rollout.group_size", "rl.prompts_per_step"}
+  flat = lambda c: {k: v for k, v in sweep._flat(c.to_dict()).items()  # noqa: E731
+                    if k not in own}
+  assert flat(config) == flat(grpo)
+  want = {"grpo": ("grpo", 8, "f1"), "igpo": ("igpo", 8, "f1"),
+          "igpo_separate": ("igpo", 8, "f1"), "cw_grpo": ("cw_grpo", 4, "em"),
+          "ppo_ig": ("ppo", 8, "f1"), "cw_grpo_ig": ("cw_grpo_ig", 4, "em")}[method]
+  assert (config.algorithm, config.rollout.group_size, config.rl.reward_metric) == want
+  assert config.rollout.group_size * config.rl.prompts_per_step == 64
+  assert config.rl.igpo_norm == ("separate" if method == "igpo_separate" else "joint")
+  assert config.ppo.ig_weight == (1.0 if method == "ppo_ig" else 0.0)
+
+
+def test_research_sweep_needs_the_backbone_and_builds_the_v2_world(tmp_path):
+  with pytest.raises(SystemExit, match="launch/backbone.py"):
+    sweep.run_one(str(tmp_path), "backbone/sft/0", 150, study="research")
+  assert sweep.STUDIES["research"].world == "v2" and sweep.STUDIES["research"].steps == 150
+
+
+def test_paired_pooled_against_a_direct_computation():
+  from agentjax.studies.research import paired_pooled
+  rng = np.random.default_rng(0)
+  ref = {s: {f"q{i}": float(rng.random()) for i in range(50)} for s in ("0", "1", "2")}
+  other = {s: {q: v + 0.02 + 0.1 * float(rng.standard_normal()) for q, v in qs.items()}
+           for s, qs in ref.items()}
+  del other["2"]["q7"]  # a question missing from one seed's run is left out of the pairs
+  other["3"] = {"q0": 1.0}  # a seed without a reference run too
+  d = np.array([other[s][q] - ref[s][q] for s in ("0", "1", "2") for q in ref[s]
+                if q in other[s]])
+  got = paired_pooled(ref, other)
+  assert got["pairs"] == 149 == d.size
+  assert got["mean"] == pytest.approx(d.mean())
+  assert got["stderr"] == pytest.approx(d.std(ddof=1) / np.sqrt(d.size))
+  z = d.mean() / (d.std(ddof=1) / np.sqrt(d.size))
+  assert got["z"] == pytest.approx(z)
+  from scipy import stats
+  assert got["p"] == pytest.approx(2 * stats.norm.sf(abs(z)))
+  # Edge cases: identical runs, one pair, none.
+  assert paired_pooled(ref, ref) | {} == {"pairs": 150, "mean": 0.0, "stderr": 0.0, "z": 0.0,
+                                          "p": 1.0}
+  one = paired_pooled({"0": {"a": 0.5}}, {"0": {"a": 1.0}})
+  assert one["pairs"] == 1 and one["mean"] == 0.5 and np.isnan(one["p"])
+  assert paired_pooled({"0": {"a": 0.5}}, {"1": {"a": 1.0}})["pairs"] == 0

@@ -39,19 +39,26 @@ from agentjax.studies.igpo import IGPO_PANELS, METHODS, markdown, summarize
 from agentjax.studies.lora import (LORA_LR, LORA_METHODS, LORA_PANELS, LORA_RANK, markdown_lora,
                                    summarize_lora)
 from agentjax.studies.reporting import collect, no_nan, plot_seed_bands, say
+from agentjax.studies.research import RESEARCH_METHODS, markdown_research, summarize_research
+from agentjax.studies.research import PAPER_CLAIMS as RESEARCH_CLAIMS
+from agentjax.studies.research import STEPS as RESEARCH_STEPS
 from agentjax.studies.runs import (DAC_START, GENERATOR_SFT, SIZES, SPLITS, point_at_world,
                                    read_json, result_path, sft_config, split_result, write_json)
 
 
 @dataclasses.dataclass(frozen=True)
 class Study:
-  """One study's methods and defaults (--root, --out, --sizes, --sft_from when not given)."""
+  """One study's methods and defaults (--root, --out, --sizes, --sft_from, --steps when not
+  given)."""
   methods: dict
   root: str
   out: str
   sizes: tuple
   probe_all: bool  # the ground-truth probes (IGPO's IG and GT entropy, for every method)
   sft_from: str  # a `make demo` folder whose world and SFT export to reuse ("" = none)
+  preset: str = "demo"  # the configs' preset every run starts from
+  world: str = "demo"  # the SynthWorld preset under {root}/synthworld (demo_world.WORLDS)
+  steps: int = 20  # RL steps of every run
 
 
 STUDIES = {
@@ -60,13 +67,19 @@ STUDIES = {
                      "runs/demo"),
     "lora": Study(LORA_METHODS, "runs/lora", "docs/results/lora", ("wide",), True, ""),
     "dac": Study(DAC_METHODS, "runs/dac", "docs/results/dac", ("base",), False, "runs/cw_grpo"),
+    # SynthWorld v2 and the research backbone ({root}/backbone/sft/hf_export, made by
+    # launch/backbone.py), the run protocol of agentjax/studies/research.py.
+    "research": Study(RESEARCH_METHODS, "runs/research", "docs/results/research", ("backbone",),
+                      True, "", preset="research", world="v2", steps=RESEARCH_STEPS),
 }
 
 
 _STUDY = flags.DEFINE_enum("study", "igpo", list(STUDIES), "igpo: IGPO vs GRPO (docs/results); "
                           "cw_grpo: CW-GRPO vs GRPO and its judge controls (docs/results/cw_grpo); "
                           "lora: IGPO with LoRA vs full fine-tuning (docs/results/lora); "
-                          "dac: DAC's two LoRA roles vs monolithic GRPO (docs/results/dac).")
+                          "dac: DAC's two LoRA roles vs monolithic GRPO (docs/results/dac); "
+                          "research: the methods on SynthWorld v2 from the research backbone "
+                          "(docs/results/research).")
 _ROOT = flags.DEFINE_string("root", "", "Folder of the world and every run (default: the study's, "
                             "runs/compare or runs/cw_grpo).")
 _OUT = flags.DEFINE_string("out", "", "Where the tables and plots go (default: the study's, "
@@ -79,7 +92,8 @@ _SFT_FROM = flags.DEFINE_string("sft_from", None, "A `make demo` folder (synthwo
                                 "(default: the study's; \"\" = train the SFT here).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed: data order, rollouts, "
                            "minibatches).")
-_STEPS = flags.DEFINE_integer("steps", 20, "RL steps of every run.")
+_STEPS = flags.DEFINE_integer("steps", 0, "RL steps of every run (0: the study's: 20, "
+                              "research 150).")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Runs in flight at once (subprocesses).")
 _TARGET = flags.DEFINE_float("target_gain", 0.05, "Steps to target: the first step whose full "
                              "5-step moving average of training F1 is this much above the seed's "
@@ -109,6 +123,10 @@ def _study() -> Study:
   return STUDIES[_STUDY.value]
 
 
+def _steps() -> int:
+  return _STEPS.value or _study().steps
+
+
 def root_dir() -> str:
   return _ROOT.value or _study().root
 
@@ -127,13 +145,13 @@ def _methods() -> list[str]:
 
 def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: str = "igpo",
               eval_size: int = 0):
-  """The RL config of one run of `study`: the method's config file and overrides on the demo
-  preset, the world under `root`, the size's SFT export as the start (and with DAC, the
-  generator adapter from the size's warm start, generator_config). eval_size: questions of each
-  eval split (0: the whole split)."""
+  """The RL config of one run of `study`: the method's config file and overrides on the study's
+  preset (demo, or research), the world under `root`, the size's SFT export as the start (and
+  with DAC, the generator adapter from the size's warm start, generator_config). eval_size:
+  questions of each eval split (0: the whole split)."""
   import importlib
   module, overrides = STUDIES[study].methods[method]
-  config = importlib.import_module(f"configs.{module}").get_config("demo")
+  config = importlib.import_module(f"configs.{module}").get_config(STUDIES[study].preset)
   point_at_world(config, root, size)
   config.model.hf_path = os.path.join(root, size, "sft", "hf_export")
   config.model.tokenizer_path = ""
@@ -191,6 +209,9 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
     return
   if method == "sft":
     if not os.path.exists(os.path.join(root, size, "sft", "hf_export", "config.json")):
+      if STUDIES[study].preset == "research":  # built once, never per study
+        raise SystemExit(f"no research backbone at {root}/{size}/sft/hf_export: run "
+                         f"python launch/backbone.py --root={root} first")
       train(sft_config(root, size), os.path.join(root, size, "sft"))
     start = os.path.join(root, size, "start.json")
     if not os.path.exists(start):
@@ -312,7 +333,7 @@ def _spawn(spec: str) -> tuple[str, int | None, float]:
   root = root_dir()
   # This process's own command line (launch/compare.py), one run in a subprocess.
   cmd = [sys.executable, os.path.abspath(sys.argv[0]), f"--run={spec}", f"--root={root}",
-         f"--steps={_STEPS.value}", f"--study={_STUDY.value}", f"--eval_size={_EVAL_SIZE.value}",
+         f"--steps={_steps()}", f"--study={_STUDY.value}", f"--eval_size={_EVAL_SIZE.value}",
          f"--generator_sft_steps={_GENERATOR_SFT_STEPS.value}"]
   return run_claimed(spec, [result_path(root, spec)], cmd,
                      os.path.join(root, spec.replace("/", "_") + ".log"), root)
@@ -399,7 +420,7 @@ def _run_all() -> None:
   if source and "base" in _sizes():
     os.makedirs(root, exist_ok=True)
     say(reuse_sft(root, source, topk))
-  say(build_demo_world(os.path.join(root, "synthworld"), topk=topk))
+  say(build_demo_world(os.path.join(root, "synthworld"), topk=topk, world=_study().world))
   free_cores(_WORKERS.value)
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
     # DAC's study: the generator's warm start after the SFT, and the DAC agent's eval before RL
@@ -446,29 +467,30 @@ def hardware() -> str:
 
 def report() -> None:
   root, out = root_dir(), out_dir()
-  study = collect(root, _sizes(), _methods(), _SEEDS.value, _STEPS.value)
+  steps = _steps()
+  study = collect(root, _sizes(), _methods(), _SEEDS.value, steps)
   if not study:
     raise SystemExit(f"no finished size under {root} (run without --report_only first)")
   os.makedirs(out, exist_ok=True)
   if _STUDY.value == "cw_grpo":
     table = summarize_cw(study)
-    text = markdown_cw(table, _STEPS.value, hardware())
-    saved = {"study": "cw_grpo", "steps": _STEPS.value, "hardware": hardware(),
+    text = markdown_cw(table, steps, hardware())
+    saved = {"study": "cw_grpo", "steps": steps, "hardware": hardware(),
              "seed_band": "min-max over seeds", "paper_claims": dict(PAPER_CLAIMS),
              "table": table}
     panels, title = CW_PANELS, "{size} model: mean over seeds, band min-max over seeds"
   elif _STUDY.value == "lora":
     table = summarize_lora(study)
-    text = markdown_lora(table, _STEPS.value, hardware())
-    saved = {"study": "lora", "steps": _STEPS.value, "hardware": hardware(),
+    text = markdown_lora(table, steps, hardware())
+    saved = {"study": "lora", "steps": steps, "hardware": hardware(),
              "lora": {"rank": LORA_RANK, "alpha": float(LORA_RANK), "lr": LORA_LR},
              "seed_band": "min-max over seeds", "table": table}
     panels, title = LORA_PANELS, "{size} model, IGPO (mean over seeds; band: min-max)"
   elif _STUDY.value == "dac":
     dac_start = {size: read_json(result_path(root, f"{size}/{DAC_START}/0")) for size in study}
     table = {size: summarize_dac({size: s}, dac_start[size])[size] for size, s in study.items()}
-    text = markdown_dac(table, _STEPS.value, hardware())
-    saved = {"study": "dac", "steps": _STEPS.value, "hardware": hardware(),
+    text = markdown_dac(table, steps, hardware())
+    saved = {"study": "dac", "steps": steps, "hardware": hardware(),
              "methods": {m: {"config": f"configs/{c}.py:demo", "overrides": o}
                          for m, (c, o) in DAC_METHODS.items()},
              "generator_sft": {size: read_json(result_path(root, f"{size}/{GENERATOR_SFT}/0"))
@@ -482,10 +504,17 @@ def report() -> None:
     say(f"written: {os.path.join(out, 'results.md')}, results.json, "
          + ", ".join(os.path.basename(p) for p in paths))
     return
+  elif _STUDY.value == "research":
+    table = summarize_research(study, _TARGET.value)
+    text = markdown_research(table, steps, hardware())
+    saved = {"study": "research", "steps": steps, "hardware": hardware(),
+             "target_gain": _TARGET.value, "primary_metric": "test F1 vs GRPO, paired by "
+             "question, pooled over seeds", "paper_claims": dict(RESEARCH_CLAIMS), "table": table}
+    panels, title = IGPO_PANELS, "{size}: mean over seeds, band min-max over seeds"
   else:
     table = summarize(study, _TARGET.value)
-    text = markdown(table, _STEPS.value, hardware())
-    saved = {"steps": _STEPS.value, "hardware": hardware(), "target_gain": _TARGET.value,
+    text = markdown(table, steps, hardware())
+    saved = {"steps": steps, "hardware": hardware(), "target_gain": _TARGET.value,
              "table": table}
     panels, title = IGPO_PANELS, "{size} model"
   with open(os.path.join(out, "results.md"), "w") as f:
@@ -503,7 +532,7 @@ def report() -> None:
 def main(_):
   if _RUN.value:  # a run's log shows its steps (the trainer logs one line per step at INFO)
     logging.getLogger().setLevel(logging.INFO)
-    run_one(root_dir(), _RUN.value, _STEPS.value, _STUDY.value, _EVAL_SIZE.value,
+    run_one(root_dir(), _RUN.value, _steps(), _STUDY.value, _EVAL_SIZE.value,
             _GENERATOR_SFT_STEPS.value)
     return
   logging.getLogger().setLevel(logging.WARNING)
