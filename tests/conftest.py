@@ -71,6 +71,20 @@ def pytest_unconfigure(config):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+# The modules that take longest (each over ~40 s on 2 cores, most of it compiling), run first:
+# pytest-xdist hands whole files to its workers in collection order, so with these at the end
+# (alphabetical order puts test_trainer*.py there) one worker finished minutes before the other.
+HEAVY_FIRST = ("test_trainer", "test_ppo", "test_dac", "test_launch", "test_rl_step",
+               "test_slot_rollout", "test_cw_grpo", "test_sft", "test_trainer_lora",
+               "test_microbatch")
+
+
+def pytest_collection_modifyitems(session, config, items):
+  rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+  module = lambda item: item.module.__name__.rsplit(".", 1)[-1]  # noqa: E731
+  items.sort(key=lambda item: rank.get(module(item), len(rank)))  # stable: files keep their order
+
+
 def _maps_in_use() -> int | None:
   """Memory mappings of this process (Linux), or None where /proc cannot tell."""
   try:
