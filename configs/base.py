@@ -106,6 +106,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rollout.temperature = 1.0
   c.rollout.top_k = 0
   c.rollout.top_p = 1.0
+  # transformers' repetition penalty (agentjax/sampling/sample.py SamplingParams) over each
+  # trajectory's context and generated tokens, in training and eval rollouts; 1.0 is off. The
+  # sampler's log-probs stay the model's own (no penalty), as the trainer recomputes them.
+  c.rollout.repetition_penalty = 1.0
   c.rollout.use_chat_template = True
   # The rollout engine (agentjax/agent/slots.py): "slots" keeps the decode batch full (each
   # prompt prefilled once, freed slots refilled in flight, one lane's search overlapped with the
@@ -362,6 +366,9 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.coreact.generator_temperature = 0.0
   c.coreact.generator_max_new_tokens = 128
   c.coreact.generator_max_total_tokens = 2048
+  # The official eval decodes rubrics with transformers' repetition penalty 1.1
+  # (co_react_eval.yaml; methods spec §4): greedy rubrics otherwise repeat lines.
+  c.coreact.generator_repetition_penalty = 1.1
   c.coreact.verify = True
   c.coreact.verify_threshold = 0.6
   c.coreact.max_retries = 1

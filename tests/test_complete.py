@@ -190,3 +190,48 @@ def test_sampling_is_reproducible_per_seed(setup):
   assert all(len(c.token_ids) == 8 and max(c.token_ids) < 400 for c in a)
   with pytest.raises(ValueError, match="temperature"):
     completer.complete(prompts, max_new_tokens=4, temperature=-1.0)
+
+
+def _greedy_with_penalty(hf_model, ids, max_new, penalty, eos_ids=()):
+  import torch
+
+  with torch.no_grad():
+    out = hf_model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=int),
+                            max_new_tokens=max_new, do_sample=False, repetition_penalty=penalty,
+                            eos_token_id=list(eos_ids) or None, pad_token_id=0)
+  return tuple(out[0, len(ids):].tolist())
+
+
+@pytest.mark.parametrize("penalty", [1.3, 0.7])
+def test_repetition_penalty_greedy_equals_transformers(setup, penalty):
+  """Greedy decoding under a repetition penalty (above 1 discourages repeats, below 1 favours
+  them) gives transformers' tokens, batched (rows of different lengths)."""
+  completer, hf_model, prompts = setup
+  plain = completer.complete(prompts, max_new_tokens=MAX_NEW)
+  got = completer.complete(prompts, max_new_tokens=MAX_NEW, repetition_penalty=penalty)
+  for i in range(len(prompts)):
+    ref = _greedy_with_penalty(hf_model, prompts[i], MAX_NEW, penalty, completer.eos_ids)
+    assert got[i].token_ids == ref[:len(got[i].token_ids)], i
+    assert len(ref) == len(got[i].token_ids) or got[i].finish_reason == "stop", i
+  assert any(g.token_ids != p.token_ids for g, p in zip(got, plain))  # the penalty acts
+
+
+def test_repetition_penalty_counts_a_shared_prefix(setup, chat_model_dir, monkeypatch):
+  """Prompts sharing a prefix longer than MIN_SHARED_PREFIX: the penalty feeds it to every row
+  (the shared-prefix path would hide its tokens from the penalty) and matches transformers."""
+  import agentjax.sampling.complete as complete_lib
+  _, hf_model, prompts = setup
+  completer = Completer.from_hf(chat_model_dir, max_total_tokens=128)
+  head = (list(prompts[1]) * 40)[:complete_lib.MIN_SHARED_PREFIX + 8]
+  shared = [head + list(prompts[0][:3]), head + list(prompts[2])]
+  seen = []
+  real = complete_lib.shared_prefix
+  monkeypatch.setattr(complete_lib, "shared_prefix", lambda s: seen.append(1) or real(s))
+  completer.complete(shared, max_new_tokens=4)
+  assert seen  # without the penalty the prefix is shared
+  seen.clear()
+  got = completer.complete(shared, max_new_tokens=4, repetition_penalty=1.3)
+  assert not seen
+  for i, ids in enumerate(shared):
+    ref = _greedy_with_penalty(hf_model, ids, 4, 1.3, completer.eos_ids)
+    assert got[i].token_ids == ref[:len(got[i].token_ids)], i

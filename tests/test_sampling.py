@@ -421,3 +421,34 @@ def test_generate_stops_on_a_split_tag(bpe):
   spans = np.cumsum([len(table_bytes[i]) for i in ids])
   end = b"".join(table_bytes[i] for i in ids).find(b"</search>") + len(b"</search>")
   assert out == ids[1:int(np.searchsorted(spans, end)) + 1]
+
+
+@pytest.mark.parametrize("vocab_major", [False, True])
+def test_penalize_repeats_equals_transformers_logits_processor(vocab_major):
+  """agentjax.sampling.penalize_repeats against transformers' RepetitionPenaltyLogitsProcessor:
+  positive, zero and negative logits, repeated context tokens, and invalid (padding or rewound)
+  slots, which do not count."""
+  import torch
+  from transformers import RepetitionPenaltyLogitsProcessor
+
+  from agentjax.sampling.sample import penalize_repeats
+  rng = np.random.default_rng(0)
+  b, s, v = 3, 9, 17
+  logits = rng.standard_normal((b, v)).astype(np.float32)
+  logits[:, 0] = 0.0
+  tokens = rng.integers(0, v, (b, s)).astype(np.int32)
+  tokens[0, :4] = 5  # repeats count once
+  valid = rng.random((b, s)) < 0.7
+  valid[2] = False  # a row with no context: nothing penalized
+  for penalty in (1.2, 0.8):
+    want = logits.copy()
+    for row in range(b):
+      ids = tokens[row][valid[row]]
+      if ids.size:
+        want[row] = RepetitionPenaltyLogitsProcessor(penalty)(
+            torch.tensor(ids[None].astype(np.int64)), torch.tensor(logits[row:row + 1]))[0]
+    got = penalize_repeats(jnp.asarray(logits.T if vocab_major else logits),
+                           (jnp.asarray(tokens), jnp.asarray(valid)), penalty, vocab_major)
+    np.testing.assert_allclose(np.asarray(got.T if vocab_major else got), want, rtol=1e-6)
+  with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
+    SamplingParams(repetition_penalty=0.0)

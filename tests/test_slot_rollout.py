@@ -77,6 +77,31 @@ def test_greedy_outcomes_equal_the_turn_engine(world):
     assert metrics["search_queries"] == want_metrics["search_queries"]
 
 
+def test_repetition_penalty_acts_alike_in_both_engines(world):
+  """Greedy under a repetition penalty (transformers' definition over each trajectory's whole
+  context: prompt, actions and observations): the slot engine's trajectories are the turn
+  engine's token by token, and they differ from the unpenalized ones (a random model's flat
+  logits: its greedy choices are steered away from tokens already in its context). The
+  log-probs stay the model's own: those of the unpenalized logits, as a scoring pass recomputes
+  them."""
+  from agentjax.models.qwen import init_params
+  tok, backend, agent = world
+  params = init_params(agent.cfg, jax.random.key(1))
+  penalized = SamplingParams(greedy=True, repetition_penalty=3.0)
+  plain, _ = make(world, engine="turns").run(params, QUESTIONS, jax.random.key(0))
+  want, _ = make(world, engine="turns", sampling=penalized).run(params, QUESTIONS,
+                                                                jax.random.key(0))
+  got, _ = make(world, engine="slots", sampling=penalized).run(params, QUESTIONS,
+                                                               jax.random.key(0))
+  assert_same_trajectories(got, want)
+  assert not np.array_equal(host(want)["tokens"], host(plain)["tokens"])
+  h = host(want)
+  engine = make(world, engine="turns", sampling=penalized)
+  ref = np.asarray(sequence_logprobs(engine.model, params, want.tokens, want.valid)[0])
+  mask = h["loss_mask"]
+  np.testing.assert_allclose(h["logprobs"][mask], ref[mask], atol=1e-4)
+
+
 @pytest.mark.parametrize("layout", [dict(lanes=1, slots=2), dict(lanes=2, slots=2)])
 def test_hooks_two_policies_and_budget_cuts_equal_the_turn_engine(world, layout):
   """Greedy, with a hook that gives text to some rows only, a policy that changes after two

@@ -12,15 +12,22 @@ import jax.numpy as jnp
 class SamplingParams:
   """Static sampling settings (hashable: a jit static argument).
 
-  greedy ignores the others. top_k = 0 and top_p = 1.0 disable those filters.
+  greedy ignores the temperature and the filters. top_k = 0 and top_p = 1.0 disable those
+  filters. repetition_penalty: transformers' (RepetitionPenaltyLogitsProcessor, before the
+  temperature and the filters, greedy included): the logit of every token that occurs in the
+  row's context (prompt and generated tokens, as the decode state holds them) is divided by it
+  when positive and multiplied by it when negative; 1.0 is off.
   """
 
   temperature: float = 1.0
   top_k: int = 0
   top_p: float = 1.0
   greedy: bool = False
+  repetition_penalty: float = 1.0
 
   def __post_init__(self):
+    if not self.repetition_penalty > 0:
+      raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
     if not self.greedy and self.temperature <= 0:
       raise ValueError(f"temperature must be > 0 (or greedy=True), got {self.temperature}")
     if self.top_k < 0:
@@ -82,23 +89,75 @@ def filter_logits(logits: jax.Array, params: SamplingParams) -> jax.Array:
   return jnp.where(scaled >= threshold, scaled, -jnp.inf)
 
 
+def penalize_repeats(logits: jax.Array, context: tuple[jax.Array, jax.Array], penalty: float,
+                     vocab_major: bool = False) -> jax.Array:
+  """transformers' repetition penalty: logits of tokens present in each row's context divided by
+  `penalty` where positive (>= 0), multiplied by it where negative.
+
+  Args:
+    logits: [B, V], or [V, B] with vocab_major=True.
+    context: (tokens [B, S] int32, valid [B, S] bool): each row's context, its valid slots
+      counted (a decode state's tokens and valid: a rewound slot is not valid, so not counted).
+  Cost: one [B, S] scatter into a [B, V] mask per call (only when the penalty is on).
+  """
+  tokens, valid = context
+  b, vocab = tokens.shape[0], logits.shape[0 if vocab_major else 1]
+  rows = jnp.broadcast_to(jnp.arange(b, dtype=jnp.int32)[:, None], tokens.shape)
+  seen = jnp.zeros((b, vocab), bool).at[rows, jnp.where(valid, tokens, vocab)].set(
+      True, mode="drop")
+  if vocab_major:
+    seen = seen.T
+  logits = logits.astype(jnp.float32)
+  return jnp.where(seen, jnp.where(logits < 0, logits * penalty, logits / penalty), logits)
+
+
+def token_logprobs(logits: jax.Array, tokens: jax.Array, vocab_major: bool = False
+                   ) -> jax.Array:
+  """log softmax(logits)[tokens] per row ([B]), without a [B, V] log-softmax."""
+  logits = logits.astype(jnp.float32)
+  if vocab_major:
+    return logits[tokens, jnp.arange(logits.shape[1])] - jax.nn.logsumexp(logits, axis=0)
+  chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+  return chosen - jax.nn.logsumexp(logits, axis=-1)
+
+
+def _with_penalty(sample, logits, params, vocab_major, context):
+  """sample(logits) with the repetition penalty applied to the logits it chooses from; the
+  log-probabilities stay the model's own (temperature 1, no penalty): what the trainer's
+  scoring pass recomputes, as verl's actor does for a rollout sampled with a penalty."""
+  if params.repetition_penalty == 1.0:
+    return sample(logits)
+  if context is None:
+    raise ValueError("repetition_penalty needs the rows' context (tokens, valid)")
+  tokens, _ = sample(penalize_repeats(logits, context, params.repetition_penalty, vocab_major))
+  return tokens, token_logprobs(logits, tokens, vocab_major)
+
+
 def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
-                 vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
+                 vocab_major: bool = False,
+                 context: tuple[jax.Array, jax.Array] | None = None
+                 ) -> tuple[jax.Array, jax.Array]:
   """Samples one token per row.
 
   Args:
     logits: [B, V] float32 next-token logits, or [V, B] with vocab_major=True (the decode loop's
       layout; greedy and plain temperature sampling then need no transpose).
+    context: (tokens [B, S], valid [B, S]) of each row, read when params.repetition_penalty
+      is on (penalize_repeats).
   Returns:
     tokens [B] int32, and their log-probabilities [B] under the temperature-1 distribution
-    (the policy's own probability, which the PPO ratio compares against).
+    (the policy's own probability, which the PPO ratio compares against; without the
+    repetition penalty).
   """
-  return _sample(lambda z, _: z + jax.random.gumbel(rng, z.shape, jnp.float32), logits, params,
-                 vocab_major)
+  noise = lambda z, _: z + jax.random.gumbel(rng, z.shape, jnp.float32)  # noqa: E731
+  return _with_penalty(lambda z: _sample(noise, z, params, vocab_major), logits, params,
+                       vocab_major, context)
 
 
 def sample_token_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams,
-                      vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
+                      vocab_major: bool = False,
+                      context: tuple[jax.Array, jax.Array] | None = None
+                      ) -> tuple[jax.Array, jax.Array]:
   """Samples one token per row, row b with its own key keys[b] (as sample_token otherwise).
 
   Row b's token depends only on keys[b] and row b's logits, not on the other rows or on where
@@ -108,6 +167,7 @@ def sample_token_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams
   Args:
     keys: [B] PRNG key array (greedy ignores it).
     logits: [B, V], or [V, B] with vocab_major=True.
+    context: as sample_token's (the repetition penalty's).
   Returns:
     tokens [B] int32 and their temperature-1 log-probabilities [B].
   """
@@ -123,7 +183,8 @@ def sample_token_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams
     noise = jax.vmap(lambda key: jax.random.gumbel(key, (vocab,), jnp.float32))(keys)
     return (z.T + noise).T if major else z + noise
 
-  return _sample(perturb, logits, params, vocab_major)
+  return _with_penalty(lambda z: _sample(perturb, z, params, vocab_major), logits, params,
+                       vocab_major, context)
 
 
 def _sample(perturb, logits: jax.Array, params: SamplingParams,

@@ -345,7 +345,8 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
   def body(carry):
     state, step, active, new_tokens, num_new, reason, window, logits_vb = carry
     rng, key = jax.random.split(state.rng)
-    tok, logp = sample_token(key, logits_vb, sampling, vocab_major=True)
+    tok, logp = sample_token(key, logits_vb, sampling, vocab_major=True,
+                             context=(state.tokens, state.valid))
     state, logits_vb = _decode_step(model, params, state, logits_vb, tok, logp, active, turn,
                                     prefix, kv_window)
     state = state.replace(rng=rng)

@@ -143,7 +143,8 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
   def body(carry):
     state, progress, running, stopped, steps, logits_vb = carry
     keys = jax.vmap(jax.random.fold_in)(row_keys, state.length)
-    tok, logp = sample_token_rows(keys, logits_vb, sampling, vocab_major=True)
+    tok, logp = sample_token_rows(keys, logits_vb, sampling, vocab_major=True,
+                                  context=(state.tokens, state.valid))
     state, logits_vb = _decode_step(model, params, state, logits_vb, tok, logp, running,
                                     turn_ids, None, kv_window)
     num_new = progress.num_new + running

@@ -97,8 +97,10 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
   """The rollout settings of training (sampled, group_size per question) or of eval (greedy, one
   trajectory per question)."""
   r = config.rollout
-  sampling = SamplingParams(greedy=True) if greedy else SamplingParams(
-      temperature=r.temperature, top_k=r.top_k, top_p=r.top_p)
+  penalty = float(r.get("repetition_penalty", 1.0))  # .get: configs recorded before it
+  sampling = SamplingParams(greedy=True, repetition_penalty=penalty) if greedy else \
+      SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
+                     repetition_penalty=penalty)
   return RolloutConfig(protocol=r.protocol, group_size=1 if greedy else r.group_size,
                        max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                        max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,

@@ -220,6 +220,9 @@ def _validate_rl(config: Any) -> None:
     _validate_critic(config)
   if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
     _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
+  penalty = _get(config, "rollout.repetition_penalty")
+  if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
+    _fail("rollout.repetition_penalty", penalty, "must be a number > 0 (1.0: off)")
   if _get(config, "rollout.engine") not in ENGINES:
     _fail("rollout.engine", _get(config, "rollout.engine"), f"must be one of {list(ENGINES)}")
   _non_negative(config, "rollout.slots")

@@ -221,7 +221,8 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   sampling = None  # greedy; a temperature samples with the config's top_k / top_p filters
   if temperature is not None:
     r = config.rollout
-    sampling = SamplingParams(temperature=float(temperature), top_k=r.top_k, top_p=r.top_p)
+    sampling = SamplingParams(temperature=float(temperature), top_k=r.top_k, top_p=r.top_p,
+                              repetition_penalty=float(r.get("repetition_penalty", 1.0)))
   _, engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh, lora,
                           eval_sampling=sampling, eval_only=True)
   if make_engine is not None:  # another agent on the same policy (launch/eval.py --agent)
