@@ -260,11 +260,18 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # no reward table, prompt, hand-off or augmentation rule: every value here is our reading
   # (methods spec DAC-A1..A8), each one override away.
   c.dac = ml_collections.ConfigDict()
-  # The generator's answers per evidence set (m); its advantages are grouped by "evidence" (the m
-  # answers to one evidence set: needs m >= 2) or by "question" (every answer to any evidence set
-  # of the question).
+  # The generator's answers per evidence set (m); its advantages are grouped by "question" (every
+  # answer to any evidence set of the question: the default since 2026-11-26) or by "evidence"
+  # (the m answers to one evidence set: needs m >= 2; the DAC study of docs/results/dac ran it).
+  # Why the default changed: grouped by evidence set, every answer of a group shares S, so an
+  # S = 0 group's rewards are alpha or 0 and GRPO's z-score cancels alpha exactly (the study's
+  # alpha runs were bit-identical), and an abstention there gets sqrt((1 - p) / p) (p: the
+  # group's abstention share) whatever alpha is, about what a correct answer gets. The paper's
+  # trade-off (abstaining pays when alpha exceeds the generator's accuracy times the odds of
+  # sufficient evidence; methods spec §5) needs inputs with different S to share one baseline:
+  # grouped by question they do, and alpha acts.
   c.dac.generator_samples = 4
-  c.dac.generator_group = "evidence"
+  c.dac.generator_group = "question"
   # What the generator reads: the question and the searcher's deduplicated documents, in order;
   # True also gives it the text the searcher generated (its reasoning and queries, not the
   # documents again; cut to its last characters when it does not fit the budget).
@@ -287,11 +294,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # running out of turns.) The KL reference of both roles is the bare backbone, also for an
   # adapter started from model.lora.init (so with rl.kl_coef > 0 the KL pulls a warm-started
   # generator back towards a model that never abstained: the demo runs without KL).
-  # Note: with generator_group="evidence" every answer of a group shares S, so an S = 0 group's
-  # rewards are alpha or 0 (unless an answer is right without sufficient evidence) and GRPO's
-  # z-score cancels alpha, for any m: the study's alpha runs were identical (docs/results/dac).
-  # alpha acts with generator_group="question", an estimator that keeps the reward's scale
-  # (drgrpo, rloo), or a non-zero insufficient_answer_penalty.
+  # (With generator_group="evidence" alpha acts only with an estimator that keeps the reward's
+  # scale (drgrpo, rloo) or a non-zero insufficient_answer_penalty: see generator_group.)
   c.dac.alpha = 0.3
   c.dac.insufficient_answer_penalty = 0.0
   # Searcher reward, the mean over its evidence set's m generator answers of:

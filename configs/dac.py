@@ -30,6 +30,15 @@ Presets:
                  rollout settings (16 per question, 10 turns, KL 0.001 low_var_kl, clip 0.2),
                  Search-R1 protocol and retriever.
 
+The generator's GRPO groups (dac.generator_group): "question" by default, every answer to any
+evidence set of a question in one group. Grouped per evidence set ("evidence", one override away;
+the DAC study of docs/results/dac ran it), every answer in a group shares its sufficiency S, so
+the z-score cancels alpha exactly (the study's alpha runs were identical) and an abstention on
+insufficient evidence earns about as much as a correct answer whatever alpha is; the paper's
+trade-off (abstain when alpha exceeds the generator's accuracy times the odds of sufficient
+evidence) needs answers to sets of different S to share one baseline. configs/base.py has the
+details.
+
 The roles' adapters are "searcher" and "generator" (model.lora.adapters). Exports: each adapter
 as a PEFT folder, {workdir}/adapters/searcher/ and {workdir}/adapters/generator/ (hf_export is off:
 one merged model would hold only one role).

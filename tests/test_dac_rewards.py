@@ -605,7 +605,8 @@ def _set(config, field, value):
     ({"model.lora.adapters": "generator,critic"}, "model.lora.adapters"),
     ({"algorithm": "igpo"}, "algorithm"),
     ({"algorithm": "cw_grpo", "judge.backend": "oracle"}, "algorithm"),
-    ({"dac.generator_samples": 1}, "dac.generator_samples"),
+    ({"dac.generator_samples": 1, "dac.generator_group": "evidence"}, "dac.generator_samples"),
+    ({"dac.generator_samples": 0}, "dac.generator_samples"),
     ({"dac.augment_rate": 1.5}, "dac.augment_rate"),
     ({"dac.augment_rate": -0.1}, "dac.augment_rate"),
     ({"dac.augment_k": -1}, "dac.augment_k"),
@@ -753,6 +754,37 @@ def test_dac_step_rewards_wiring(mode):
                                       mode) for i in range(4)]
     np.testing.assert_allclose(gen, np.float32(exp_gen))
     np.testing.assert_allclose(search, np.float32(exp_search), rtol=1e-6)
+
+
+@pytest.mark.parametrize("group", ["question", "evidence"])
+def test_alpha_acts_on_the_generator_s_advantages_only_when_grouped_by_question(group):
+  """The default grouping (question) and the study's (evidence set), through role_rewards and
+  agentjax's GRPO advantages, against a NumPy z-score: grouped per evidence set, the generator's
+  advantages are the same for every alpha (each group shares S: alpha cancels); grouped by
+  question (the default) they change with alpha."""
+  from agentjax.rl.advantages import grpo_outcome_advantages
+  assert _dac_config().dac.generator_group == "question"  # the default
+  b = _hand_batch()
+  m, sets = 3, 4
+  # Two questions, two evidence sets each (the searcher's group ids), three answers per set;
+  # each question has a sufficient set and an insufficient one (sets 0, 1 have S = 1).
+  searcher_groups = np.array([0, 1, 0, 1])
+  groups = np.repeat(searcher_groups, m) if group == "question" else np.repeat(np.arange(sets), m)
+  rl = types.SimpleNamespace(format_penalty=0.0, penalize_format=False)
+  out = {}
+  for alpha in (0.1, 0.5):
+    gen, _ = role_rewards(b, DacSettings(alpha=alpha), rl)
+    got = np.asarray(grpo_outcome_advantages(gen, groups))
+    want = np.zeros_like(gen)
+    for g in np.unique(groups):
+      r = gen[groups == g].astype(np.float64)
+      want[groups == g] = (r - r.mean()) / (r.std() + 1e-6) if r.std() > 1e-6 else 0.0
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    out[alpha] = got
+  if group == "evidence":  # equal but for the std's epsilon (1e-6 against an alpha-sized std)
+    np.testing.assert_allclose(out[0.1], out[0.5], atol=1e-4)
+  else:
+    assert np.abs(out[0.1] - out[0.5]).max() > 0.05
 
 
 # ---------------------------------------------------------------------------------------------

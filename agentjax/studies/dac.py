@@ -28,14 +28,17 @@ from agentjax.studies.runs import (GENERATOR_SFT, SPLITS, point_at_world, read_j
 # one LoRA adapter (the LoRA study's rank, alpha and rate: separates "decomposition" from "LoRA"),
 # against DAC (configs/dac.py:demo, two LoRA roles) and its ablations: the searcher rewarded by S
 # alone (no abstention term), no hard-positive augmentation, alpha 0.1 / 0.5 (dac is 0.3).
+# The study ran with the generator grouped per evidence set, then the default (configs/base.py
+# dac.generator_group): its dac_* arms name it, so they still run what was measured.
+_EVIDENCE = {"dac.generator_group": "evidence"}
 DAC_METHODS = {
     "grpo_full": ("grpo", {}),
     "grpo_lora": ("grpo", LORA_METHODS["lora_r32"][1]),
-    "dac": ("dac", {}),
-    "dac_sufficient_only": ("dac", {"dac.searcher_reward": "sufficient_only"}),
-    "dac_no_aug": ("dac", {"dac.augment_rate": 0.0}),
-    "dac_alpha0.1": ("dac", {"dac.alpha": 0.1}),
-    "dac_alpha0.5": ("dac", {"dac.alpha": 0.5}),
+    "dac": ("dac", dict(_EVIDENCE)),
+    "dac_sufficient_only": ("dac", {**_EVIDENCE, "dac.searcher_reward": "sufficient_only"}),
+    "dac_no_aug": ("dac", {**_EVIDENCE, "dac.augment_rate": 0.0}),
+    "dac_alpha0.1": ("dac", {**_EVIDENCE, "dac.alpha": 0.1}),
+    "dac_alpha0.5": ("dac", {**_EVIDENCE, "dac.alpha": 0.5}),
     # alpha where it can act: the generator's advantages grouped by question (with groups per
     # evidence set, GRPO's z-score cancels alpha exactly; docs/results/dac/README.md).
     "dacq_alpha0.1": ("dac", {"dac.alpha": 0.1, "dac.generator_group": "question"}),
