@@ -113,7 +113,8 @@ def penalize_repeats(logits: jax.Array, context: tuple[jax.Array, jax.Array], pe
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array, vocab_major: bool = False
                    ) -> jax.Array:
-  """log softmax(logits)[tokens] per row ([B]), without a [B, V] log-softmax."""
+  """log softmax(logits)[tokens] per row ([B]) as logit - logsumexp: no [B, V] log-softmax is
+  materialized (every decode step computes it)."""
   logits = logits.astype(jnp.float32)
   if vocab_major:
     return logits[tokens, jnp.arange(logits.shape[1])] - jax.nn.logsumexp(logits, axis=0)
@@ -199,14 +200,11 @@ def _sample(perturb, logits: jax.Array, params: SamplingParams,
       return _sample(perturb, logits.T, params, False)  # the filters work on [B, V]
     else:  # Gumbel-max, as jax.random.categorical does, with the faster argmax
       tokens = _argmax_vocab_major(perturb(logits / params.temperature, True))
-    chosen = logits[tokens, jnp.arange(logits.shape[1])]
-    return tokens, chosen - jax.nn.logsumexp(logits, axis=0)
+    return tokens, token_logprobs(logits, tokens, vocab_major=True)
   if params.greedy:
     tokens = jnp.argmax(logits, axis=-1)
   else:  # Gumbel-max over the whole vocabulary (jax.random.categorical's own sum and argmax);
     # the filtered-out tokens sit at -inf
     tokens = jnp.argmax(perturb(filter_logits(logits, params), False), axis=-1)
   tokens = tokens.astype(jnp.int32)
-  # log p(token) = logit - logsumexp: avoids materializing a [B, V] log-softmax every step.
-  chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
-  return tokens, chosen - jax.nn.logsumexp(logits, axis=-1)
+  return tokens, token_logprobs(logits, tokens)
