@@ -110,6 +110,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # trajectory's context and generated tokens, in training and eval rollouts; 1.0 is off. The
   # sampler's log-probs stay the model's own (no penalty), as the trainer recomputes them.
   c.rollout.repetition_penalty = 1.0
+  # A thinking budget: a <think> block open this many tokens gets </think> as its next token
+  # (the forced token keeps the model's own log-prob); 0 is off. The official Co-ReAct
+  # generator's max_think_tokens (1500 at eval); the tokenizer must hold both tags as one token.
+  c.rollout.max_think_tokens = 0
   c.rollout.use_chat_template = True
   # The rollout engine (agentjax/agent/slots.py): "slots" keeps the decode batch full (each
   # prompt prefilled once, freed slots refilled in flight, one lane's search overlapped with the
@@ -373,6 +377,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # The official eval decodes rubrics with transformers' repetition penalty 1.1
   # (co_react_eval.yaml; methods spec §4): greedy rubrics otherwise repeat lines.
   c.coreact.generator_repetition_penalty = 1.1
+  # ... and with max_think_tokens 1500 (a budget our demo's 128-token rubrics never reach).
+  c.coreact.generator_max_think_tokens = 1500
   c.coreact.verify = True
   c.coreact.verify_threshold = 0.6
   c.coreact.max_retries = 1

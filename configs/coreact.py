@@ -41,9 +41,11 @@ Presets:
               default); the code's 8B script does not state the rest: ours, copied from
               qwen3-14b (10 warm-up steps, low_var_kl, temperature 1.0, 8192 / 2048; train.steps
               = 2 x rows / 64 for 2 epochs).
-  Not implemented for either: the code's repetition penalty 1.1 in rollouts and at eval
-  (agentjax's sampler has none) and, at eval, the generator's max_think_tokens 1500. One PPO update per step
-  (minibatch = the step's batch) is ours.
+  Every preset samples the generator's GRPO rollouts with the 14B script's repetition penalty
+  1.1 (rollout.repetition_penalty; the 8B script does not state one: ours, copied), and the
+  guided agent's generator decodes with the eval's 1.1 and max_think_tokens 1500
+  (coreact.generator_repetition_penalty, coreact.generator_max_think_tokens). One PPO update
+  per step (minibatch = the step's batch) is ours.
 """
 
 import copy
@@ -64,6 +66,7 @@ def _rubric_rollout(c, max_new_tokens: int, max_total_tokens: int) -> None:
   c.rollout.max_turns = 1
   c.rollout.group_size = 8
   c.rollout.temperature = 1.0
+  c.rollout.repetition_penalty = 1.1  # train_grpo_qwen3_14b.sh (methods spec §4.4)
   c.rollout.max_new_tokens = max_new_tokens
   c.rollout.max_total_tokens = max_total_tokens
   c.rl.kl_coef = 0.005

@@ -235,3 +235,78 @@ def test_repetition_penalty_counts_a_shared_prefix(setup, chat_model_dir, monkey
   for i, ids in enumerate(shared):
     ref = _greedy_with_penalty(hf_model, ids, 4, 1.3, completer.eos_ids)
     assert got[i].token_ids == ref[:len(got[i].token_ids)], i
+
+
+def _budget_processor(open_id, close_id, budget):
+  """The thinking budget as a transformers LogitsProcessor over the ids so far (an independent
+  reading of SamplingParams.max_think_tokens): a row whose last `open_id` comes after its last
+  `close_id` with `budget` ids after it may only produce `close_id`."""
+  import torch
+  from transformers import LogitsProcessor
+
+  class Budget(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+      for row, ids in enumerate(input_ids.tolist()):
+        opens = [i for i, t in enumerate(ids) if t == open_id]
+        closes = [i for i, t in enumerate(ids) if t == close_id]
+        if opens and (not closes or opens[-1] > closes[-1]) and len(ids) - 1 - opens[-1] >= budget:
+          scores[row] = -torch.inf
+          scores[row, close_id] = 0.0
+      return scores
+
+  return Budget()
+
+
+class _TagTokenizer:
+  """The completer's tokenizer with two chosen ids standing for <think> and </think>."""
+
+  def __init__(self, tokenizer, open_id, close_id):
+    self._tok, self._tags = tokenizer, {"<think>": [open_id], "</think>": [close_id]}
+
+  def encode(self, text, add_special_tokens=False):
+    return self._tags.get(text) or self._tok.encode(text, add_special_tokens=add_special_tokens)
+
+  def __getattr__(self, name):
+    return getattr(self._tok, name)
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.3])
+def test_thinking_budget_greedy_equals_transformers(setup, penalty):
+  """max_think_tokens: greedy decoding where a token the model emits stands for <think> and
+  another for </think> gives transformers' generate with the budget as a logits processor (and
+  with its repetition penalty): the block is closed after `budget` tokens, a closed block and a
+  row that never opens one are left alone. The tiny chat tokenizer has no one-token <think>:
+  asked of it, the budget is refused naming the field."""
+  import copy
+
+  import torch
+  completer, hf_model, prompts = setup
+  with pytest.raises(PromptError, match="max_think_tokens.*one token"):
+    completer.complete(prompts, max_new_tokens=4, max_think_tokens=3)
+  plain = completer.complete(prompts, max_new_tokens=MAX_NEW, repetition_penalty=penalty)
+  # <think>: a token some row r generates at step j, first there, absent from its prompt and not
+  # again within the budget; </think>: a token that row never makes.
+  budget = 3
+  r, j = next((r, j) for r, c in enumerate(plain) for j, t in enumerate(c.token_ids)
+              if j + 1 + budget < len(c.token_ids) and t not in prompts[r]
+              and t not in c.token_ids[:j] + c.token_ids[j + 1:j + 2 + budget])
+  row = plain[r].token_ids
+  open_id = row[j]
+  close_id = next(t for t in sum(prompts, []) if t not in row and t not in prompts[r])
+  tagged = copy.copy(completer)
+  tagged.tokenizer = _TagTokenizer(completer.tokenizer, open_id, close_id)
+  got = tagged.complete(prompts, max_new_tokens=MAX_NEW, max_think_tokens=budget,
+                        repetition_penalty=penalty)
+  for i, ids in enumerate(prompts):
+    with torch.no_grad():
+      out = hf_model.generate(
+          torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=int),
+          max_new_tokens=MAX_NEW, do_sample=False, repetition_penalty=penalty,
+          logits_processor=[_budget_processor(open_id, close_id, budget)],
+          eos_token_id=list(completer.eos_ids) or None, pad_token_id=0)
+    ref = tuple(out[0, len(ids):].tolist())
+    assert got[i].token_ids == ref[:len(got[i].token_ids)], i
+    assert len(ref) == len(got[i].token_ids) or got[i].finish_reason == "stop", i
+  # The budget acted on row r: the same tokens up to `budget` after the opening, then the close.
+  assert got[r].token_ids[:j + 1 + budget] == row[:j + 1 + budget]
+  assert got[r].token_ids[j + 1 + budget] == close_id

@@ -395,6 +395,10 @@ def test_rubric_generator_prompts_and_parses(chat_model_dir):
 
   broken = RubricGenerator(Broken(), max_new_tokens=16)
   assert broken(ctx) == [None, None] and broken.stats["failed"] == 2
+  # A thinking budget needs one-token <think> tags, which this tokenizer lacks: refused at
+  # construction naming the field (not as a failure of every call).
+  with pytest.raises(ValueError, match="coreact.generator_max_think_tokens"):
+    RubricGenerator(completer, max_new_tokens=16, max_think_tokens=1500)
 
 
 def af_turn(i):

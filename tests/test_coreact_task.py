@@ -39,6 +39,9 @@ def _rubric_config():
     ("coreact.min_items", 6, "config.coreact.min_items="),
     ("coreact.best_of_n_select", "judge", "config.coreact.best_of_n_select="),
     ("coreact.branches_train", "", "config.coreact.branches_train="),
+    ("coreact.generator_max_think_tokens", -1, "config.coreact.generator_max_think_tokens="),
+    ("rollout.max_think_tokens", -1, "config.rollout.max_think_tokens="),
+    ("rollout.repetition_penalty", 0.0, "config.rollout.repetition_penalty="),
 ])
 def test_rubric_config_errors_name_the_field(field, value, expect):
   c = _rubric_config()

@@ -452,3 +452,81 @@ def test_penalize_repeats_equals_transformers_logits_processor(vocab_major):
     np.testing.assert_allclose(np.asarray(got.T if vocab_major else got), want, rtol=1e-6)
   with pytest.raises(ValueError, match="repetition_penalty must be > 0"):
     SamplingParams(repetition_penalty=0.0)
+
+
+def _budget_reference(tokens, ctx, valid, open_id, close_id, budget):
+  """NumPy: per row, the valid context in order; a block opened after the last close with at
+  least `budget` tokens after it gets close_id."""
+  out = tokens.copy()
+  for row in range(len(tokens)):
+    seq = list(ctx[row][valid[row]])
+    opens = [i for i, t in enumerate(seq) if t == open_id]
+    closes = [i for i, t in enumerate(seq) if t == close_id]
+    if opens and (not closes or opens[-1] > closes[-1]) and len(seq) - 1 - opens[-1] >= budget:
+      out[row] = close_id
+  return out
+
+
+def test_close_long_thoughts_equals_a_numpy_reference():
+  """The thinking budget on hand-made contexts: no block, a closed block, a block of budget - 1
+  and of budget tokens, a block reopened after a close, a block opened in the prompt, invalid
+  (rewound or padding) slots inside a block (not counted) and an invalid <think> (not an
+  opening); and on random ones. A row already sampling </think> keeps it."""
+  from agentjax.sampling.sample import close_long_thoughts
+  o, c, budget = 1, 2, 3
+  rows = [[5, 6, 7, 8, 9, 5, 6],      # no block
+          [1, 6, 7, 8, 9, 2, 6],      # closed
+          [5, 5, 5, 1, 6, 7, 0],      # budget - 1 tokens after <think> (slot 6 invalid below)
+          [5, 5, 1, 6, 7, 8, 0],      # budget tokens: forced (slot 6 invalid)
+          [1, 6, 2, 1, 7, 8, 9],      # reopened after a close: 3 tokens, forced
+          [1, 6, 7, 8, 9, 6, 7],      # opened at the start (the prompt), 6 tokens: forced
+          [1, 6, 7, 8, 9, 6, 7],      # as above with invalid slots inside: 2 counted
+          [9, 1, 6, 7, 8, 9, 9]]      # its <think> invalid: no block
+  ctx = np.array(rows, np.int32)
+  valid = np.ones_like(ctx, bool)
+  valid[2:4, 6] = False
+  valid[6, 2:6] = False
+  valid[7, 1] = False
+  sampled = np.array([4, 4, 4, 4, 4, 4, 4, 2], np.int32)
+  params = SamplingParams(max_think_tokens=budget, think_tags=(o, c))
+  want = _budget_reference(sampled, ctx, valid, o, c, budget)
+  np.testing.assert_array_equal(want, [4, 4, 4, 2, 2, 2, 4, 2])
+  got = close_long_thoughts(jnp.asarray(sampled), (jnp.asarray(ctx), jnp.asarray(valid)), params)
+  np.testing.assert_array_equal(np.asarray(got), want)
+  rng = np.random.default_rng(0)
+  for budget in (1, 2, 5):
+    ctx = rng.integers(0, 6, (64, 12)).astype(np.int32)
+    valid = rng.random(ctx.shape) < 0.8
+    sampled = rng.integers(0, 6, 64).astype(np.int32)
+    params = SamplingParams(max_think_tokens=budget, think_tags=(o, c))
+    got = close_long_thoughts(jnp.asarray(sampled), (jnp.asarray(ctx), jnp.asarray(valid)),
+                              params)
+    np.testing.assert_array_equal(np.asarray(got),
+                                  _budget_reference(sampled, ctx, valid, o, c, budget))
+  with pytest.raises(ValueError, match="think_tags"):
+    close_long_thoughts(jnp.asarray(sampled), (jnp.asarray(ctx), jnp.asarray(valid)),
+                        SamplingParams(max_think_tokens=2))
+  for bad in (dict(max_think_tokens=-1), dict(max_think_tokens=1.5),
+              dict(max_think_tokens=2, think_tags=(1,)), dict(think_tags=(-1, 2))):
+    with pytest.raises(ValueError, match="max_think_tokens|think_tags"):
+      SamplingParams(**bad)
+
+
+def test_sampled_token_under_a_budget_keeps_the_models_log_prob():
+  """A forced </think> carries the model's own log-prob of it (what a scoring pass recomputes),
+  greedy and sampled, batch-major and vocab-major."""
+  from agentjax.sampling.sample import sample_token, sample_token_rows
+  logits = jax.random.normal(jax.random.key(0), (2, 11))
+  ctx = jnp.asarray([[1, 5, 6, 7], [3, 5, 6, 7]], jnp.int32)
+  ctx_valid = (ctx, jnp.ones_like(ctx, bool))
+  want_lp = np.asarray(jax.nn.log_softmax(logits, -1))
+  for params in (SamplingParams(greedy=True, max_think_tokens=2, think_tags=(1, 2)),
+                 SamplingParams(temperature=0.7, max_think_tokens=2, think_tags=(1, 2))):
+    for major in (False, True):
+      z = logits.T if major else logits
+      for tok, lp in (sample_token(jax.random.key(1), z, params, major, ctx_valid),
+                      sample_token_rows(jax.random.split(jax.random.key(1), 2), z, params,
+                                        major, ctx_valid)):
+        tok, lp = np.asarray(tok), np.asarray(lp)
+        assert tok[0] == 2
+        np.testing.assert_allclose(lp, want_lp[np.arange(2), tok], rtol=1e-5)

@@ -46,9 +46,12 @@ class FakeCompleter:
   def __init__(self):
     self.calls = []  # (prompts, settings) of every complete() call
 
-  def complete(self, prompts, *, max_new_tokens, temperature=0.0, top_p=1.0, stop=(), seed=0):
-    self.calls.append(([list(p) for p in prompts], (max_new_tokens, temperature, top_p,
-                                                     tuple(stop), seed)))
+  def complete(self, prompts, *, max_new_tokens, temperature=0.0, top_p=1.0, stop=(), seed=0,
+               repetition_penalty=1.0, max_think_tokens=0):
+    settings = (max_new_tokens, temperature, top_p, tuple(stop), seed)
+    if (repetition_penalty, max_think_tokens) != (1.0, 0):
+      settings += (repetition_penalty, max_think_tokens)
+    self.calls.append(([list(p) for p in prompts], settings))
     if any(666 in p for p in prompts):
       raise RuntimeError("injected fault: id 666")
     if any(777 in p for p in prompts):  # an internal error that happens to be a ValueError
@@ -149,6 +152,27 @@ def test_app_answers_a_model_failure_with_500_and_goes_on():
   assert client.get("/health").json()["status"] == "ok"
 
 
+def test_app_passes_vllms_repetition_penalty_and_thinking_budget():
+  """The official Co-ReAct client sends repetition_penalty and max_think_tokens (vLLM's extra
+  sampling fields): they reach the completer, requests differing in them are not batched
+  together, and bad values are refused naming the field."""
+  from fastapi.testclient import TestClient
+
+  fake = FakeCompleter()
+  client = TestClient(create_app(fake, model_name="fake", batch_window_s=0.0))
+  body = {"model": "fake", "messages": [{"role": "user", "content": "ab"}], "max_tokens": 2,
+          "temperature": 0}
+  assert client.post("/v1/chat/completions", json=body).status_code == 200
+  ok = client.post("/v1/chat/completions",
+                   json={**body, "repetition_penalty": 1.1, "max_think_tokens": 1500})
+  assert ok.status_code == 200
+  assert [c[1] for c in fake.calls] == [(2, 0.0, 1.0, (), 0), (2, 0.0, 1.0, (), 0, 1.1, 1500)]
+  for field, value in (("repetition_penalty", 0), ("max_think_tokens", -1),
+                       ("max_think_tokens", "many")):
+    bad = client.post("/v1/chat/completions", json={**body, field: value})
+    assert bad.status_code == 400 and f"{field}:" in bad.json()["error"]["message"], bad.json()
+
+
 # ============================================================================ the real server
 
 
@@ -186,6 +210,12 @@ def test_chat_completions_and_models_match_the_completer(served):
   assert resp.choices[0].finish_reason == want.finish_reason
   assert (resp.usage.prompt_tokens, resp.usage.completion_tokens, resp.usage.total_tokens) == (
       len(ids), len(want.token_ids), len(ids) + len(want.token_ids))
+  # vLLM's repetition_penalty (extra_body, as the official Co-ReAct client sends it): the
+  # completer's penalized greedy text (tests/test_complete.py checks that against transformers).
+  penalized = completer.complete([ids], max_new_tokens=MAX_NEW, repetition_penalty=1.5)[0]
+  resp = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=MAX_NEW,
+                                        temperature=0, extra_body={"repetition_penalty": 1.5})
+  assert resp.choices[0].message.content == penalized.text
 
   # Text completions: a string prompt, and the same prompt as token ids (list prompts give one
   # choice per prompt).

@@ -102,6 +102,45 @@ def test_repetition_penalty_acts_alike_in_both_engines(world):
   np.testing.assert_allclose(h["logprobs"][mask], ref[mask], atol=1e-4)
 
 
+def test_thinking_budget_acts_alike_in_both_engines(world):
+  """rollout's max_think_tokens on a scripted agent whose turns think 5 words before they
+  search: every think block is cut to the budget and closed, the action follows
+  as the policy continues from </think>, and the slot engine's trajectories are the turn
+  engine's token by token, the forced tokens' log-probs the model's own."""
+  from agentjax.models.qwen.scripted import chain, transition_params
+  tok, backend, agent = world
+  think, close = agent.ids(["<think>"])[0], agent.ids(["</think>"])[0]
+  search = agent.ids(af.SEARCH)
+  succ = chain([think] + af.mix_words(agent, 5) + [close, search[0]])  # 5 words of thought
+  succ.update(chain(search))
+  for last in agent.turn_starts():
+    succ[last] = [think]
+  params = transition_params(agent.cfg, succ, fallback=tok.eos_token_id)
+  budget = 2
+  cut = SamplingParams(greedy=True, max_think_tokens=budget)
+  plain, _ = make(world, engine="turns").run(params, QUESTIONS, jax.random.key(0))
+  want, _ = make(world, engine="turns", sampling=cut).run(params, QUESTIONS, jax.random.key(0))
+  got, _ = make(world, engine="slots", sampling=cut).run(params, QUESTIONS, jax.random.key(0))
+  assert_same_trajectories(got, want)
+  h, hp = host(want), host(plain)
+  blocks = 0
+  for row in range(len(h["tokens"])):
+    seq, own = list(h["tokens"][row]), h["loss_mask"][row]
+    for i, t in enumerate(seq):
+      if t == think and own[i]:  # a generated opening (the prompt's instructions name the tags)
+        assert seq[i + 1 + budget] == close, (row, seq)
+        blocks += 1
+  assert blocks >= len(h["tokens"]) and not np.array_equal(h["tokens"], hp["tokens"])
+  np.testing.assert_array_equal(want.num_turns, plain.num_turns)  # the actions still follow
+  engine = make(world, engine="turns", sampling=cut)
+  ref = np.asarray(sequence_logprobs(engine.model, params, want.tokens, want.valid)[0])
+  np.testing.assert_allclose(h["logprobs"][h["loss_mask"]], ref[h["loss_mask"]], atol=1e-4)
+  with pytest.raises(ValueError, match="rollout.max_think_tokens"):
+    no_tags = type("NoTags", (), {"encode": lambda self, t, add_special_tokens=False: [1, 2]})()
+    from agentjax.sampling.text import with_think_tags
+    with_think_tags(cut, no_tags, "rollout.max_think_tokens")
+
+
 @pytest.mark.parametrize("layout", [dict(lanes=1, slots=2), dict(lanes=2, slots=2)])
 def test_hooks_two_policies_and_budget_cuts_equal_the_turn_engine(world, layout):
   """Greedy, with a hook that gives text to some rows only, a policy that changes after two

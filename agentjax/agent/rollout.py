@@ -46,6 +46,7 @@ from agentjax.sampling import (DecodeState, SamplingParams, StopTable, bucket, c
                                kv_window_arg, kv_window_size, token_byte_table)
 from agentjax.sampling.eos import eos_token_ids
 from agentjax.sampling.sampler import rewind
+from agentjax.sampling.text import with_think_tags
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
 # The turn engine calls it once per turn with every active row; the slot engine once per lane
@@ -148,6 +149,9 @@ class RolloutEngine:
     KV heads over tensor) and params are expected on the same mesh. With `lora`, params are a
     LoRA model's (models/lora.attach: its lora_index picks the adapter that generates). With a
     `guide` (agentjax/agent/guide.py), it shapes each turn's generation in either engine."""
+    # A thinking budget reads the tokenizer's <think> ids (rollout.max_think_tokens).
+    config = dataclasses.replace(config, sampling=with_think_tags(
+        config.sampling, tokenizer, "rollout.max_think_tokens"))
     self.cfg, self.tokenizer, self.backend, self.config = cfg, tokenizer, backend, config
     self.mesh = mesh
     self.protocol = get_protocol(config.protocol)

@@ -56,6 +56,7 @@ from agentjax.coreact.context import BranchContext
 from agentjax.coreact.rubric import (Rubric, RubricItem, fit_rubric_prompt, parse_rubric,
                                      retry_suffix, rubric_suffix, strip_think)
 from agentjax.sampling import STOP_BUDGET
+from agentjax.sampling.text import think_tag_ids
 
 log = logging.getLogger(__name__)
 
@@ -133,12 +134,16 @@ class RubricGenerator:
   """
 
   def __init__(self, completer: Any, *, max_new_tokens: int = 128, temperature: float = 0.0,
-               seed: int = 0, source: str = "", repetition_penalty: float = 1.0):
+               seed: int = 0, source: str = "", repetition_penalty: float = 1.0,
+               max_think_tokens: int = 0):
     if max_new_tokens < 1:
       raise ValueError(f"config.coreact.generator_max_new_tokens={max_new_tokens}: must be >= 1")
     self.completer, self.max_new_tokens = completer, int(max_new_tokens)
     self.temperature, self.seed, self.source = float(temperature), int(seed), source
     self.repetition_penalty = float(repetition_penalty)
+    self.max_think_tokens = int(max_think_tokens)
+    if self.max_think_tokens > 0:  # refused here, not by every call (each would fail unguided)
+      think_tag_ids(completer.tokenizer, "config.coreact.generator_max_think_tokens")
     self.chat = bool(getattr(completer.tokenizer, "chat_template", None))
     self.stats = {"calls": 0, "rubrics": 0, "empty": 0, "failed": 0, "too_long": 0}
     self._calls = 0
@@ -161,7 +166,8 @@ class RubricGenerator:
                                   mesh=mesh)
     return cls(completer, max_new_tokens=int(c.generator_max_new_tokens),
                temperature=float(c.generator_temperature), seed=int(config.seed), source=path,
-               repetition_penalty=float(c.get("generator_repetition_penalty", 1.0)))
+               repetition_penalty=float(c.get("generator_repetition_penalty", 1.0)),
+               max_think_tokens=int(c.get("generator_max_think_tokens", 0)))
 
   def _ids(self, text: str) -> list[int]:
     return (self.completer.chat_ids([{"role": "user", "content": text}]) if self.chat
@@ -187,7 +193,7 @@ class RubricGenerator:
       completions = self.completer.complete(
           [prompts[i] for i in asked], max_new_tokens=self.max_new_tokens,
           temperature=self.temperature, seed=self.seed + self._calls,
-          repetition_penalty=self.repetition_penalty)
+          repetition_penalty=self.repetition_penalty, max_think_tokens=self.max_think_tokens)
     except Exception as e:  # noqa: BLE001 - a failed generator call leaves the step unguided
       log.warning("rubric generator failed (%s: %s): %d rows unguided", type(e).__name__, e,
                   len(asked))
@@ -201,7 +207,8 @@ class RubricGenerator:
 
   def identity(self) -> dict[str, Any]:
     return {"path": self.source, "temperature": self.temperature,
-            "max_new_tokens": self.max_new_tokens, "repetition_penalty": self.repetition_penalty}
+            "max_new_tokens": self.max_new_tokens, "repetition_penalty": self.repetition_penalty,
+            "max_think_tokens": self.max_think_tokens}
 
 
 # ---------------------------------------------------------------------------------------------

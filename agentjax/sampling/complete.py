@@ -53,7 +53,7 @@ from agentjax.sampling.sample import SamplingParams
 from agentjax.sampling.sampler import (STOP_EOS, STOP_STRING, DecodeState, SharedPrefix, bucket,
                                        decode_layout, extend, generate, init_state, shared_prefix)
 from agentjax.sampling.stops import StopTable
-from agentjax.sampling.text import token_byte_table
+from agentjax.sampling.text import token_byte_table, with_think_tags
 
 # Distinct stop-string sets whose padded tables are kept (a server sees the same few again).
 _STOP_CACHE_SIZE = 64
@@ -173,7 +173,8 @@ class Completer:
 
   def complete(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                temperature: float = 0.0, top_p: float = 1.0, stop: Sequence[str] = (),
-               seed: int = 0, repetition_penalty: float = 1.0) -> list[Completion]:
+               seed: int = 0, repetition_penalty: float = 1.0,
+               max_think_tokens: int = 0) -> list[Completion]:
     """Completes every prompt in one decode batch.
 
     Args:
@@ -187,6 +188,9 @@ class Completer:
       repetition_penalty: transformers' (SamplingParams), over each prompt and its reply; 1.0
         is off. With it on, a prefix shared by the prompts is fed to every row (not shared):
         the penalty reads the tokens in each row's own cache.
+      max_think_tokens: the thinking budget (SamplingParams; the official Co-ReAct generator's
+        `max_think_tokens`): a `<think>` block open this many tokens gets `</think>` as its next
+        token; 0 is off. With it on, a shared prefix is fed to every row too.
     Returns:
       P Completions, in the order of `prompts`.
     Raises:
@@ -198,10 +202,11 @@ class Completer:
     if temperature < 0:
       raise PromptError(f"temperature must be >= 0, got {temperature}")
     try:
-      penalty = float(repetition_penalty)
-      sampling = SamplingParams(greedy=True, repetition_penalty=penalty) if temperature == 0 \
-          else SamplingParams(temperature=float(temperature), top_p=float(top_p),
-                              repetition_penalty=penalty)
+      rules = dict(repetition_penalty=float(repetition_penalty),
+                   max_think_tokens=int(max_think_tokens))
+      sampling = SamplingParams(greedy=True, **rules) if temperature == 0 \
+          else SamplingParams(temperature=float(temperature), top_p=float(top_p), **rules)
+      sampling = with_think_tags(sampling, self.tokenizer)
     except ValueError as e:  # a bad top_p: the request's fault
       raise PromptError(str(e)) from None
     table = self.stop_table(stop)
@@ -221,7 +226,9 @@ class Completer:
 
     n = len(prompts)
     rows = bucket(n, minimum=1) if n <= 16 else -(-n // 16) * 16
-    shared = _shared_prefix(prompts) if n > 1 and sampling.repetition_penalty == 1.0 else 0
+    # The penalty and the thinking budget read each row's own cache, which a shared prefix is not.
+    per_row = sampling.repetition_penalty != 1.0 or sampling.max_think_tokens > 0
+    shared = _shared_prefix(prompts) if n > 1 and not per_row else 0
     if shared < MIN_SHARED_PREFIX:
       shared = 0
     # Each row's own tokens (after the shared prefix) and its own slots' limit; padding rows have

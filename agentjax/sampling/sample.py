@@ -17,6 +17,11 @@ class SamplingParams:
   temperature and the filters, greedy included): the logit of every token that occurs in the
   row's context (prompt and generated tokens, as the decode state holds them) is divided by it
   when positive and multiplied by it when negative; 1.0 is off.
+  max_think_tokens: a thinking budget (the official Co-ReAct generator's `max_think_tokens`): a
+  row whose context holds an open `<think>` block with this many tokens after it gets the
+  closing tag as its next token instead of what it sampled (close_long_thoughts); 0 is off.
+  think_tags: the ids of `<think>` and `</think>` that budget reads (single tokens; the rollout
+  engine and the Completer fill them in from their tokenizer, sampling.text.think_tag_ids).
   """
 
   temperature: float = 1.0
@@ -24,10 +29,20 @@ class SamplingParams:
   top_p: float = 1.0
   greedy: bool = False
   repetition_penalty: float = 1.0
+  max_think_tokens: int = 0
+  think_tags: tuple[int, int] | None = None
 
   def __post_init__(self):
     if not self.repetition_penalty > 0:
       raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+    if isinstance(self.max_think_tokens, bool) or not isinstance(self.max_think_tokens, int) \
+        or self.max_think_tokens < 0:
+      raise ValueError(f"max_think_tokens must be an int >= 0 (0: off), got "
+                       f"{self.max_think_tokens!r}")
+    if self.think_tags is not None and (len(self.think_tags) != 2 or
+                                        min(self.think_tags) < 0):
+      raise ValueError(f"think_tags must be the ids (open, close) of <think> and </think>, got "
+                       f"{self.think_tags!r}")
     if not self.greedy and self.temperature <= 0:
       raise ValueError(f"temperature must be > 0 (or greedy=True), got {self.temperature}")
     if self.top_k < 0:
@@ -122,15 +137,47 @@ def token_logprobs(logits: jax.Array, tokens: jax.Array, vocab_major: bool = Fal
   return chosen - jax.nn.logsumexp(logits, axis=-1)
 
 
-def _with_penalty(sample, logits, params, vocab_major, context):
-  """sample(logits) with the repetition penalty applied to the logits it chooses from; the
-  log-probabilities stay the model's own (temperature 1, no penalty): what the trainer's
-  scoring pass recomputes, as verl's actor does for a rollout sampled with a penalty."""
-  if params.repetition_penalty == 1.0:
+def close_long_thoughts(tokens: jax.Array, context: tuple[jax.Array, jax.Array],
+                        params: SamplingParams) -> jax.Array:
+  """The thinking budget: `</think>` in place of the sampled token of every row whose context
+  holds an open `<think>` (its last `<think>` after its last `</think>`) followed by at least
+  params.max_think_tokens valid tokens; the other rows keep theirs.
+
+  Args:
+    tokens: [B] int32 sampled next tokens.
+    context: (tokens [B, S] int32, valid [B, S] bool): each row's context in position order
+      (prompt included, so a block opened by the prompt counts from there).
+  Returns:
+    [B] int32. Cost: three [B, S] reductions per call (only when the budget is on).
+  """
+  if params.think_tags is None:
+    raise ValueError("max_think_tokens needs think_tags (the ids of <think> and </think>; the "
+                     "rollout engine and the Completer set them from their tokenizer)")
+  ctx, valid = context
+  open_id, close_id = params.think_tags
+  pos = jnp.arange(ctx.shape[1], dtype=jnp.int32)[None, :]
+  last = lambda tag: jnp.max(jnp.where(valid & (ctx == tag), pos, -1), axis=1)  # noqa: E731
+  opened, closed = last(open_id), last(close_id)
+  thought = jnp.sum(valid & (pos > opened[:, None]), axis=1, dtype=jnp.int32)
+  force = (opened > closed) & (thought >= params.max_think_tokens)
+  return jnp.where(force, jnp.int32(close_id), tokens)
+
+
+def _with_rules(sample, logits, params, vocab_major, context):
+  """sample(logits) with the repetition penalty applied to the logits it chooses from and the
+  thinking budget to what it chose; the log-probabilities stay the model's own (temperature 1,
+  no penalty, a forced `</think>` at the model's probability of it): what the trainer's scoring
+  pass recomputes, as verl's actor does for a rollout sampled with a penalty."""
+  penalty, budget = params.repetition_penalty != 1.0, params.max_think_tokens > 0
+  if not (penalty or budget):
     return sample(logits)
   if context is None:
-    raise ValueError("repetition_penalty needs the rows' context (tokens, valid)")
-  tokens, _ = sample(penalize_repeats(logits, context, params.repetition_penalty, vocab_major))
+    raise ValueError("repetition_penalty and max_think_tokens need the rows' context "
+                     "(tokens, valid)")
+  tokens, _ = sample(penalize_repeats(logits, context, params.repetition_penalty, vocab_major)
+                     if penalty else logits)
+  if budget:
+    tokens = close_long_thoughts(tokens, context, params)
   return tokens, token_logprobs(logits, tokens, vocab_major)
 
 
@@ -144,14 +191,14 @@ def sample_token(rng: jax.Array, logits: jax.Array, params: SamplingParams,
     logits: [B, V] float32 next-token logits, or [V, B] with vocab_major=True (the decode loop's
       layout; greedy and plain temperature sampling then need no transpose).
     context: (tokens [B, S], valid [B, S]) of each row, read when params.repetition_penalty
-      is on (penalize_repeats).
+      or params.max_think_tokens is on (penalize_repeats, close_long_thoughts).
   Returns:
     tokens [B] int32, and their log-probabilities [B] under the temperature-1 distribution
     (the policy's own probability, which the PPO ratio compares against; without the
     repetition penalty).
   """
   noise = lambda z, _: z + jax.random.gumbel(rng, z.shape, jnp.float32)  # noqa: E731
-  return _with_penalty(lambda z: _sample(noise, z, params, vocab_major), logits, params,
+  return _with_rules(lambda z: _sample(noise, z, params, vocab_major), logits, params,
                        vocab_major, context)
 
 
@@ -168,7 +215,7 @@ def sample_token_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams
   Args:
     keys: [B] PRNG key array (greedy ignores it).
     logits: [B, V], or [V, B] with vocab_major=True.
-    context: as sample_token's (the repetition penalty's).
+    context: as sample_token's (the repetition penalty's and the thinking budget's).
   Returns:
     tokens [B] int32 and their temperature-1 log-probabilities [B].
   """
@@ -184,7 +231,7 @@ def sample_token_rows(keys: jax.Array, logits: jax.Array, params: SamplingParams
     noise = jax.vmap(lambda key: jax.random.gumbel(key, (vocab,), jnp.float32))(keys)
     return (z.T + noise).T if major else z + noise
 
-  return _with_penalty(lambda z: _sample(perturb, z, params, vocab_major), logits, params,
+  return _with_rules(lambda z: _sample(perturb, z, params, vocab_major), logits, params,
                        vocab_major, context)
 
 

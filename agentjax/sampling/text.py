@@ -8,6 +8,7 @@ of a trajectory is always derived from the exact token ids that were sampled or 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from typing import Any, Sequence
@@ -66,3 +67,24 @@ def token_byte_table(tokenizer: Any, vocab_size: int) -> list[bytes]:
 def decode_bytes(table: Sequence[bytes], ids: Sequence[int]) -> str:
   """Text of a token sequence; invalid UTF-8 becomes U+FFFD (never an exception)."""
   return b"".join(table[i] for i in ids).decode("utf-8", errors="replace")
+
+
+def think_tag_ids(tokenizer: Any, field: str = "max_think_tokens") -> tuple[int, int]:
+  """The ids of `<think>` and `</think>` (each must be one token: an added token in agentjax's
+  tokenizers, a special one in Qwen3's); a ValueError naming `field` otherwise."""
+  ids = []
+  for tag in ("<think>", "</think>"):
+    got = list(tokenizer.encode(tag, add_special_tokens=False))
+    if len(got) != 1:
+      raise ValueError(f"{field}: the thinking budget needs {tag!r} as one token of the "
+                       f"tokenizer, it encodes to {got}")
+    ids.append(int(got[0]))
+  return ids[0], ids[1]
+
+
+def with_think_tags(sampling: Any, tokenizer: Any, field: str = "max_think_tokens") -> Any:
+  """`sampling` (a SamplingParams) with think_tags read from the tokenizer when its thinking
+  budget is on and they are not set; unchanged otherwise."""
+  if sampling.max_think_tokens <= 0 or sampling.think_tags is not None:
+    return sampling
+  return dataclasses.replace(sampling, think_tags=think_tag_ids(tokenizer, field))

@@ -4,7 +4,10 @@
     uvicorn.run(app, host="127.0.0.1", port=8001)
 
   POST /v1/chat/completions  {"model", "messages": [{"role", "content"}], "max_tokens" (or
-                             "max_completion_tokens"), "temperature", "top_p", "stop", "seed", "n"}
+                             "max_completion_tokens"), "temperature", "top_p", "stop", "seed", "n",
+                             and vLLM's extras "repetition_penalty" (transformers' definition)
+                             and "max_think_tokens" (a thinking budget), as the official
+                             Co-ReAct client sends them}
   POST /v1/completions       {"model", "prompt": str | [str] | [int] | [[int]], the same settings}
   GET  /v1/models            the one served model (its id is `model_name`)
   GET  /health               {"status": "ok", "model", batcher counters (requests, batches, rows)}
@@ -103,6 +106,8 @@ class _Sampling(_Body):
   max_tokens: int | None = pydantic.Field(None, ge=1)
   temperature: float | None = pydantic.Field(None, ge=0.0, le=2.0)
   top_p: float | None = pydantic.Field(None, gt=0.0, le=1.0)
+  repetition_penalty: float | None = pydantic.Field(None, gt=0.0, le=10.0)
+  max_think_tokens: int | None = pydantic.Field(None, ge=0)
   n: int | None = pydantic.Field(None, ge=1)
   stop: Annotated[Union[str, list[str], None], _one_of("a string or a list of strings")] = None
   seed: int | None = pydantic.Field(None, ge=-_INT64, lt=_INT64)
@@ -209,7 +214,9 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
       seed = req.seed
     # Without max_tokens: the server's limit; rows also stop where the context ends ("length").
     return SamplingKey(max_new_tokens=max_tokens or max_tokens_limit, temperature=temperature,
-                       top_p=top_p, stop=tuple(dict.fromkeys(stop)), seed=seed)
+                       top_p=top_p, stop=tuple(dict.fromkeys(stop)), seed=seed,
+                       repetition_penalty=float(req.repetition_penalty or 1.0),
+                       max_think_tokens=int(req.max_think_tokens or 0))
 
   def check_fit(prompts: list[list[int]], max_tokens: int | None, field: str, param: str) -> None:
     for i, ids in enumerate(prompts):

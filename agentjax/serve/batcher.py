@@ -45,6 +45,8 @@ class SamplingKey:
   top_p: float = 1.0
   stop: tuple[str, ...] = ()
   seed: int | None = 0
+  repetition_penalty: float = 1.0   # Completer.complete's; 1.0 off
+  max_think_tokens: int = 0         # Completer.complete's; 0 off
 
 
 @dataclasses.dataclass
@@ -188,7 +190,9 @@ class Batcher:
           try:
             outs.extend(self.completer.complete(
                 chunk, max_new_tokens=key.max_new_tokens, temperature=key.temperature,
-                top_p=key.top_p, stop=key.stop, seed=seed))
+                top_p=key.top_p, stop=key.stop, seed=seed,
+                repetition_penalty=key.repetition_penalty,
+                max_think_tokens=key.max_think_tokens))
           finally:
             with self._lock:
               self._stats["batches"] += 1

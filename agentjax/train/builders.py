@@ -93,14 +93,26 @@ def make_search_backend(config: Any) -> SearchBackend:
   return PrimarySearch(backend) if jax.process_count() > 1 else backend
 
 
+def sampling_params(config: Any, greedy: bool = False, temperature: float | None = None
+                    ) -> SamplingParams:
+  """The rollout's sampling settings: greedy, or config.rollout's temperature (or `temperature`)
+  with its top-k / top-p filters; the repetition penalty and thinking budget of rollout in both
+  (the engine reads the <think> ids from its tokenizer)."""
+  r = config.rollout
+  # .get: configs recorded before these fields existed
+  rules = dict(repetition_penalty=float(r.get("repetition_penalty", 1.0)),
+               max_think_tokens=int(r.get("max_think_tokens", 0)))
+  if greedy:
+    return SamplingParams(greedy=True, **rules)
+  return SamplingParams(temperature=float(r.temperature if temperature is None else temperature),
+                        top_k=r.top_k, top_p=r.top_p, **rules)
+
+
 def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
   """The rollout settings of training (sampled, group_size per question) or of eval (greedy, one
   trajectory per question)."""
   r = config.rollout
-  penalty = float(r.get("repetition_penalty", 1.0))  # .get: configs recorded before it
-  sampling = SamplingParams(greedy=True, repetition_penalty=penalty) if greedy else \
-      SamplingParams(temperature=r.temperature, top_k=r.top_k, top_p=r.top_p,
-                     repetition_penalty=penalty)
+  sampling = sampling_params(config, greedy=greedy)
   return RolloutConfig(protocol=r.protocol, group_size=1 if greedy else r.group_size,
                        max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
                        max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,

@@ -26,6 +26,7 @@ from agentjax.rl.advantages import CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
 from agentjax.train.fields import fail as _fail, get as _get, names as _names  # noqa: F401
 from agentjax.train.fields import non_negative as _non_negative, positive as _positive
+from agentjax.train.fields import non_negative_int as _non_negative_int
 from agentjax.train.kinds import TRAINER_KINDS, trainer_kind
 
 JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
@@ -223,6 +224,7 @@ def _validate_rl(config: Any) -> None:
   penalty = _get(config, "rollout.repetition_penalty")
   if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
     _fail("rollout.repetition_penalty", penalty, "must be a number > 0 (1.0: off)")
+  _non_negative_int(config, "rollout.max_think_tokens")
   if _get(config, "rollout.engine") not in ENGINES:
     _fail("rollout.engine", _get(config, "rollout.engine"), f"must be one of {list(ENGINES)}")
   _non_negative(config, "rollout.slots")
@@ -345,6 +347,7 @@ def _validate_coreact(config: Any) -> None:
     v = _get(config, f)
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       _fail(f, v, "must be an int >= 1")
+  _non_negative_int(config, "coreact.generator_max_think_tokens")
   if _get(config, "coreact.min_items") > _get(config, "coreact.max_items"):
     _fail("coreact.min_items", _get(config, "coreact.min_items"),
           "must be <= coreact.max_items")

@@ -28,10 +28,10 @@ import numpy as np
 
 from agentjax.agent.trajectories import search_stats
 from agentjax.rl.rewards import exact_match, f1_score
-from agentjax.sampling import SamplingParams
 from agentjax.train.kinds import trainer_kind
 from agentjax.train.builders import (load_model, load_questions, make_agents,
-                                     make_search_backend, restore_policy, restore_trainable)
+                                     make_search_backend, restore_policy, restore_trainable,
+                                     sampling_params)
 
 log = logging.getLogger(__name__)
 
@@ -220,9 +220,7 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
       params = {role: params for role in roles}
   sampling = None  # greedy; a temperature samples with the config's top_k / top_p filters
   if temperature is not None:
-    r = config.rollout
-    sampling = SamplingParams(temperature=float(temperature), top_k=r.top_k, top_p=r.top_p,
-                              repetition_penalty=float(r.get("repetition_penalty", 1.0)))
+    sampling = sampling_params(config, temperature=float(temperature))
   _, engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh, lora,
                           eval_sampling=sampling, eval_only=True)
   if make_engine is not None:  # another agent on the same policy (launch/eval.py --agent)

@@ -40,6 +40,13 @@ def non_negative(config: Any, *fields: str) -> None:
       fail(f, v, "must be >= 0")
 
 
+def non_negative_int(config: Any, *fields: str) -> None:
+  for f in fields:
+    v = get(config, f)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+      fail(f, v, "must be an int >= 0")
+
+
 def names(value: Any, field: str) -> tuple[str, ...]:
   """'a, b' -> ("a", "b") (a comma-separated string field)."""
   if not isinstance(value, str):
@@ -47,4 +54,4 @@ def names(value: Any, field: str) -> tuple[str, ...]:
   return tuple(n.strip() for n in value.split(",") if n.strip())
 
 
-__all__ = ["ConfigError", "fail", "get", "names", "non_negative", "positive"]
+__all__ = ["ConfigError", "fail", "get", "names", "non_negative", "non_negative_int", "positive"]
