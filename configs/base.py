@@ -335,14 +335,23 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.coreact.num_candidates = 4                  # diversity_top_k
   c.coreact.num_judges = 3
   # Judges in ranking mode: "oracle" (SynthWorld's value-to-go from the gold chain; ours),
-  # "openai" (config.judge's endpoint; judge_models, comma-separated, one model per judge, or
-  # config.judge.model for all), "local" (config.judge.hf_path).
+  # "montecarlo" (graded values: the success rate of policy continuations after each candidate;
+  # ours), "openai" (config.judge's endpoint; judge_models, comma-separated, one model per judge,
+  # or config.judge.model for all), "local" (config.judge.hf_path).
   c.coreact.judge_backend = "oracle"
   c.coreact.judge_models = ""
   # The oracle judges: value-to-go gamma^(steps to a correct answer); each judge adds Gaussian
   # noise of this std to the values before ranking (0: J identical judges; ours).
   c.coreact.oracle_gamma = 0.8
   c.coreact.oracle_noise = 0.05
+  # The montecarlo judges: each judge's value of a candidate is the mean return of its own
+  # value_rollouts continuations of the policy after it (sampled at value_temperature, to an
+  # answer or rollout.max_turns; value_batch rows per decode call), a return being the answer's
+  # value_metric ("em": success; "f1") against the golden answers (ours).
+  c.coreact.value_rollouts = 4
+  c.coreact.value_temperature = 1.0
+  c.coreact.value_metric = "em"
+  c.coreact.value_batch = 64
   c.coreact.collect_split = "train"              # questions collected from (dev: held-out rows)
   c.coreact.collect_questions = 200
   # The rubric applier that ranks the K candidates by a rubric and counts its atomic criteria:

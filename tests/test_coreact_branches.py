@@ -137,6 +137,11 @@ def test_oracle_noise_is_seeded_and_reproducible():
 def test_build_ranker_and_applier_config_errors(tmp_path):
   config = get_config("demo")
   assert isinstance(build_ranker(config), OracleRanker)
+  config.coreact.judge_backend = "montecarlo"
+  mc = build_ranker(config)
+  assert (mc.num_judges, mc.rollouts, mc.continuations, mc.metric) == (3, 4, 12, "em")
+  with pytest.raises(ValueError, match="continuations"):
+    mc.rank([], [], [])
   config.coreact.judge_backend = "crystal_ball"
   with pytest.raises(ValueError, match="coreact.judge_backend"):
     build_ranker(config)
@@ -565,3 +570,61 @@ def test_collection_survives_a_faulty_backend(scripted_world):
     rows, stats = BranchCollector(policy, Faulty(mode), OracleRanker(3, G, 0.0),
                                   settings).collect(QUESTIONS)
     assert stats.searches == 2 and stats.search_failures == 2 and len(rows) == 2
+
+
+def test_montecarlo_values_from_policy_continuations(scripted_world, monkeypatch):
+  """The montecarlo judges on the scripted policy, which after thinking searches or answers
+  "Aldric" with probability 1/2 each (right for z, wrong for q): an answer candidate's returns
+  are its own score (1 for z, 0 for q) with no continuation; a search candidate's returns are
+  0/1 successes of continuations that start from exactly the context collection would feed
+  (prompt, the candidate's ids, its observation), with a success rate near 1 - 2^-(steps left);
+  "values" is the mean return and each judge ranks by its own slice (scipy's average ranks)."""
+  from agentjax.coreact.rankers import MonteCarloRanker
+  from agentjax.sampling.complete import Completer
+  tok, backend, agent = scripted_world
+  completer = Completer(agent.cfg, agent.params(af.SEARCH, af.ANSWER), tok, max_total_tokens=512)
+  settings = CollectSettings(max_turns=3, max_new_tokens=16, max_obs_tokens=64,
+                             max_total_tokens=512, topk=1, temperatures=(1.0,),
+                             per_temperature=8, num_candidates=4, seed=0, value_batch=16)
+  judges, rollouts = 2, 12
+  ranker = MonteCarloRanker(judges, rollouts, temperature=1.0, metric="em")
+  calls = []
+  real = completer.complete
+  monkeypatch.setattr(completer, "complete",
+                      lambda p, **kw: calls.append((p, kw)) or real(p, **kw))
+  rows, stats = BranchCollector(completer, backend, ranker, settings).collect(QUESTIONS)
+  assert stats.value_samples > 0 and stats.value_searches > 0
+  assert all(len(p) <= 16 for p, _ in calls)  # value_batch rows per call at most
+  z0 = next(r for r in rows if r["id"] == "z/0")
+  search_mean = None
+  for row in rows:
+    ctx = BranchContext.from_json(row)
+    returns = np.asarray(row["value_returns"])
+    assert returns.shape == (len(row["candidates"]), judges * rollouts)
+    assert set(np.unique(returns)) <= {0.0, 1.0}
+    np.testing.assert_allclose(row["values"], returns.mean(1))
+    slices = returns.reshape(len(returns), judges, rollouts).mean(-1).T
+    np.testing.assert_allclose(row["judge_rankings"], [_ranks_desc(s) for s in slices])
+    np.testing.assert_allclose(row["borda"], np.sum(row["judge_rankings"], axis=0))
+    for cand, r in zip(row["candidates"], returns):
+      if ctx.parse(cand).kind == ANSWER:  # scored once, no continuation
+        assert set(r) == {1.0 if row["id"].startswith("z") else 0.0}
+    if row["id"].startswith("q"):  # nothing the policy does can succeed: every value 0, tied
+      assert not returns.any() and len(set(row["expert_ranking"])) == 1
+  for cand, r in zip(z0["candidates"], z0["value_returns"]):
+    if "<search>" in cand:
+      search_mean = float(np.mean(r))
+  # Two steps left after a search at step 0: success 1 - 1/4 = 0.75 (24 samples: sd 0.09).
+  assert search_mean is not None and 0.4 < search_mean < 1.0
+  # A continuation's first context is the trajectory advanced with its candidate.
+  search = next(c for c in z0["candidates"] if "<search>" in c)
+  ids = tok.encode(search, add_special_tokens=False)
+  z_prompt = prompt_ids(tok, SEARCH_R1, QUESTIONS[0]["question"])
+  doc = backend.search(["Zorvath founder"], 1).documents[0]
+  obs = observation_ids(tok, *SEARCH_R1.observation(doc), 64)
+  continued = [list(p) for prompts, kw in calls if kw["temperature"] == 1.0 for p in prompts]
+  assert z_prompt + ids + obs in continued
+  with pytest.raises(ValueError, match="value_rollouts"):
+    MonteCarloRanker(2, 0)
+  with pytest.raises(ValueError, match="value_metric"):
+    MonteCarloRanker(2, 2, metric="bleu")

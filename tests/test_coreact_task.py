@@ -42,6 +42,9 @@ def _rubric_config():
     ("coreact.generator_max_think_tokens", -1, "config.coreact.generator_max_think_tokens="),
     ("rollout.max_think_tokens", -1, "config.rollout.max_think_tokens="),
     ("rollout.repetition_penalty", 0.0, "config.rollout.repetition_penalty="),
+    ("coreact.value_rollouts", 0, "config.coreact.value_rollouts="),
+    ("coreact.value_metric", "bleu", "config.coreact.value_metric="),
+    ("coreact.value_temperature", 0.0, "config.coreact.value_temperature="),
 ])
 def test_rubric_config_errors_name_the_field(field, value, expect):
   c = _rubric_config()

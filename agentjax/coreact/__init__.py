@@ -4,7 +4,8 @@ context.py   BranchContext: the trajectory so far at a branch point (every stage
 rubric.py    the rubric format, its parser, the reward (list-wise Spearman), prompts, phase hints
 executor.py  SynthWorld's rubric applier: criteria in a small predicate vocabulary
 appliers.py  rubric appliers (executor / openai / local): rank candidates, score an action
-rankers.py   judges in ranking mode (oracle value-to-go / openai / local) for branch collection
+rankers.py   judges in ranking mode (oracle value-to-go / montecarlo continuations / openai /
+             local) for branch collection
 branches.py  branch-point collection (launch/collect_branches.py)
 task.py      the rubric generator as a single-turn RL task (trainer "rubric")
 warmstart.py the demo generator's warm-start demonstrations
@@ -17,6 +18,8 @@ RANK_REWARDS = ("listwise", "pairwise", "top1")
 # Agents launch/eval.py runs, and how Best-of-N picks its action (config.coreact.best_of_n_select).
 AGENTS = ("react", "coreact", "best_of_n")
 SELECTS = ("rubric", "self")
+# How a montecarlo judge scores a continuation's answer (config.coreact.value_metric).
+VALUE_METRICS = ("em", "f1")
 
 
 def build_named(registry: dict, field: str, config, mesh=None):

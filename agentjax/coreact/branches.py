@@ -26,7 +26,9 @@ For a batch of questions, step by step up to rollout.max_turns:
      (agentjax.rl.ranking.diverse_select).
   3. search every kept candidate's query (one batched call for the whole batch).
   4. rank the candidates by the J judges (agentjax/coreact/rankers.py), Borda (sum of ranks),
-     expert ranking = average ranks of the Borda scores.
+     expert ranking = average ranks of the Borda scores. Montecarlo judges rank by the returns
+     of policy continuations after each candidate, which the collector runs here
+     (_continuation_returns: batched Completer calls, one search call per step).
   5. write the row, unless the branch has < 2 distinct candidates or the judges failed on it;
      continue with the Borda rank-1 candidate (ties: the first in selection order; an unranked
      branch continues with its first candidate), its documents becoming the observation. The
@@ -40,8 +42,10 @@ max_turns steps. Row:
   {"id": "{question id}/{step}", "question", "turns", "max_calls", "protocol" (BranchContext),
    "candidates": [K texts], "sources": [K generator names: "policy", an extra generator's
    entry of coreact.extra_generators], "judge_rankings": [J][K], "judges": [J identities],
-   "borda": [K], "expert_ranking": [K], "values": [K] (oracle judges only: the noiseless
-   value-to-go)}
+   "borda": [K], "expert_ranking": [K], "values": [K] (oracle judges: the noiseless
+   value-to-go; montecarlo judges: the mean return of every continuation), "value_returns":
+   [K][J x value_rollouts] (montecarlo judges: each continuation's return, judge j's the j-th
+   slice of value_rollouts)}
 """
 
 from __future__ import annotations
@@ -54,12 +58,12 @@ from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, get_protocol
+from agentjax.agent.protocol import ANSWER, INVALID, SEARCH, Action, get_protocol, parse_action
 from agentjax.agent.rollout import observation_ids, prompt_ids
 from agentjax.agent.trajectories import TurnRecord
 from agentjax.coreact.context import BranchContext
 from agentjax.jsonl import write_jsonl_atomic
-from agentjax.coreact.rankers import OracleRanker, branch_id
+from agentjax.coreact.rankers import MonteCarloRanker, OracleRanker, branch_id
 from agentjax.judge.chat import short
 from agentjax.retrieval import SearchResponse
 from agentjax.retrieval.base import guarded_search
@@ -84,6 +88,7 @@ class CollectSettings:
   per_temperature: int = 4
   num_candidates: int = 4
   seed: int = 0
+  value_batch: int = 64  # rows per Completer call of a montecarlo ranker's continuations
 
   def __post_init__(self):
     get_protocol(self.protocol)
@@ -96,6 +101,8 @@ class CollectSettings:
     if self.per_temperature < 1:
       raise ValueError(f"config.coreact.candidates_per_temperature must be >= 1, got "
                        f"{self.per_temperature}")
+    if self.value_batch < 1:
+      raise ValueError(f"config.coreact.value_batch must be >= 1, got {self.value_batch}")
     if self.num_candidates < 2:
       raise ValueError(f"config.coreact.num_candidates must be >= 2, got {self.num_candidates}")
 
@@ -109,7 +116,8 @@ class CollectSettings:
                topk=int(config.retrieval.topk),
                temperatures=tuple(float(t) for t in c.candidate_temperatures),
                per_temperature=int(c.candidates_per_temperature),
-               num_candidates=int(c.num_candidates), seed=int(config.seed))
+               num_candidates=int(c.num_candidates), seed=int(config.seed),
+               value_batch=int(c.get("value_batch", 64)))
 
 
 @dataclasses.dataclass
@@ -126,6 +134,8 @@ class CollectStats:
   answered: int = 0           # trajectories that ended with an answer
   extra_sampled: int = 0      # of `sampled`, from extra generators
   generator_failures: int = 0  # (extra generator, branch point) pairs with a failed request
+  value_samples: int = 0      # montecarlo: continuation actions sampled
+  value_searches: int = 0     # montecarlo: continuation queries searched
 
   def to_json(self) -> dict[str, int]:
     return dataclasses.asdict(self)
@@ -342,10 +352,7 @@ class BranchCollector:
           prompts, max_new_tokens=s.max_new_tokens, temperature=temperature, top_p=s.top_p,
           stop=self.protocol.stop_strings, seed=seed)
       for row, c in enumerate(completions):
-        b = row // s.per_temperature
-        cut = c.finish_reason == "length" and c.prompt_tokens + len(c.token_ids) >= \
-            s.max_total_tokens
-        out[b].append(_Candidate(self._decode(c.token_ids), list(c.token_ids), cut))
+        out[row // s.per_temperature].append(self._candidate(c))
     if self.generators:
       contexts = [self._decode(t.ids) for t in trajectories]
     for g, gen in enumerate(self.generators):
@@ -367,6 +374,12 @@ class BranchCollector:
                     "candidates from those requests), e.g.: %s", gen.name, len(failed),
                     len(trajectories), step, failed[0])
     return out
+
+  def _candidate(self, c: Any) -> _Candidate:
+    """A policy completion as a candidate (cut: it ended at the context budget)."""
+    cut = c.finish_reason == "length" and c.prompt_tokens + len(c.token_ids) >= \
+        self.settings.max_total_tokens
+    return _Candidate(self._decode(c.token_ids), list(c.token_ids), cut)
 
   def _foreign(self, t: _Trajectory, text: str, source: str) -> _Candidate:
     """An extra generator's candidate: its text in the policy's tokenization (what the
@@ -411,6 +424,7 @@ class BranchCollector:
     rows_by_question: list[list[dict[str, Any]]] = [[] for _ in questions]
     identities = self.ranker.identities()
     oracle = isinstance(self.ranker, OracleRanker)
+    montecarlo = isinstance(self.ranker, MonteCarloRanker)
 
     for step in range(s.max_turns):
       live = [b for b, t in enumerate(trajectories) if not t.done]
@@ -442,12 +456,20 @@ class BranchCollector:
 
       ranked = [i for i in range(len(live)) if len(kept[i]) >= 2]
       stats.few_candidates += len(live) - len(ranked)
-      rankings = self.ranker.rank([contexts[i] for i in ranked],
-                                  [[c.text for c in kept[i]] for i in ranked],
-                                  [docs[i] for i in ranked]) if ranked else []
-      values = self.ranker.values([contexts[i] for i in ranked],
-                                  [[c.text for c in kept[i]] for i in ranked],
-                                  [docs[i] for i in ranked]) if oracle and ranked else []
+      returns: list = []
+      if montecarlo and ranked:
+        returns = self._continuation_returns(
+            [trajectories[live[i]] for i in ranked], [kept[i] for i in ranked],
+            [actions[i] for i in ranked], [docs[i] for i in ranked],
+            [errors[i] for i in ranked], step, stats)
+        rankings, values = map(list, zip(*(self.ranker.rank_returns(r) for r in returns)))
+      else:
+        rankings = self.ranker.rank([contexts[i] for i in ranked],
+                                    [[c.text for c in kept[i]] for i in ranked],
+                                    [docs[i] for i in ranked]) if ranked else []
+        values = self.ranker.values([contexts[i] for i in ranked],
+                                    [[c.text for c in kept[i]] for i in ranked],
+                                    [docs[i] for i in ranked]) if oracle and ranked else []
       choice = [0] * len(live)
       for n, i in enumerate(ranked):
         judge_rankings = rankings[n]
@@ -464,8 +486,10 @@ class BranchCollector:
                "judge_rankings": [[float(r) for r in judge] for judge in judge_rankings],
                "judges": identities, "borda": [float(x) for x in scores],
                "expert_ranking": [float(x) for x in expert]}
-        if oracle:
+        if oracle or montecarlo:
           row["values"] = [float(v) for v in values[n]]
+        if montecarlo:
+          row["value_returns"] = [[float(x) for x in r] for r in returns[n]]
         rows_by_question[live[i]].append(row)
         stats.rows += 1
 
@@ -473,6 +497,66 @@ class BranchCollector:
         self._advance(trajectories[b], kept[i][choice[i]], actions[i][choice[i]],
                       docs[i][choice[i]], errors[i][choice[i]], stats)
     return [row for rows in rows_by_question for row in rows], stats
+
+  def _continuation_returns(self, trajectories: Sequence[_Trajectory],
+                            kept: Sequence[Sequence[_Candidate]],
+                            actions: Sequence[Sequence[Action]], docs: Sequence[Sequence[Any]],
+                            errors: Sequence[Sequence[str | None]], step: int,
+                            stats: CollectStats) -> list[list[list[float]]]:
+    """[branch][candidate][n] returns of n = ranker.continuations policy continuations after
+    each kept candidate (the montecarlo ranker): the trajectory advanced with the candidate as
+    collection would (_advance), then one sampled policy action per continuation and step
+    (every live continuation of the step in Completer calls of value_batch rows, their searches
+    in one call) until it answers, its context budget ends or rollout.max_turns steps are
+    taken. A return is the ranker's score of the answer, 0 without one. A candidate that ends
+    the trajectory (an answer, the budget) is scored once for all n."""
+    s, ranker = self.settings, self.ranker
+    n = ranker.continuations
+    scratch = CollectStats()  # the continuations' own counts stay out of the collection's
+    out = [[[0.0] * n for _ in cands] for cands in kept]
+    runs: list[tuple[int, int, int, _Trajectory]] = []
+    for i, (t, cands) in enumerate(zip(trajectories, kept)):
+      for k, cand in enumerate(cands):
+        first = _Trajectory(t.question, list(t.ids), list(t.turns))
+        self._advance(first, cand, actions[i][k], docs[i][k], errors[i][k], scratch)
+        if first.done:
+          out[i][k] = [self._return(first)] * n
+        else:
+          runs += [(i, k, r, _Trajectory(first.question, list(first.ids), list(first.turns)))
+                   for r in range(n)]
+    for later in range(step + 1, s.max_turns):
+      live = [run for run in runs if not run[3].done]
+      if not live:
+        break
+      cands = []
+      for start in range(0, len(live), s.value_batch):
+        chunk = live[start:start + s.value_batch]
+        seed = zlib.crc32(f"{s.seed}/{step}/value/{later}/{start}".encode()) % (2 ** 31)
+        cands += [self._candidate(c) for c in self.completer.complete(
+            [run[3].ids for run in chunk], max_new_tokens=s.max_new_tokens,
+            temperature=ranker.temperature, top_p=s.top_p, stop=self.protocol.stop_strings,
+            seed=seed)]
+      acts = [parse_action(self.protocol, c.text) for c in cands]
+      jobs = [j for j, a in enumerate(acts) if a.kind == SEARCH]
+      response = self._search([acts[j].content for j in jobs])
+      found: dict[int, tuple[tuple, str | None]] = {
+          j: (tuple(d), e) for j, d, e in zip(jobs, response.documents, response.errors)}
+      for j, (run, cand, act) in enumerate(zip(live, cands, acts)):
+        got, error = found.get(j, ((), None))
+        self._advance(run[3], cand, act, got, error, scratch)
+      stats.value_samples += len(live)
+      stats.value_searches += len(jobs)
+    for i, k, r, t in runs:
+      out[i][k][r] = self._return(t)
+    return out
+
+  def _return(self, t: _Trajectory) -> float:
+    """A continuation's return: the ranker's score of its answer, 0 without one."""
+    last = t.turns[-1].action if t.turns else None
+    if last is None or last.kind != ANSWER:
+      return 0.0
+    golds = t.question.get("golden_answers") or []
+    return self.ranker.score(last.content, [golds] if isinstance(golds, str) else list(golds))
 
   def _advance(self, t: _Trajectory, cand: _Candidate, action: Action, docs: Sequence[Any],
                error: str | None, stats: CollectStats) -> None:

@@ -27,6 +27,15 @@ Backends (registry RANKERS):
           agree and equal values stay tied. A candidate's documents are what its search returned
           (the collector runs every candidate's query). A question without a usable gold chain
           gives None (the branch is not written).
+  montecarlo  graded values (ours; issue: the oracle's value-to-go ties in most rows): a
+          candidate's value is the success rate of continuations of the policy after it
+          (config.coreact.value_rollouts per judge, sampled at coreact.value_temperature, each
+          run to an answer or to rollout.max_turns; the collector runs them, batched:
+          BranchCollector._continuation_returns), scored by coreact.value_metric ("em": success
+          1/0; "f1") against golden_answers. An answer candidate needs no continuation: its own
+          score. Judge j ranks by the mean of its own value_rollouts continuations (independent
+          samples, so judges disagree where the estimate is uncertain); "values" is the mean of
+          all J x value_rollouts.
   openai  an LLM per judge at config.judge's endpoint: coreact.judge_models (comma-separated, one
           model per judge) or judge.model for every judge (agentjax/judge/chat.py, its retries).
   local   config.judge.hf_path, greedy (all judges are the one model).
@@ -50,13 +59,13 @@ import numpy as np
 
 from agentjax.agent.protocol import ANSWER, SEARCH
 from agentjax.coreact.appliers import candidates_block, context_block, letters, parse_ranking
-from agentjax.coreact import build_named
+from agentjax.coreact import VALUE_METRICS, build_named
 from agentjax.coreact.context import BranchContext
 from agentjax.judge.base import prompt_sha256
 from agentjax.judge.oracle import gold_chain, hop_index, resolve
 from agentjax.judge.render import reply_object
 from agentjax.rl import ranking
-from agentjax.rl.rewards import exact_match
+from agentjax.rl.rewards import exact_match, f1_score
 
 log = logging.getLogger(__name__)
 
@@ -160,6 +169,56 @@ class OracleRanker:
 
 
 # ---------------------------------------------------------------------------------------------
+# Monte-Carlo continuations
+# ---------------------------------------------------------------------------------------------
+
+class MonteCarloRanker:
+  """num_judges rankings from policy continuations (module docstring, "montecarlo"). The
+  collector asks for `continuations` returns per candidate and passes them to rank_returns."""
+
+  def __init__(self, num_judges: int, rollouts: int, temperature: float = 1.0,
+               metric: str = "em"):
+    if num_judges < 1:
+      raise ValueError(f"config.coreact.num_judges must be >= 1, got {num_judges}")
+    if rollouts < 1:
+      raise ValueError(f"config.coreact.value_rollouts must be >= 1, got {rollouts}")
+    if not temperature > 0:
+      raise ValueError(f"config.coreact.value_temperature must be > 0, got {temperature}")
+    if metric not in VALUE_METRICS:
+      raise ValueError(f"config.coreact.value_metric={metric!r}: must be one of "
+                       f"{list(VALUE_METRICS)}")
+    self.num_judges, self.rollouts = int(num_judges), int(rollouts)
+    self.temperature, self.metric = float(temperature), metric
+    self.continuations = self.num_judges * self.rollouts
+
+  def identities(self) -> list[dict[str, str]]:
+    return [{"backend": "montecarlo", "model": f"policy-continuations/k={self.rollouts}/"
+             f"temperature={self.temperature:g}/metric={self.metric}/judge={j}",
+             "prompt_sha256": "-"} for j in range(self.num_judges)]
+
+  def score(self, answer: str, golds: Sequence[str]) -> float:
+    """A continuation's return: its answer against the golds (value_metric)."""
+    return float(exact_match(answer, list(golds)) if self.metric == "em"
+                 else f1_score(answer, list(golds)))
+
+  def rank_returns(self, returns: Sequence[Sequence[float]]) -> tuple[Rankings, list[float]]:
+    """returns [K][continuations] of one branch point -> ([J][K] rankings: judge j's average
+    ranks of the mean of its slice j * rollouts:(j + 1) * rollouts, 1 = best; [K] values: the
+    mean of every return)."""
+    r = np.asarray(returns, np.float64)
+    if r.ndim != 2 or r.shape[1] != self.continuations:
+      raise ValueError(f"montecarlo: returns of shape {r.shape}, expected [K, "
+                       f"{self.continuations}]")
+    means = r.reshape(r.shape[0], self.num_judges, self.rollouts).mean(-1).T  # [J, K]
+    ranks = np.asarray(ranking.average_ranks(means, descending=True))
+    return ranks.astype(float).tolist(), r.mean(-1).tolist()
+
+  def rank(self, contexts, candidates, documents=None):
+    raise ValueError("the montecarlo ranker ranks from policy continuations: collect with "
+                     "BranchCollector (launch/collect_branches.py), which runs them")
+
+
+# ---------------------------------------------------------------------------------------------
 # LLM judges
 # ---------------------------------------------------------------------------------------------
 
@@ -240,6 +299,13 @@ def _oracle(config: Any, mesh: Any = None) -> OracleRanker:
   return OracleRanker(c.num_judges, float(c.oracle_gamma), float(c.oracle_noise), config.seed)
 
 
+def _montecarlo(config: Any, mesh: Any = None) -> MonteCarloRanker:
+  del mesh
+  c = config.coreact
+  return MonteCarloRanker(c.num_judges, int(c.value_rollouts), float(c.value_temperature),
+                          str(c.value_metric))
+
+
 def _openai(config: Any, mesh: Any = None) -> LLMRanker:
   from agentjax.judge.chat import OpenAIChat
   del mesh
@@ -267,8 +333,8 @@ def _local(config: Any, mesh: Any = None) -> LLMRanker:
   return LLMRanker([backend] * int(config.coreact.num_judges))
 
 
-RANKERS: dict[str, Callable[..., Ranker]] = {"oracle": _oracle, "openai": _openai,
-                                             "local": _local}
+RANKERS: dict[str, Callable[..., Ranker]] = {"oracle": _oracle, "montecarlo": _montecarlo,
+                                             "openai": _openai, "local": _local}
 
 
 def build_ranker(config: Any, mesh: Any = None) -> Ranker:
@@ -276,5 +342,6 @@ def build_ranker(config: Any, mesh: Any = None) -> Ranker:
   return build_named(RANKERS, "coreact.judge_backend", config, mesh)
 
 
-__all__ = ["RANKERS", "LLMRanker", "OracleRanker", "Ranker", "branch_id", "build_ranker",
+__all__ = ["RANKERS", "LLMRanker", "MonteCarloRanker", "OracleRanker", "Ranker", "branch_id",
+           "build_ranker",
            "oracle_values", "parse_rankings", "rank_messages"]

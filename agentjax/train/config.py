@@ -328,7 +328,7 @@ def trained_roles(config: Any) -> tuple[str, ...] | None:
 
 def _validate_coreact(config: Any) -> None:
   """config.coreact (read by trainer "rubric", collection and guided eval)."""
-  from agentjax.coreact import RANK_REWARDS, SELECTS
+  from agentjax.coreact import RANK_REWARDS, SELECTS, VALUE_METRICS
   kind, protocol = trainer_kind(config), _get(config, "rollout.protocol")
   owners = [k.name for k in TRAINER_KINDS.values() if k.protocol == protocol]
   if owners and kind.name not in owners:  # a kind's own protocol (the rubric generator's)
@@ -348,6 +348,14 @@ def _validate_coreact(config: Any) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
       _fail(f, v, "must be an int >= 1")
   _non_negative_int(config, "coreact.generator_max_think_tokens")
+  for f in ("coreact.value_rollouts", "coreact.value_batch"):
+    v = _get(config, f)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      _fail(f, v, "must be an int >= 1")
+  _positive(config, "coreact.value_temperature")
+  if _get(config, "coreact.value_metric") not in VALUE_METRICS:
+    _fail("coreact.value_metric", _get(config, "coreact.value_metric"),
+          f"must be one of {list(VALUE_METRICS)}")
   if _get(config, "coreact.min_items") > _get(config, "coreact.max_items"):
     _fail("coreact.min_items", _get(config, "coreact.min_items"),
           "must be <= coreact.max_items")
