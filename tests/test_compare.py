@@ -566,8 +566,22 @@ def test_dac_report_against_a_direct_computation(tmp_path):
       json.dump(result, open(os.path.join(wd, "result.json"), "w"))
       truth[method, seed] = (f1s, curve, result)
   study = reporting.collect(root, ["base"], ["grpo_full", "dac"], ["0", "1"], steps=steps)
-  t = dac_study.summarize_dac(study, {s: split(s, np.ones(4), True) for s in ("dev", "test")})
+  start = {s: split(s, np.ones(4), True) for s in ("dev", "test")}
+  assert dac_study.summarize_dac(study, start)["base"]["threshold"] is None  # older evals
+  # The warm start's figures predict alpha* = c_G P(S = 1) / P(S = 0) = 0.2 * 0.6 / 0.4 = 0.3
+  # (+ c0 = 0.1: 0.4), so the arm at alpha 0.3 sits below it: "answer".
+  start["dev"].update(insufficient_share=0.4, accuracy_sufficient=0.2, accuracy_insufficient=0.1)
+  t = dac_study.summarize_dac(study, start)
   t = t["base"]
+  assert t["threshold"]["alpha_star_paper"] == pytest.approx(0.3)
+  assert t["threshold"]["alpha_star"] == pytest.approx(0.4)
+  assert t["alpha"][0]["predicted"] == "answer"
+  assert dac_study.alpha_sweep(0.3) == {
+      "dac_astar0.33": ("dac", {"dac.alpha": 0.1, "dac.generator_group": "question"}),
+      "dac_astar1": ("dac", {"dac.alpha": 0.3, "dac.generator_group": "question"}),
+      "dac_astar3": ("dac", {"dac.alpha": 0.9, "dac.generator_group": "question"})}
+  with pytest.raises(ValueError, match="alpha"):
+    dac_study.alpha_sweep(float("inf"))
   dac, grpo = t["methods"]["dac"], t["methods"]["grpo_full"]
   runs = [truth["dac", s] for s in "01"]
   test = [f.mean() for f, _, _ in runs]
@@ -603,7 +617,8 @@ def test_dac_report_against_a_direct_computation(tmp_path):
   assert [a["alpha"] for a in t["alpha"]] == [0.3]
   assert t["dac_start"]["dev"]["f1"] == 1.0
   text = dac_study.markdown_dac({"base": t}, steps, "test CPU")
-  assert "| dac | 2 |" in text and "| 0.3 | dac | 2 |" in text and "test CPU" in text
+  assert "| dac | 2 |" in text and "| 0.3 | answer | dac | 2 |" in text and "test CPU" in text
+  assert "α* = 0.400" in text
   paths = dac_study.plot_dac(study, str(tmp_path))
   assert [os.path.basename(p) for p in paths] == [
       "f1_vs_step.png", "sufficiency_vs_step.png", "abstain_vs_step.png"]

@@ -854,3 +854,57 @@ def test_review_sees_reasoning_with_long_notes_does_not_crash_the_step():
   agent, _ = _review_agent(s, turns_text="think " * 200)
   agent.run({"searcher": None, "generator": None}, ["Who founded Zorvath?"], jax.random.key(0),
             golds=[["Aldric"]])
+
+
+@pytest.mark.parametrize("penalty", [0.0, 0.5])
+def test_abstention_threshold_makes_answering_and_abstaining_pay_alike(penalty):
+  """alpha* from P(S = 0), c_G and the guess accuracy c0: under generator_rewards at alpha*, a
+  generator that answers every set and one that abstains on every set earn the same mean reward
+  (counted on random labels); just below alpha* answering pays more, just above abstaining does.
+  With c0 = penalty = 0 it is the issue's c_G P(S = 1) / P(S = 0)."""
+  rng = np.random.default_rng(0)
+  n = 4000
+  sufficient = rng.random(n) < 0.45
+  correct = np.where(sufficient, rng.random(n) < 0.3, rng.random(n) < 0.05)
+  p0 = float(np.mean(~sufficient))
+  c1, c0 = float(correct[sufficient].mean()), float(correct[~sufficient].mean())
+  alpha = R.abstention_threshold(p0, c1, c0, penalty)
+  yes, no = np.ones(n, bool), np.zeros(n, bool)
+
+  def mean_reward(abstain, a):
+    return float(np.mean(R.generator_rewards(yes, yes if abstain else no,
+                                             no if abstain else correct, sufficient, a,
+                                             insufficient_answer_penalty=penalty)))
+
+  assert mean_reward(False, alpha) == pytest.approx(mean_reward(True, alpha), abs=1e-6)
+  assert mean_reward(False, alpha - 0.05) > mean_reward(True, alpha - 0.05)
+  assert mean_reward(False, alpha + 0.05) < mean_reward(True, alpha + 0.05)
+  assert R.abstention_threshold(0.55, 0.09) == pytest.approx(0.09 * 0.45 / 0.55)
+  assert R.abstention_threshold(0.0, 0.5) == float("inf")
+  with pytest.raises(ValueError, match="p_insufficient"):
+    R.abstention_threshold(1.5, 0.5)
+
+
+def test_eval_rows_report_what_the_threshold_reads():
+  """evaluation.row_means of an abstaining agent's rows: P(S = 0) and the EM accuracy of the
+  answers given on S = 1 and S = 0 evidence, against a NumPy count (abstentions are not
+  answers; no answer on one side gives 0)."""
+  from agentjax.train.evaluation import row_means
+  rng = np.random.default_rng(1)
+  rows = []
+  for i in range(200):
+    s, abst = bool(rng.random() < 0.5), bool(rng.random() < 0.3)
+    em = 0.0 if abst else float(rng.random() < (0.6 if s else 0.1))
+    rows.append({"answer": None if abst else "x", "em": em, "f1": em, "format_ok": True,
+                 "turns": 1, "abstained": abst, "sufficient": s})
+  got = row_means(rows)
+  s = np.array([r["sufficient"] for r in rows])
+  took = np.array([r["answer"] is not None for r in rows])
+  em = np.array([r["em"] for r in rows])
+  assert got["insufficient_share"] == pytest.approx(np.mean(~s))
+  assert got["accuracy_sufficient"] == pytest.approx(np.mean(em[s & took] > 0))
+  assert got["accuracy_insufficient"] == pytest.approx(np.mean(em[~s & took] > 0))
+  for r in rows:
+    if not r["sufficient"]:
+      r.update(answer=None, abstained=True, em=0.0)
+  assert row_means(rows)["accuracy_insufficient"] == 0.0

@@ -72,6 +72,33 @@ def generator_rewards(answered: np.ndarray, abstained: np.ndarray, is_correct: n
   return np.where(answered, r, invalid_reward).astype(np.float32)
 
 
+def abstention_threshold(p_insufficient: float, accuracy_sufficient: float,
+                         accuracy_insufficient: float = 0.0,
+                         insufficient_answer_penalty: float = 0.0) -> float:
+  """alpha*: the abstention reward at which a generator that cannot tell S = 0 from S = 1 is
+  indifferent between answering everything and abstaining on everything (generator_rewards):
+  answering earns c1 P(S = 1) + (c0 - (1 - c0) penalty) P(S = 0), abstaining alpha P(S = 0). With
+  c0 = penalty = 0 it is the paper's trade-off c_G P(S = 1) / P(S = 0) (methods spec §5: alpha
+  against gamma c_G); above it abstention pays more than answering wherever the generator is no
+  surer than average, below it answering does.
+
+  Args:
+    p_insufficient: P(S = 0) of the evidence sets the generator is given.
+    accuracy_sufficient: c1 = c_G, its accuracy (EM) when it answers on S = 1 sets.
+    accuracy_insufficient: c0, its accuracy when it answers on S = 0 sets (lucky guesses).
+  Returns:
+    alpha* (inf when every set is sufficient).
+  """
+  p0 = float(p_insufficient)
+  if not 0.0 <= p0 <= 1.0:
+    raise ValueError(f"p_insufficient must be in [0, 1], got {p0}")
+  if p0 == 0.0:
+    return float("inf")
+  c0 = float(accuracy_insufficient)
+  answer = accuracy_sufficient * (1.0 - p0) + (c0 - (1.0 - c0) * insufficient_answer_penalty) * p0
+  return float(answer / p0)
+
+
 def searcher_rewards(is_sufficient: np.ndarray, answered: np.ndarray, abstained: np.ndarray,
                      is_correct: np.ndarray, mode: str = "sufficient_answered") -> np.ndarray:
   """[E] float32 searcher rewards, one per evidence set (module docstring).

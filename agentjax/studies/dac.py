@@ -217,6 +217,36 @@ AUG_KEYS = ("accuracy_clean", "accuracy_augmented", "accuracy_drop", "abstain_ra
             "abstain_rate_augmented", "n_augmented_sufficient", "consistency")
 
 
+# The alpha sweep around the warm start's threshold (issue 33): alpha* / 3, alpha*, 3 alpha*.
+ALPHA_FACTORS = (1 / 3, 1.0, 3.0)
+
+
+def threshold_prediction(start_split: dict, penalty: float = 0.0) -> dict | None:
+  """The abstention predicted from the DAC agent before RL (its eval on a split: the
+  generator's warm start on the searcher's evidence): P(S = 0), c_G (accuracy when it answers on
+  S = 1), c0 (on S = 0) and alpha* (dac.rewards.abstention_threshold): above alpha* a generator
+  that cannot tell S apart earns more by abstaining everywhere, below it by answering. None for
+  an eval without those figures (recorded before they existed)."""
+  from agentjax.dac.rewards import abstention_threshold
+  keys = ("insufficient_share", "accuracy_sufficient", "accuracy_insufficient")
+  if any(start_split.get(k) is None for k in keys):
+    return None
+  p0, c1, c0 = (float(start_split[k]) for k in keys)
+  return {"p_insufficient": p0, "c_G": c1, "c0": c0,
+          "alpha_star": abstention_threshold(p0, c1, c0, penalty),
+          "alpha_star_paper": abstention_threshold(p0, c1)}
+
+
+def alpha_sweep(alpha_star: float, factors=ALPHA_FACTORS) -> dict[str, tuple[str, dict]]:
+  """DAC arms at alpha* times each factor (generator grouped by question, the default where alpha
+  acts): {"dac_astar0.33": ("dac", {"dac.alpha": ...}), ...}."""
+  if not 0 < alpha_star < float("inf"):
+    raise ValueError(f"alpha* must be a positive number to sweep around, got {alpha_star}")
+  return {f"dac_astar{f:.2g}": ("dac", {"dac.alpha": round(alpha_star * f, 6),
+                                        "dac.generator_group": "question"})
+          for f in factors}
+
+
 def _ms(xs: list) -> tuple[float, float] | None:
   """Mean ± sample std of the values that exist (None when none does)."""
   xs = [x for x in xs if x is not None]
@@ -274,6 +304,7 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
       t["dac_start"] = {split: {**{k: dac_start[split].get(k) for k in DAC_SPLIT_KEYS},
                                 "insufficient": insufficient_share(dac_start[split])}
                         for split in SPLITS}
+      t["threshold"] = threshold_prediction(dac_start["dev"])
     for method, rs in runs.items():
       row = {"seeds": len(rs), "overrides": rs[0].get("overrides")}
       for split in SPLITS:
@@ -311,7 +342,10 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
     for method, alpha in DAC_ALPHAS:
       if method in t["methods"]:
         r = t["methods"][method]
+        star = (t.get("threshold") or {}).get("alpha_star")
         t["alpha"].append({"alpha": alpha, "method": method, "seeds": r["seeds"],
+                           "predicted": None if star is None else
+                           ("abstain" if alpha > star else "answer"),
                            **{k: r[k] for k in ("dev_abstain_rate", "dev_abstain_precision",
                                                 "dev_insufficient",
                                                 "dev_abstain_recall", "dev_coverage",
@@ -411,17 +445,27 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
         lines.append(f"| {m} | {', '.join(v['seeds'])} | {cells} | {v['seeds_ahead']}/"
                      f"{len(v['seeds'])} | {pm(v['train_f1_paired_by_step'], sign='+')} | "
                      f"{cell(v['sufficiency_paired_by_step'], sign='+')} |")
+    if t.get("threshold"):
+      th = t["threshold"]
+      lines += ["", f"The threshold predicted before RL (the DAC agent at the start, dev): P(S = 0) "
+                f"{th['p_insufficient']:.3f}, c_G {th['c_G']:.3f} (accuracy when answering on "
+                f"S = 1), c0 {th['c0']:.3f} (on S = 0): α* = {th['alpha_star']:.3f} (the "
+                f"issue's c_G·P(S=1)/P(S=0): {th['alpha_star_paper']:.3f}). Above α* a generator "
+                "that cannot tell S apart earns more by abstaining everywhere."]
     if t["alpha"]:
       lines += ["", "The α ablation (generator reward α for abstaining on insufficient evidence; "
-                "the paper's trade-off predicts more abstention as α rises):", "",
-                "| α | method | seeds | dev abstention rate | dev precision | dev P(S = 0) | dev "
+                "the paper's trade-off predicts more abstention as α rises; predicted: the side "
+                "of α* each α is on):", "",
+                "| α | predicted | method | seeds | dev abstention rate | dev precision | dev "
+                "P(S = 0) | dev "
                 "recall | dev "
                 "coverage | dev accuracy when answered | test abstention rate | test precision | "
                 "test recall | test F1 | training abstention rate (last 5) |",
-                "| --- " * 14 + "|"]
+                "| --- " * 15 + "|"]
       for a in t["alpha"]:
         lines.append(
-            f"| {a['alpha']:g} | {a['method']} | {a['seeds']} | {cell(a['dev_abstain_rate'])} | "
+            f"| {a['alpha']:g} | {a.get('predicted') or '—'} | {a['method']} | {a['seeds']} | "
+            f"{cell(a['dev_abstain_rate'])} | "
             f"{cell(a['dev_abstain_precision'])} | {cell(a['dev_insufficient'])} | "
             f"{cell(a['dev_abstain_recall'])} | "
             f"{cell(a['dev_coverage'])} | {cell(a['dev_accuracy_answered'])} | "
