@@ -250,6 +250,15 @@ def test_report_writes_tables_json_and_plots(study, tmp_path):
   # Every fixed rubric that rewards answering over searching agrees with the experts (rho 1).
   assert refs["best_fixed"]["dev"]["spearman"] == pytest.approx(1.0)
   assert os.path.exists(os.path.join(s.root, "references.json"))
+  # The categorical policy (one row, phase 0): every arm's greedy rubric; the best single fixed
+  # rubric reaches Spearman 1, and the list-wise arm finds one (rewards differ only there).
+  cat = got["categorical"]
+  assert cat["rubrics"] == math.comb(9, 3) and cat["ceilings_dev"]["best_fixed"] == 1.0
+  assert set(cat["arms"]) == {"listwise", "pairwise", "top1"}
+  assert cat["arms"]["listwise"]["mean"]["spearman"][0] == pytest.approx(1.0)
+  assert os.path.exists(os.path.join(s.root, "categorical.json"))
+  with open(os.path.join(out, "results.md")) as f:
+    assert "categorical policy (S2b)" in f.read()
   for name in ("results.md", "results.json", "spearman_vs_step.png", "guided_f1.png"):
     assert os.path.exists(os.path.join(out, name)), name
   with open(os.path.join(out, "results.json")) as f:

@@ -480,6 +480,25 @@ def references(s: Settings, rows: Mapping[str, Sequence[Mapping[str, Any]]]
   return out
 
 
+def categorical(s: Settings, rows: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+  """List-wise vs pairwise vs top-1 on a categorical policy over the fixed rubrics
+  (studies.rubric_bandit: every reward arm with every seed of the study, same settings), on the
+  train and dev branch points, with the reward's settings and the executor applier."""
+  import configs.coreact as coreact_configs
+  from agentjax.coreact.appliers import ExecutorApplier
+  from agentjax.coreact.executor import CRITERION_PHRASES
+  from agentjax.coreact.rubric import RewardSettings
+  from agentjax.studies import rubric_bandit
+  settings = RewardSettings.from_config(coreact_configs.get_config("demo").coreact)
+  applier = ExecutorApplier.from_path(_world(s)["coreact.entities_path"])
+  rubrics = fixed_rubrics(CRITERION_PHRASES)
+  tables = {split: rubric_bandit.reward_tables(rubrics, rows[split], settings, applier)
+            for split in ("train", "dev")}
+  return {**rubric_bandit.bandit_study(tables["train"], tables["dev"], s.seeds,
+                                       rubric_bandit.BanditSettings()),
+          "rubrics": len(rubrics)}
+
+
 def _read_jsonl(path: str) -> list[dict]:
   if not os.path.exists(path):
     return []
@@ -519,8 +538,17 @@ def gather(s: Settings) -> dict[str, Any]:
   if refs is None or refs.get("stamp") != stamp:
     refs = dict(references(s, rows), stamp=stamp) if rows["dev"] else {"stamp": stamp}
     write_json(cache, refs)
+  # The categorical policy's comparison of the rank rewards (rubric_bandit: seconds once the
+  # tables are built), cached like the references.
+  cache = os.path.join(s.root, "categorical.json")
+  bandit = read_json(cache)
+  if (bandit is None or bandit.get("stamp") != stamp or bandit.get("seeds") != list(s.seeds)) \
+      and rows["train"] and rows["dev"]:
+    bandit = dict(categorical(s, rows), stamp=stamp)
+    write_json(cache, bandit)
   return {"branches": {split: branch_stats(r) for split, r in rows.items()},
           "references": {k: v for k, v in refs.items() if k != "stamp"},
+          "categorical": {k: v for k, v in (bandit or {}).items() if k != "stamp"},
           "demos": len(_read_jsonl(p["demos"])),
           "sft_last": sft_metrics[-1] if sft_metrics else None,
           "grpo": grpo_summary(grpo, train), "guided": guided_summary(guided)}
@@ -556,6 +584,24 @@ def tables(study: Mapping[str, Any]) -> str:
                  f"{_f(b['judge_pairs_undefined'])} | {_f(b['expert_tie_share'])} | "
                  f"{_f(b['judge_tie_share'])} | {_f(b['answer_share'])} | "
                  f"{_f(b.get('value_tie_share'))} | {_f(b.get('expert_vs_values'))} |")
+  cat = study.get("categorical") or {}
+  if cat.get("arms"):
+    st, ceil = cat["settings"], cat["ceilings_dev"]
+    lines += ["", "### List-wise vs pairwise vs top-1 on a categorical policy (S2b)", "",
+              f"A softmax per phase (step 0, 1, 2, >= 3) over the {cat['rubrics']} fixed "
+              f"rubrics, trained on the train branch points with each rank reward ({st['steps']} "
+              f"steps of {st['rows']} rows x {st['group']} rubrics, GRPO advantages, lr "
+              f"{st['lr']:g}; agentjax/studies/rubric_bandit.py); the greedy rubric per phase "
+              f"scored on dev. Seeds {', '.join(map(str, cat['seeds']))}; mean ± sample std. "
+              f"Ceilings on dev: best single rubric {_f(ceil['best_fixed'])}, best per phase "
+              f"{_f(ceil['best_per_phase'])} (list-wise Spearman).", "",
+              "| trained on | dev Spearman | dev pairwise | dev top-1 | Spearman − list-wise "
+              "(per seed) |", "|---|---|---|---|---|"]
+    for arm, res in cat["arms"].items():
+      m = res["mean"]
+      paired = ", ".join(f"{d:+.3f}" for d in cat["paired"].get(arm, [])) or "—"
+      lines.append(f"| {arm} | {_pm(m['spearman'])} | {_pm(m['pairwise'])} | "
+                   f"{_pm(m['top1'])} | {paired} |")
   lines += ["", "### Rubric generator on the held-out branch points (S3)", "",
             "Mean ± sample std over seeds; before = step 0 (the warm start), after = the last "
             "step; Δ paired by seed. Held-out rubrics are greedy; `repetitive` is the share the "
