@@ -172,6 +172,13 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # probabilities (the paper's §3.2); see configs/igpo.py.
   c.rl.ig_mode = "log_prob"
   c.rl.loss = "ppo"                  # ppo | gspo (agentjax.rl.losses.POLICY_LOSSES)
+  # The sampler-vs-trainer gap (agentjax/rl/offpolicy.py): every step logs mismatch/* (the
+  # sampler's log-probs against the scoring pass); a correction weights each token's
+  # policy-gradient term: "none" (on-policy PPO), "tis" (min(pi_old / pi_sampler, cap): verl's
+  # truncated importance sampling, cap 2 there), "decoupled" (AReaL's decoupled PPO: the weight,
+  # tokens above the cap dropped). Ours to default off: on CPU in float32 the gap is ~0.
+  c.rl.off_policy_correction = "none"
+  c.rl.off_policy_cap = 2.0
   c.rl.clip_low = 0.2
   c.rl.clip_high = 0.2
   c.rl.kl_coef = 0.001

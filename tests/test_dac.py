@@ -532,9 +532,12 @@ def test_metrics_hold_both_roles(dac_runs):
   # and the keys every RL run logs (their means over the roles).
   want |= {f"{r}/{k}" for r in ROLES for k in ("kl", "clip_fraction", "entropy", "loss", "lr")}
   want |= {"kl", "entropy", "clip_fraction", "collapse_fraction", "zero_adv_fraction",
-           "tokens_per_s", "search_wait_s", "useful_row_share"}
+           "tokens_per_s", "search_wait_s", "useful_row_share", "mismatch/abs_logp_diff",
+           "mismatch/kl", "mismatch/ratio_out_share"}
   for row in rows:
     assert want <= set(row), sorted(want - set(row))
+    # Both roles' sampler log-probs are the scoring pass's (CPU, float32): no gap.
+    assert row["mismatch/abs_logp_diff"] < 1e-4 and row["mismatch/ratio_out_share"] == 0.0
     assert all(np.isfinite(row[k]) for k in want)
     assert 0.0 <= row["dac/sufficiency_rate"] <= 1.0 and row["skipped_updates"] == 0
     assert row["reward"] == row["dac/generator_reward"]

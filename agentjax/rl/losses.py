@@ -197,10 +197,12 @@ def _explained_variance(var_err: Array, var_ret: Array) -> Array:
 
 def _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy, *, clip_low,
                        clip_high, dual_clip, kl_coef, kl_estimator, entropy_coef, aggregation,
-                       norm_length, totals, segment_ids, clip_scale=None):
+                       norm_length, totals, segment_ids, clip_scale=None, token_weights=None):
   """Shared tail of PPO and GSPO once the per-token ratio [B, L] is known (masked slots: 1).
   clip_scale: None, or [B, L] per-token scales c of the clip range: the ratio is clipped to
-  [1 - c clip_low, 1 + c clip_high] (A²TGPO's adaptive turn-level clip)."""
+  [1 - c clip_low, 1 + c clip_high] (A²TGPO's adaptive turn-level clip).
+  token_weights: None, or [B, L] weights of the policy-gradient term (an off-policy correction,
+  agentjax/rl/offpolicy.py; not differentiated, the KL and entropy terms unweighted)."""
   totals = loss_totals(mask, segment_ids) if totals is None else totals
   agg = lambda x: aggregate_loss(x, mask, aggregation, norm_length, totals,  # noqa: E731
                                  segment_ids)
@@ -221,6 +223,8 @@ def _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entrop
     pg3 = -adv * dual_clip  # = dual_clip * |A| where A < 0
     dual = mask & (adv < 0) & (pg > pg3)
     pg = jnp.where(adv < 0, jnp.minimum(pg, pg3), pg)
+  if token_weights is not None:
+    pg = pg * jax.lax.stop_gradient(jnp.where(mask, jnp.asarray(token_weights).astype(_F32), 0.0))
   loss_mat = pg
   metrics = {"pg_loss": agg(pg)}
   if ref_logp is not None:
@@ -267,7 +271,8 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
              aggregation: str = "token-mean", norm_length: int | None = None,
              totals: dict[str, Array] | None = None,
              segment_ids: Array | None = None,
-             clip_scale: Array | None = None) -> tuple[Array, dict[str, Array]]:
+             clip_scale: Array | None = None,
+             token_weights: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """PPO clipped surrogate with a per-token ratio exp(logp - old_logp).
 
   Args:
@@ -288,6 +293,8 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
       aggregations (and GSPO's ratio) then count trajectories, not rows (`loss_totals`).
     clip_scale: optional [B, L] per-token scale c of the clip range, [1 - c clip_low,
       1 + c clip_high] (a method's loss input: A²TGPO's adaptive turn-level clip).
+    token_weights: optional [B, L] weights of the policy-gradient term (an off-policy
+      correction: agentjax/rl/offpolicy.importance_weights); not differentiated.
   Returns:
     (loss scalar, metrics): pg_loss, clip_fraction (tokens where the clipped branch was taken),
     dual_clip_fraction, approx_kl = mean(old_logp - logp), ratio_mean, ratio_max, and kl /
@@ -300,7 +307,7 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
                             norm_length=norm_length, totals=totals, segment_ids=segment_ids,
-                            clip_scale=clip_scale)
+                            clip_scale=clip_scale, token_weights=token_weights)
 
 
 def grouped_ratio(logp: Array, old_logp: Array, mask: Array,
@@ -323,7 +330,8 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
               aggregation: str = "seq-mean-token-mean", norm_length: int | None = None,
               totals: dict[str, Array] | None = None,
               segment_ids: Array | None = None,
-              clip_scale: Array | None = None) -> tuple[Array, dict[str, Array]]:
+              clip_scale: Array | None = None,
+              token_weights: Array | None = None) -> tuple[Array, dict[str, Array]]:
   """GSPO: the PPO objective with a sequence-level ratio, in its "GSPO-token" form.
 
   The sequence ratio s_b = exp(mean over b's sampled tokens of (logp - old_logp)) is applied to
@@ -342,7 +350,7 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
                             kl_coef=kl_coef, kl_estimator=kl_estimator,
                             entropy_coef=entropy_coef, aggregation=aggregation,
                             norm_length=norm_length, totals=totals, segment_ids=segment_ids,
-                            clip_scale=clip_scale)
+                            clip_scale=clip_scale, token_weights=token_weights)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from agentjax.judge.controls import NOISE_MODES
 from agentjax.methods import METHODS, get_method, outcome_methods  # noqa: F401
 from agentjax.rl.advantages import CW_FALLBACKS, STD_ESTIMATORS
 from agentjax.rl.losses import AGGREGATIONS, KL_ESTIMATORS, POLICY_LOSSES
+from agentjax.rl.offpolicy import CORRECTIONS
 from agentjax.train.fields import fail as _fail, get as _get, names as _names  # noqa: F401
 from agentjax.train.fields import non_negative as _non_negative, positive as _positive
 from agentjax.train.fields import non_negative_int as _non_negative_int
@@ -221,6 +222,10 @@ def _validate_rl(config: Any) -> None:
     _validate_critic(config)
   if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
     _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
+  if _get(config, "rl.off_policy_correction") not in CORRECTIONS:
+    _fail("rl.off_policy_correction", _get(config, "rl.off_policy_correction"),
+          f"must be one of {list(CORRECTIONS)}")
+  _positive(config, "rl.off_policy_cap")
   penalty = _get(config, "rollout.repetition_penalty")
   if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
     _fail("rollout.repetition_penalty", penalty, "must be a number > 0 (1.0: off)")

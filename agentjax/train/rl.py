@@ -34,6 +34,7 @@ import optax
 from agentjax.agent.rollout import TrajectoryBatch
 from agentjax.models import masks
 from agentjax.models.logprobs import packed_logprobs, sequence_logprobs
+from agentjax.rl.offpolicy import importance_weights
 from agentjax.models.lora import attach, frozen_backbone
 from agentjax.models.qwen import Qwen
 from agentjax.parallel.host import to_host
@@ -247,6 +248,10 @@ class PolicyLossConfig:
   chunk: int = 256
   # [B, L] minibatch fields passed to the loss as keywords (a method's loss_inputs).
   inputs: tuple[str, ...] = ()
+  # rl.off_policy_correction / rl.off_policy_cap (agentjax/rl/offpolicy.py): with a correction
+  # the minibatch carries the sampler's log-probs ("behav_logp").
+  correction: str = "none"
+  correction_cap: float = 2.0
 
   def as_kwargs(self) -> dict[str, Any]:
     return dict(self.kwargs)
@@ -263,7 +268,10 @@ def policy_loss_config(config: Any, norm_length: int | None = None) -> PolicyLos
                 norm_length=norm_length or config.rollout.max_total_tokens)
   return PolicyLossConfig(name=rl.loss, kwargs=tuple(sorted(kwargs.items())), entropy=True,
                           chunk=rl.chunk,
-                          inputs=get_method(config.algorithm).loss_inputs_for(config))
+                          inputs=get_method(config.algorithm).loss_inputs_for(config),
+                          # .get: configs recorded before these fields existed
+                          correction=rl.get("off_policy_correction", "none"),
+                          correction_cap=float(rl.get("off_policy_cap", 2.0)))
 
 
 def _role_objective(model: Qwen, loss: PolicyLossConfig):
@@ -285,9 +293,21 @@ def _role_objective(model: Qwen, loss: PolicyLossConfig):
     else:
       logp, ent = sequence_logprobs(model, params, mb["tokens"], mb["valid"], chunk=loss.chunk,
                                     with_entropy=loss.entropy)
-    return loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
-                   ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, totals=totals,
-                   **{k: mb[k] for k in loss.inputs}, **kwargs)
+    if loss.correction == "none":
+      return loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
+                     ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent, totals=totals,
+                     **{k: mb[k] for k in loss.inputs}, **kwargs)
+    weights, stats = importance_weights(mb["old_logp"], mb["behav_logp"], mb["loss_mask"],
+                                        loss.correction, loss.correction_cap)
+    value, metrics = loss_fn(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
+                             ref_logp=mb["ref_logp"] if use_ref else None, entropy=ent,
+                             totals=totals, token_weights=weights,
+                             **{k: mb[k] for k in loss.inputs}, **kwargs)
+    if totals is not None:  # a micro-batch's share of the minibatch's token means
+      share = jnp.sum(jnp.asarray(mb["loss_mask"]).astype(bool)) / jnp.maximum(
+          totals["tokens"], 1.0)
+      stats = {k: v * share for k, v in stats.items()}
+    return value, {**metrics, **stats}
 
   return objective
 
@@ -447,7 +467,7 @@ def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Arr
   maps of its packed rows (PACK_KEYS); the update then runs its forward on those rows."""
   arrays = dict(tokens=batch.tokens, valid=batch.valid, loss_mask=batch.loss_mask,
                 old_logp=scored.old_logp, ref_logp=scored.ref_logp, advantages=advantages,
-                **(extra or {}))
+                behav_logp=batch.logprobs, **(extra or {}))
   order = rng.permutation(batch.tokens.shape[0])
   out = []
   for start in range(0, len(order) - size + 1, size):

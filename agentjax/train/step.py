@@ -41,6 +41,7 @@ from agentjax.rl import build_probes, outcome_rewards
 from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
 from agentjax.rl.evidence import evidence_set, sufficient
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
+from agentjax.rl.offpolicy import mismatch_metrics
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.critic import Critic
 from agentjax.rl.microbatch import global_micro
@@ -325,7 +326,8 @@ class RLStep:
     frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
     update_metrics, critic_metrics = [], []
     shuffle = np.random.default_rng([config.seed, step])
-    keys = POLICY_MINIBATCH + tuple(loss_inputs) + (PACK_KEYS if packer is not None else ())
+    keys = POLICY_MINIBATCH + tuple(loss_inputs) + (PACK_KEYS if packer is not None else ()) \
+        + (("behav_logp",) if rl.get("off_policy_correction", "none") != "none" else ())
     with use_mesh(mesh):
       for _ in range(rl.ppo_epochs):
         per_role = [minibatches(batches[r], scored[r], adv[r], self.stage.minibatch_rows(config, r),
@@ -413,6 +415,14 @@ class RLStep:
       metrics["critic/skipped_updates"] = float(sum(int(m["skipped"]) for m in critic_metrics))
       metrics["critic/policy_frozen"] = float(not train_policy)
     metrics.update(method.metrics(adv_stats[first]))  # e.g. CW-GRPO's fallback
+    # The sampler's log-probs against the trainer's scoring pass (agentjax/rl/offpolicy.py):
+    # ~0 on CPU in float32; what bf16 kernels or stale parameters open up.
+    gaps = to_host([mismatch_metrics(batches[r].logprobs, scored[r].old_logp,
+                                     batches[r].loss_mask) for r in roles])
+    metrics.update({k: float(np.mean([g[k] for g in gaps])) for k in gaps[0]})
+    if rl.get("off_policy_correction", "none") != "none":
+      metrics.update({k: across_roles(k) for k in ("offpolicy/weight_mean",
+                                                     "offpolicy/capped_share")})
     new_state = {"params": trainable, "opt_state": opt_state, "rng": rng}
     if critic_state is not None:
       new_state["critic"] = critic_state
