@@ -424,6 +424,13 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # Non-finite updates are skipped; this many in a row (across steps) stop the run with a
   # checkpoint of the last good parameters. 0: never stop.
   c.train.max_skipped_updates = 5
+  # Asynchronous RL, colocated (agentjax/train/pipeline.py): the rollouts of the next
+  # async_steps steps are produced (on a worker thread) while this step updates, step j's by the
+  # parameters of step max(j - async_steps, the step the run started from). 0: the synchronous
+  # step. stale: how the staleness bound is kept; "wait" (the only one so far): a step's
+  # rollout waits for the parameters async_steps updates before it, so none is older.
+  c.train.async_steps = 0
+  c.train.stale = "wait"
 
   # ---- SFT warm start (trainer = "sft"; see configs/sft.py)
   c.sft = ml_collections.ConfigDict()

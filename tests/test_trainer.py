@@ -299,6 +299,36 @@ def test_resumed_run_repeats_the_uninterrupted_one(runs):
   assert step3 == [pytest.approx([value for i, _, value in rewards if i == kept[0]][0])]
 
 
+def test_async_steps_overlap_rollouts_and_restart_them_on_resume(runs):
+  """train.async_steps = 1 on run A's config: step 1 is run A's (its rollout by the same
+  version-0 parameters), step 2's rollout is by version 0 (staleness 1, logged) so the run goes
+  its own way. Stopped after step 2 and resumed, the in-flight rollout restarts from the
+  restored parameters: the resumed step 3 is then exactly a synchronous step 3 from the same
+  checkpoint (staleness 0)."""
+  import shutil
+  config, tmp, _, _, _ = runs
+  rows_a = {r["step"]: r for r in _metrics(os.path.join(tmp, "a")) if "reward" in r}
+  c = config.copy_and_resolve_references()
+  c.train.async_steps = 1
+  config_lib.validate(c)
+  out = train(c, os.path.join(tmp, "async"), stop_after=2)
+  assert out["step"] == 2
+  rows = {r["step"]: r for r in _metrics(os.path.join(tmp, "async")) if "reward" in r}
+  assert [rows[s]["async/staleness"] for s in (1, 2)] == [0.0, 1.0]
+  for key in ("reward", "f1", "turns", "ig_mean", "search_queries", "kl", "loss"):
+    assert rows[1][key] == rows_a[1][key], key
+  assert all(rows[s]["async/wait_s"] >= 0 and np.isfinite(rows[s]["loss"]) for s in (1, 2))
+  shutil.copytree(os.path.join(tmp, "async"), os.path.join(tmp, "async_sync"))
+  resumed = train(c, os.path.join(tmp, "async"))
+  c.train.async_steps = 0
+  synced = train(c, os.path.join(tmp, "async_sync"))
+  assert resumed["step"] == synced["step"] == 3
+  jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed["params"]),
+               jax.device_get(synced["params"]))
+  last = [r for r in _metrics(os.path.join(tmp, "async")) if r.get("step") == 3 and "reward" in r]
+  assert last[-1]["async/staleness"] == 0.0
+
+
 def test_incompatible_config_is_refused_naming_the_field(runs):
   config, tmp, _, _, _ = runs
   changed = config.copy_and_resolve_references()

@@ -29,6 +29,7 @@ from agentjax.train.fields import fail as _fail, get as _get, names as _names  #
 from agentjax.train.fields import non_negative as _non_negative, positive as _positive
 from agentjax.train.fields import non_negative_int as _non_negative_int
 from agentjax.train.kinds import TRAINER_KINDS, trainer_kind
+from agentjax.train.pipeline import STALE_MODES
 
 JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
 # rl.pack_tokens is a multiple of this: the multiple train/rl.trim rounds padded widths to, so a
@@ -55,6 +56,9 @@ def validate(config: Any) -> None:
     if not isinstance(v, int) or (v < 1 and v != -1):
       _fail(f"mesh.{dim}", v, "must be a positive int or -1 (the remaining devices)")
   _positive(config, "optimizer.lr", "train.steps", "train.keep_checkpoints")
+  _non_negative_int(config, "train.async_steps")
+  if _get(config, "train.stale") not in STALE_MODES:
+    _fail("train.stale", _get(config, "train.stale"), f"must be one of {list(STALE_MODES)}")
   _non_negative(config, "optimizer.warmup_steps", "optimizer.weight_decay", "train.log_every",
                 "train.eval_every", "train.checkpoint_every", "optimizer.clip_norm",
                 "optimizer.final_lr_ratio")

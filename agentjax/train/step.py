@@ -106,6 +106,19 @@ class StepOutput:
 
 
 @dataclasses.dataclass
+class Produced:
+  """What RLStep.produce hands to RLStep.consume: the stage's rollouts and rewards, the judge's
+  fields (CW-GRPO's per-round scores) and metrics, the seconds of the rollout and of the whole
+  production, and `version`: the number of updates the rollout's parameters had had."""
+  out: Rollouts
+  judge_fields: Mapping[str, jax.Array]
+  judge_metrics: Mapping[str, float]
+  rollout_s: float
+  produce_s: float
+  version: int
+
+
+@dataclasses.dataclass
 class AgentRollout:
   """The rollout stage of one agent (role "policy"): `engine.run`, then the outcome rewards
   against the gold answers, or a task's own reward (Co-ReAct's rubric generator)."""
@@ -239,36 +252,59 @@ class RLStep:
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
-    """Step `step` (0-based: the number of steps done before it) on `questions`.
+    """Step `step` (0-based: the number of steps done before it) on `questions`: its rollouts
+    with the state's own parameters (produce), then its update (consume).
 
     state: {"params", "opt_state", "rng"}, and {"critic": {"params", "opt_state"}} with a
     critic."""
-    config, rl, mesh = self.config, self.config.rl, self.mesh
-    method = get_method(config.algorithm)
-    roles = self.stage.roles
-    first = roles[0]
     t_step = time.perf_counter()
     rng, rollout_rng = jax.random.split(state["rng"])
+    produced = self.produce(state["params"], questions, rollout_rng, step, version=step)
+    return self.consume(state, produced, step, rng, t_step)
 
+  def produce(self, params: Any, questions: Sequence[Mapping[str, Any]], rollout_rng: jax.Array,
+              step: int, version: int) -> Produced:
+    """Stages 1-2 of step `step`: the rollouts of `questions` by `params` (the trained tree, as
+    state["params"]; `version`: the number of updates they have had) and their rewards, then the
+    judge's verdicts: everything before the scoring pass, on the device and on the host. An
+    asynchronous run (train/pipeline.py) calls it for a later step while this one updates."""
+    config, mesh = self.config, self.mesh
+    first = self.stage.roles[0]
     # 1. rollouts and rewards (the stage's; host rewards)
     t0 = time.perf_counter()
     with use_mesh(mesh):
-      params = self.target.rollout_params(state["params"])  # {role: ...} with several roles
-      role_params = params if self.multi_role else {first: params}
-      out = self.stage(config, params, questions, rollout_rng, step, trim)
+      rollout_params = self.target.rollout_params(params)  # {role: ...} with several roles
+      out = self.stage(config, rollout_params, questions, rollout_rng, step, trim)
     t_rollout = time.perf_counter() - t0
-    batches, rewards = out.batches, out.rewards
 
     # 2. the judge's verdicts per round (CW-GRPO), every call of the step at once
     judge_fields, judge_metrics = {}, {}
     if self.judge_pass is not None:
-      batch = batches[first]
-      scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, rewards[first],
+      batch, rewards = out.batches[first], out.rewards[first]
+      scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, rewards,
                                out.row_questions, num_t=batch.turn_ends.shape[1] - 1,
                                rng=np.random.default_rng([config.seed, step, 1]))
       judge_fields = dict(retrieval_scores=jnp.asarray(scores.retrieval),
                           thinking_scores=jnp.asarray(scores.thinking))
       judge_metrics = scores.metrics
+    return Produced(out=out, judge_fields=judge_fields, judge_metrics=judge_metrics,
+                    rollout_s=t_rollout, produce_s=time.perf_counter() - t0, version=version)
+
+  def consume(self, state: Mapping[str, Any], produced: Produced, step: int, rng: jax.Array,
+              t_step: float) -> StepOutput:
+    """Stages 3-6 of step `step` on what produce made: scoring with the state's parameters,
+    advantages, the PPO-clip updates, the metrics. rng: the new state's key; t_step: when the
+    step began (step_s counts from there)."""
+    config, rl, mesh = self.config, self.config.rl, self.mesh
+    method = get_method(config.algorithm)
+    roles = self.stage.roles
+    first = roles[0]
+    out, judge_fields, judge_metrics = produced.out, produced.judge_fields, produced.judge_metrics
+    t_rollout = produced.rollout_s
+    batches, rewards = out.batches, out.rewards
+    with use_mesh(mesh):
+      params = self.target.rollout_params(state["params"])  # the scoring pass's (this version)
+    role_params = params if self.multi_role else {first: params}
 
     # 3. one scoring pass per role: old (and reference) log-probs, IGPO's ground-truth probes
     t0 = time.perf_counter()

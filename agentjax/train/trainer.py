@@ -31,6 +31,7 @@ eval/<step>.json (per-question results), tensorboard/ (event files), hf_export/.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob
 import json
@@ -64,6 +65,7 @@ from agentjax.train.adapters import TrainTarget
 from agentjax.train.checkpoint import Checkpointer, abstract_state
 from agentjax.train.critic import CRITIC_EXPORT_DIR, Critic, needs_critic
 from agentjax.train.kinds import trainer_kind
+from agentjax.train.pipeline import RolloutPipeline
 from agentjax.train.step import AgentRollout, RLStep, StepOutput, schedule_args, updates_per_step
 from agentjax.train.builders import (COMPAT_DEFAULTS, COMPAT_KEYS, EXPORT_DIR, QuestionStream,
                                      RECORDED_EXTRAS, SFT_COMPAT_KEYS, init_train_state,
@@ -380,13 +382,21 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   postfix = task.progress if task is not None else \
       ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
   compiles = CompileCounter()  # programs compiled by this process since the loop started
-  with _Preemption() as preempt:
+  with _Preemption() as preempt, contextlib.ExitStack() as stack:
     if config.train.eval_at_start and step == 0:
       evals[0] = run_eval(0)
     if eval_due(step) and not _exists_on_primary(eval_path(step)):
       evals[step] = run_eval(step)  # the run stopped during this step's eval: do it again
+    pipeline = None
+    if config.train.get("async_steps", 0):  # .get: configs recorded before it
+      start, at = step, position
+      pipeline = RolloutPipeline(
+          rl_step, lambda j: stream.take(at + (j - start) * rl.prompts_per_step,
+                                         rl.prompts_per_step), config.train.async_steps)
+      stack.callback(pipeline.close)  # also when the loop raises: no thread left running
     while step < steps and not any_process(preempt.requested):
-      out = rl_step(state, stream.take(position, rl.prompts_per_step), step)
+      out = pipeline.step(state, step) if pipeline is not None else \
+          rl_step(state, stream.take(position, rl.prompts_per_step), step)
       state = out.state
       step += 1
       position += rl.prompts_per_step

@@ -1,0 +1,96 @@
+"""Asynchronous RL, colocated: the next steps' rollouts are produced while this step updates
+(train.async_steps = k >= 1; 0 is the synchronous step, RLStep.__call__).
+
+    pipeline = RolloutPipeline(rl_step, questions_at, k)
+    out = pipeline.step(state, step, position)     # per training step, instead of rl_step(...)
+    pipeline.close()
+
+One worker thread runs RLStep.produce (the rollout on the device, the retriever, the rewards and
+the judge on the host) for the steps ahead, in step order, while the trainer's thread runs
+RLStep.consume (scoring, advantages, the PPO-clip updates) of the current one. JAX dispatches
+from both threads; what overlaps is the host work of one with the device work of the other (and,
+with devices to spare, both device programs).
+
+Which parameters sample which step (deterministic, so a run is reproducible): at step t the state
+has had t updates (version t), and the pipeline submits every step in [t, t + k] not yet
+submitted, with a copy of those parameters (the update donates its own). So step j's rollout is
+by version max(j - k, s), s the step the run (re)started from: a trajectory is at most k versions
+old when it enters an update, the staleness bound of "wait" (train.stale); after a resume the
+first k steps' rollouts are by the restored parameters (the in-flight ones of the interrupted run
+are not saved: they restart). Each step logs async/staleness (t minus its rollout's version) and
+async/wait_s (the seconds the trainer waited for the rollout: the idle time the overlap did not
+hide).
+
+The rng chain is the synchronous one: step t's rollout key is split(rng_t)[1] and rng_{t+1} =
+split(rng_t)[0], computed ahead from the state's key.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+import jax.numpy as jnp
+
+log = logging.getLogger(__name__)
+
+STALE_MODES = ("wait",)
+
+
+class RolloutPipeline:
+  """Rollouts of the next k steps produced beside the current step's update (module docstring).
+
+  rl_step: an RLStep (produce / consume). questions_at(step) -> that step's question records.
+  """
+
+  def __init__(self, rl_step: Any, questions_at: Callable[[int], Sequence[Mapping[str, Any]]],
+               async_steps: int):
+    if async_steps < 1:
+      raise ValueError(f"train.async_steps={async_steps}: a pipeline needs >= 1 (0 is the "
+                       "synchronous step)")
+    self.rl_step, self.questions_at, self.k = rl_step, questions_at, int(async_steps)
+    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
+    self._futures: dict[int, concurrent.futures.Future] = {}
+
+  @staticmethod
+  def _keys(rng: jax.Array, count: int) -> list[tuple[jax.Array, jax.Array]]:
+    """(rng_{t+i+1}, rollout key of step t+i) for i < count, from rng_t: the synchronous chain."""
+    out = []
+    for _ in range(count):
+      rng, rollout = jax.random.split(rng)
+      out.append((rng, rollout))
+    return out
+
+  def step(self, state: Mapping[str, Any], step: int) -> Any:
+    """Step `step` (the state has had `step` updates): submits the steps up to step + k, waits
+    for this step's rollouts, and runs its update. Returns RLStep.consume's StepOutput with the
+    async/* metrics."""
+    t_step = time.perf_counter()
+    keys = self._keys(state["rng"], self.k + 1)
+    todo = [j for j in range(step, step + self.k + 1) if j not in self._futures]
+    if todo:
+      snapshot = jax.tree.map(jnp.copy, state["params"])  # the update donates state["params"]
+      for j in todo:
+        self._futures[j] = self._pool.submit(
+            self.rl_step.produce, snapshot, self.questions_at(j), keys[j - step][1], j, step)
+    t0 = time.perf_counter()
+    produced = self._futures.pop(step).result()
+    waited = time.perf_counter() - t0
+    out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
+    out.metrics.update({"async/staleness": float(step - produced.version),
+                        "async/wait_s": waited, "async/produce_s": produced.produce_s})
+    return out
+
+  def close(self) -> None:
+    """Drops the rollouts not yet started and waits for the one in flight (its parameters are
+    its own copy; nothing it makes is used)."""
+    for future in self._futures.values():
+      future.cancel()
+    self._futures.clear()
+    self._pool.shutdown(wait=True)
+
+
+__all__ = ["RolloutPipeline", "STALE_MODES"]

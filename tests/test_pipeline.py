@@ -1,0 +1,129 @@
+"""agentjax/train/pipeline.py: which parameters produce which step's rollouts, the rng chain, the
+overlap of one step's production with another's update, closing, and faults (a fake RLStep: no
+model, no compiles; the trainer runs it for real in tests/test_trainer.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from agentjax.train.pipeline import RolloutPipeline
+
+
+@dataclasses.dataclass
+class _Produced:
+  step: int
+  version: int
+  params: int
+  key: np.ndarray
+  questions: list
+  thread: str
+  produce_s: float = 0.0
+
+
+class FakeStep:
+  """produce records what it was given; consume adds 1 to the params (an update) and records
+  the step's rng; params are ints standing for versions."""
+
+  def __init__(self, gate=None):
+    self.produced, self.consumed, self.gate = [], [], gate
+
+  def produce(self, params, questions, key, step, version):
+    if self.gate is not None:
+      self.gate(step)
+    p = _Produced(step, version, int(np.asarray(params["w"])), np.asarray(jax.random.key_data(key)),
+                  questions, threading.current_thread().name)
+    self.produced.append(p)
+    return p
+
+  def consume(self, state, produced, step, rng, t_step):
+    self.consumed.append((step, produced.step, int(np.asarray(state["params"]["w"]))))
+    new = {"params": {"w": state["params"]["w"] + 1}, "rng": rng}
+    return type("Out", (), {"state": new, "metrics": {}})()
+
+
+def _sync_keys(rng, steps):
+  out = []
+  for _ in range(steps):
+    rng, rollout = jax.random.split(rng)
+    out.append(np.asarray(jax.random.key_data(rollout)))
+  return out
+
+
+@pytest.mark.parametrize("k,start", [(1, 0), (2, 0), (2, 3)])
+def test_step_j_is_produced_by_version_max_j_minus_k_start(k, start):
+  """Over 6 steps from `start` (a resume when > 0, the state then at version `start`): step j's
+  rollout has the parameters of version max(j - k, start), its rollout key is the synchronous
+  chain's, its questions are questions_at(j); the trainer consumes steps in order on the state of
+  that step; staleness is logged."""
+  fake = FakeStep()
+  pipeline = RolloutPipeline(fake, lambda j: [f"q{j}"], k)
+  rng = jax.random.key(7)
+  state = {"params": {"w": np.int32(start)}, "rng": rng}
+  metrics = []
+  for step in range(start, start + 6):
+    out = pipeline.step(state, step)
+    state = out.state
+    metrics.append(out.metrics)
+  pipeline.close()
+  by_step = {p.step: p for p in fake.produced}
+  keys = _sync_keys(rng, 6)
+  for i, step in enumerate(range(start, start + 6)):
+    p = by_step[step]
+    assert p.version == p.params == max(step - k, start), (step, p)
+    np.testing.assert_array_equal(p.key, keys[i])
+    assert p.questions == [f"q{step}"] and p.thread.startswith("rollouts")
+    assert metrics[i]["async/staleness"] == step - max(step - k, start)
+  assert [c[:2] for c in fake.consumed] == [(s, s) for s in range(start, start + 6)]
+  assert [c[2] for c in fake.consumed] == list(range(start, start + 6))
+  # The rollouts of the steps after the last one were started or dropped, never consumed.
+  assert set(by_step) <= set(range(start, start + 6 + k))
+
+
+def test_production_overlaps_the_update():
+  """Step 1's production runs while step 0 updates: it waits until consume(0) has begun, and
+  consume(0) waits until it has begun (a sequential pipeline would time out here)."""
+  started_produce_1, started_consume_0 = threading.Event(), threading.Event()
+
+  def gate(step):
+    if step == 1:
+      started_produce_1.set()
+      assert started_consume_0.wait(30), "production of step 1 never overlapped update 0"
+
+  fake = FakeStep(gate)
+  real = fake.consume
+
+  def consume(state, produced, step, rng, t_step):
+    if step == 0:
+      started_consume_0.set()
+      assert started_produce_1.wait(30), "update 0 never overlapped production of step 1"
+    return real(state, produced, step, rng, t_step)
+
+  fake.consume = consume
+  pipeline = RolloutPipeline(fake, lambda j: [j], 1)
+  state = {"params": {"w": np.int32(0)}, "rng": jax.random.key(0)}
+  for step in range(2):
+    state = pipeline.step(state, step).state
+  pipeline.close()
+  assert [c[0] for c in fake.consumed] == [0, 1]
+
+
+def test_a_failed_production_raises_in_the_trainer_and_close_stops_the_worker():
+  def gate(step):
+    if step == 1:
+      raise RuntimeError("retriever index vanished")
+
+  fake = FakeStep(gate)
+  pipeline = RolloutPipeline(fake, lambda j: [j], 1)
+  state = {"params": {"w": np.int32(0)}, "rng": jax.random.key(0)}
+  state = pipeline.step(state, 0).state
+  with pytest.raises(RuntimeError, match="index vanished"):
+    pipeline.step(state, 1)
+  pipeline.close()
+  assert not any(t.name.startswith("rollouts") and t.is_alive() for t in threading.enumerate())
+  with pytest.raises(ValueError, match="async_steps"):
+    RolloutPipeline(fake, lambda j: [j], 0)
