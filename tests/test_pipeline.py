@@ -127,3 +127,17 @@ def test_a_failed_production_raises_in_the_trainer_and_close_stops_the_worker():
   assert not any(t.name.startswith("rollouts") and t.is_alive() for t in threading.enumerate())
   with pytest.raises(ValueError, match="async_steps"):
     RolloutPipeline(fake, lambda j: [j], 0)
+
+
+def test_the_async_benchs_idle_share_counts_time_with_nothing_running():
+  """launch/bench.py async's idle share on hand-made timelines: updates and productions are
+  busy, a production's injected host waits are not, overlaps count once."""
+  from agentjax.benchmarks.async_rl import _Timeline, idle_share
+  t = _Timeline()
+  t.add("produce", 0.0, 4.0)   # a rollout with a 1 s retriever wait and a 1 s judge wait
+  t.add("wait", 1.0, 2.0)
+  t.add("wait", 3.0, 4.0)
+  assert idle_share(t, (0.0, 4.0)) == pytest.approx(0.5)
+  t.add("consume", 1.5, 3.5)   # an update overlapping half of each wait
+  assert idle_share(t, (0.0, 4.0)) == pytest.approx(0.25)
+  assert idle_share(t, (2.0, 4.0)) == pytest.approx(0.25)  # [3.5, 4] idle in a 2 s window

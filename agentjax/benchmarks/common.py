@@ -62,6 +62,8 @@ def define_flags() -> None:
   flags.DEFINE_integer("group_size", None, "rollout_mix: rollouts per question (default 8).")
   flags.DEFINE_integer("search_latency_ms", 20, "rollout_mix: the retriever's added latency per "
                        "search call (batched: one call per batch of queries).")
+  flags.DEFINE_integer("judge_latency_ms", 200, "async: the judge's added latency per batch "
+                       "call.")
   flags.DEFINE_integer("slots", 0, "rollout_mix: the slot engine's rollout.slots (0: one per "
                        "trajectory).")
   flags.DEFINE_string("mix_model", "scripted", "rollout_mix: 'scripted' (the tiny scripted Qwen) "

@@ -4,6 +4,7 @@ check's)."""
 
 from __future__ import annotations
 
+from agentjax.benchmarks.async_rl import bench_async
 from agentjax.benchmarks.attention import bench_attention
 from agentjax.benchmarks.coreact import bench_coreact
 from agentjax.benchmarks.decode import bench_decode
@@ -29,4 +30,4 @@ BENCHES = {"gpu": bench_gpu, "forward": bench_forward, "decode": bench_decode, "
            "info_gain": bench_info_gain, "attention": bench_attention, "rewards": bench_rewards, "synthworld": bench_synthworld,
            "sft_step": bench_sft_step, "judge": bench_judge, "train_step": bench_train_step,
            "coreact": bench_coreact, "ppo_step": bench_ppo_step,
-           "fit": bench_fit}
+           "fit": bench_fit, "async": bench_async}

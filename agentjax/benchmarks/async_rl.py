@@ -1,0 +1,208 @@
+"""`python launch/bench.py async`: asynchronous RL (train.async_steps) against the synchronous
+step, colocated on this machine's devices (bench_async)."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import threading
+import time
+
+from agentjax.benchmarks.common import FLAGS, device_name
+
+
+class _Timeline:
+  """Intervals (t0, t1) of what ran: the trainer's updates, the producer's productions, and the
+  host waits injected below (retriever and judge latency)."""
+
+  def __init__(self):
+    self.lock = threading.Lock()
+    self.spans: dict[str, list[tuple[float, float]]] = {"consume": [], "produce": [], "wait": []}
+
+  def add(self, kind, t0, t1):
+    with self.lock:
+      self.spans[kind].append((t0, t1))
+
+
+def _union(spans):
+  out = []
+  for a, b in sorted(spans):
+    if out and a <= out[-1][1]:
+      out[-1] = (out[-1][0], max(out[-1][1], b))
+    else:
+      out.append((a, b))
+  return out
+
+
+def _minus(spans, holes):
+  """The parts of `spans` outside `holes` (both lists of intervals)."""
+  out = []
+  holes = _union(holes)
+  for a, b in spans:
+    cur = a
+    for h0, h1 in holes:
+      if h1 <= cur or h0 >= b:
+        continue
+      if h0 > cur:
+        out.append((cur, h0))
+      cur = max(cur, h1)
+    if cur < b:
+      out.append((cur, b))
+  return out
+
+
+def _measure(window, spans):
+  """Seconds of the union of spans inside window (t0, t1)."""
+  w0, w1 = window
+  return sum(max(0.0, min(b, w1) - max(a, w0)) for a, b in _union(spans))
+
+
+def idle_share(timeline: _Timeline, window: tuple[float, float]) -> float:
+  """The share of `window` in which the devices had nothing to run: neither an update
+  (consume) nor a production outside its injected host waits (the rollout's decode, scoring of
+  rewards on the host counted busy: an upper bound of the device's work)."""
+  busy = list(timeline.spans["consume"]) + _minus(timeline.spans["produce"],
+                                                   timeline.spans["wait"])
+  return 1.0 - _measure(window, busy) / max(window[1] - window[0], 1e-9)
+
+
+def bench_async() -> dict:
+  """Demo-shaped CW-GRPO steps (configs/cw_grpo.py:demo's RL settings: 8 questions x 8, 4 turns,
+  64 new tokens a turn, the oracle judge) of the scripted "mix" policy (tests/agent_fixtures.py:
+  turns of 12-64 tokens, then a search or an answer, 1/2 each, at temperature 1), with a
+  retriever latency (--search_latency_ms per call; 50 unless given) and a judge latency
+  (--judge_latency_ms per batch, 200), for train.async_steps 0, 1 and 2 in turn: --steps steps
+  each (default 6; the first two, compiling, not timed) by RLStep and the trainer's
+  RolloutPipeline, one rollout lane (so a retriever wait is a device wait). Steps per hour over
+  the timed steps, and the idle share of the devices (idle_share: neither an update nor a
+  rollout outside its injected waits).
+
+  Last line: {"ratio": steps/h of async_steps=1 over synchronous, "ratio_2": of 2,
+  "idle_share_before": synchronous, "idle_share": async_steps=1, "idle_share_2", per setting:
+  steps_per_hour, idle_share, staleness per step, wait_s_mean (the trainer's wait for a
+  rollout)}.
+  """
+  import jax
+  import numpy as np
+
+  import agentjax.train.step as step_lib
+  from agentjax.agent import RolloutConfig, RolloutEngine
+  from agentjax.benchmarks.common import fixture_modules
+  from agentjax.parallel import make_mesh
+  from agentjax.retrieval import make_backend
+  from agentjax.sampling import SamplingParams
+  from agentjax.train.optim import make_optimizer
+  from agentjax.train.pipeline import RolloutPipeline
+  from configs import cw_grpo
+  af, retrieval_fixtures = fixture_modules("agent_fixtures", "retrieval_fixtures")
+
+  steps = FLAGS.steps if FLAGS.steps != 20 else 6  # 20 is the flag's default (sft_step's)
+  warm = 2
+  search_s = (FLAGS.search_latency_ms if FLAGS.search_latency_ms != 20 else 50) / 1000
+  judge_s = FLAGS.judge_latency_ms / 1000
+  tmp = tempfile.mkdtemp(prefix="agentjax-bench-async-")
+  timeline = _Timeline()
+
+  class SlowJudge:
+    def __init__(self, judge):
+      self.inner = judge
+
+    def judge(self, requests):
+      t0 = time.perf_counter()
+      time.sleep(judge_s)
+      timeline.add("wait", t0, time.perf_counter())
+      return self.inner.judge(requests)
+
+    def __getattr__(self, name):
+      return getattr(self.inner, name)
+
+  class TimedSlowBackend(retrieval_fixtures.SlowBackend):
+    def search(self, queries, topk):
+      t0 = time.perf_counter()
+      time.sleep(self.latency_s)
+      timeline.add("wait", t0, time.perf_counter())
+      self.calls += 1
+      return self.backend.search(queries, topk)
+
+  config = cw_grpo.get_config("demo")
+  r = config.rollout
+  tok = af.scripted_tokenizer(os.path.join(tmp, "tok"))
+  backend = TimedSlowBackend(make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(
+      os.path.join(tmp, "corpus.jsonl")), index_dir=os.path.join(tmp, "index")), search_s)
+  agent = af.ScriptedAgent(tok)
+  cfg, params0 = af.mix_params(agent)
+  engine = RolloutEngine(cfg, tok, backend, RolloutConfig(
+      group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+      max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
+      topk=config.retrieval.topk, sampling=SamplingParams(temperature=1.0), lanes=1))
+  names = retrieval_fixtures.NAMES
+  questions = [{"id": str(i), "question": f"Who founded {names[i % len(names)]}?",
+                "golden_answers": ["Aldric"]} for i in range(steps * config.rl.prompts_per_step)]
+  n = config.rl.prompts_per_step
+  at = lambda j: questions[j * n:(j + 1) * n]  # noqa: E731
+  o = config.optimizer
+  optimizer = make_optimizer(o.lr, o.warmup_steps, steps, o.weight_decay, o.clip_norm or None,
+                             o.final_lr_ratio, o.b2)
+  real_judge = step_lib.build_judge
+  real_produce, real_consume = step_lib.RLStep.produce, step_lib.RLStep.consume
+
+  def produce(self, *a, **k):
+    t0 = time.perf_counter()
+    try:
+      return real_produce(self, *a, **k)
+    finally:
+      timeline.add("produce", t0, time.perf_counter())
+
+  def consume(self, *a, **k):
+    t0 = time.perf_counter()
+    try:
+      return real_consume(self, *a, **k)
+    finally:
+      timeline.add("consume", t0, time.perf_counter())
+
+  step_lib.build_judge = lambda c, mesh=None: (lambda j: None if j is None else SlowJudge(j))(
+      real_judge(c, mesh=mesh))
+  step_lib.RLStep.produce, step_lib.RLStep.consume = produce, consume
+  results = {}
+  try:
+    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
+    rl_step = step_lib.RLStep.build(config, mesh, engine, optimizer, None)
+    for k in (0, 1, 2):
+      for key in timeline.spans:
+        timeline.spans[key].clear()
+      params = jax.tree.map(np.copy, params0)
+      state = {"params": params, "opt_state": optimizer.init(params), "rng": jax.random.key(0)}
+      pipeline = RolloutPipeline(rl_step, at, k) if k else None
+      rows = []
+      try:
+        for t in range(steps):
+          out = pipeline.step(state, t) if pipeline else rl_step(state, at(t), t)
+          state = out.state
+          rows.append(out.metrics)
+      finally:
+        if pipeline:
+          pipeline.close()
+      ends = sorted(b for _, b in timeline.spans["consume"])
+      window = (ends[warm - 1], ends[steps - 1])
+      results[k] = {
+          "steps_per_hour": (steps - warm) / (window[1] - window[0]) * 3600,
+          "idle_share": idle_share(timeline, window),
+          "staleness": [m.get("async/staleness", 0.0) for m in rows],
+          "wait_s_mean": float(np.mean([m.get("async/wait_s", 0.0) for m in rows[warm:]])),
+          "judge_calls": float(np.mean([m.get("judge/calls", 0.0) for m in rows])),
+          "search_calls": backend.calls, "reward": [round(m["reward"], 3) for m in rows]}
+      backend.calls = 0
+      print(json.dumps({"async_steps": k, **results[k]}), flush=True)
+  finally:
+    step_lib.build_judge = real_judge
+    step_lib.RLStep.produce, step_lib.RLStep.consume = real_produce, real_consume
+  base = results[0]["steps_per_hour"]
+  return {"bench": "async", "device": device_name(), "devices": jax.device_count(),
+          "policy": "scripted mix", "steps": steps, "timed_steps": steps - warm,
+          "search_latency_ms": search_s * 1000, "judge_latency_ms": judge_s * 1000,
+          "settings": {str(k): v for k, v in results.items()},
+          "idle_share_before": results[0]["idle_share"], "idle_share": results[1]["idle_share"],
+          "idle_share_2": results[2]["idle_share"],
+          "ratio_2": results[2]["steps_per_hour"] / base,
+          "ratio": results[1]["steps_per_hour"] / base}
