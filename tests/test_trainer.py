@@ -246,8 +246,10 @@ def test_run_writes_metrics_tensorboard_checkpoints_evals_and_export(runs):
   for key in ("reward", "f1", "em", "format_error_rate", "turns", "ig_mean", "ig_std",
               "collapse_fraction", "kl", "clip_fraction", "entropy", "tokens_per_s",
               "rollout_s", "scoring_s", "update_s", "lr", "skipped_updates",
-              "mismatch/abs_logp_diff", "mismatch/kl", "mismatch/ratio_out_share"):
+              "mismatch/abs_logp_diff", "mismatch/kl", "mismatch/ratio_out_share",
+              "sufficient_unrewarded"):
     assert all(np.isfinite(r[key]) for r in rows), key
+  assert all(0.0 <= r["sufficient_unrewarded"] <= 1.0 for r in rows)
   assert all(r["skipped_updates"] == 0 for r in rows)
   # The sampler's log-probs are the scoring pass's on CPU in float32 (rl/offpolicy.py).
   assert all(r["mismatch/abs_logp_diff"] < 1e-4 and r["mismatch/ratio_out_share"] == 0.0

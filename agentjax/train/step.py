@@ -155,14 +155,19 @@ class AgentRollout:
                                 format_penalty=rl.format_penalty)
       f1 = outcome_rewards(answers, row_golds, metric="f1")
       em = outcome_rewards(answers, row_golds, metric="em")
+    is_sufficient = np.array([
+        sufficient(evidence_set([t.documents for t in turns]), g, config.dac.sufficiency_match)
+        for turns, g in zip(batch.turns, row_golds)], bool)
     summary = {
         "reward": float(outcome.mean()), "f1": float(f1.mean()), "em": float(em.mean()),
         "format_error_rate": float(1.0 - batch.format_valid.mean()),
         # The share of trajectories whose retrieved documents hold a gold answer (DAC's label S
         # of the evidence, for any agent: DAC's study compares it with its searcher's).
-        "sufficiency_rate": float(np.mean([
-            sufficient(evidence_set([t.documents for t in turns]), g, config.dac.sufficiency_match)
-            for turns, g in zip(batch.turns, row_golds)])),
+        "sufficiency_rate": float(is_sufficient.mean()),
+        # ... and of those, the share whose outcome reward is <= 0 (a search that found the
+        # answer and got no credit for it: what DAC's searcher reward gives back).
+        "sufficient_unrewarded": float(np.mean(np.asarray(outcome)[is_sufficient] <= 0))
+        if is_sufficient.any() else 0.0,
         "answered": float(batch.answered.mean()), "truncated": float(batch.truncated.mean()),
         "turns": float(batch.num_turns.mean())}
     return Rollouts(batches={"policy": batch}, rewards={"policy": outcome}, summary=summary,
