@@ -457,6 +457,12 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.mesh.data = -1
   c.mesh.fsdp = 1
   c.mesh.tensor = 1
+  # Asynchronous RL's split placement (train.async_steps >= 1): the last sampler_devices devices
+  # run the rollouts (a data x sampler_tensor mesh), the others train (the mesh above); the
+  # updated weights are copied to the sampler for each step's rollout (async/weight_copy_s).
+  # 0: colocated, every device does both.
+  c.mesh.sampler_devices = 0
+  c.mesh.sampler_tensor = 1
 
   if arg == "demo":
     _demo(c)

@@ -32,6 +32,9 @@ class FakeStep:
   def __init__(self, gate=None):
     self.produced, self.consumed, self.gate = [], [], gate
 
+  def to_sampler(self, params):
+    return jax.tree.map(np.copy, params), 0.0
+
   def produce(self, params, questions, key, step, version):
     if self.gate is not None:
       self.gate(step)
@@ -82,6 +85,14 @@ def test_step_j_is_produced_by_version_max_j_minus_k_start(k, start):
   assert [c[2] for c in fake.consumed] == list(range(start, start + 6))
   # The rollouts of the steps after the last one were started or dropped, never consumed.
   assert set(by_step) <= set(range(start, start + 6 + k))
+  # With the run's end given, none is produced past it.
+  fake = FakeStep()
+  pipeline = RolloutPipeline(fake, lambda j: [j], k, end=2)
+  state = {"params": {"w": np.int32(0)}, "rng": rng}
+  for step in range(2):
+    state = pipeline.step(state, step).state
+  pipeline.close()
+  assert sorted(p.step for p in fake.produced) == [0, 1]
 
 
 def test_production_overlaps_the_update():
@@ -141,3 +152,29 @@ def test_the_async_benchs_idle_share_counts_time_with_nothing_running():
   t.add("consume", 1.5, 3.5)   # an update overlapping half of each wait
   assert idle_share(t, (0.0, 4.0)) == pytest.approx(0.25)
   assert idle_share(t, (2.0, 4.0)) == pytest.approx(0.25)  # [3.5, 4] idle in a 2 s window
+
+
+@pytest.mark.slow  # a jax process with 8 fake devices compiling an RL step: minutes on 2 cores
+def test_split_placement_samples_on_its_devices_and_trains_on_the_others(world_dir, tokenizer,
+                                                                        tmp_path):
+  """tests/async_split_check.py on 8 fake devices: rollouts by the sampler's 4 devices, updates on
+  the other 4, the weight copy timed, staleness 0 then 1, and the sampler's log-probs the
+  trainer's (the same float32 programs on other devices: no mismatch)."""
+  import json
+  import os
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, PYTHONPATH=root)
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(
+      [sys.executable, "-m", "tests.async_split_check", f"--workdir={tmp_path / 'run'}",
+       f"--world_dir={world_dir}", f"--tokenizer_dir={tokenizer.name_or_path}",
+       f"--tmp={tmp_path}"], cwd=root, env=env, capture_output=True, text=True, timeout=900)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  lines = proc.stdout.strip().splitlines()
+  assert "OK" in lines
+  rows = json.loads(lines[-1])
+  assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
+  assert all(r["async/weight_copy_s"] > 0 for r in rows[:1])
+  assert all(r["mismatch/abs_logp_diff"] < 1e-4 for r in rows)

@@ -53,6 +53,21 @@ def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1,
   return jax.make_mesh(shape, MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
 
 
+def split_meshes(sampler_devices: int, data: int = -1, fsdp: int = 1, tensor: int = 1,
+                 sampler_tensor: int = 1, devices: Sequence[jax.Device] | None = None
+                 ) -> tuple[Mesh, Mesh]:
+  """(trainer mesh, sampler mesh) over disjoint devices (asynchronous RL's split placement):
+  the last `sampler_devices` devices sample, as a (data, 1, sampler_tensor) mesh; the others
+  train, as the (data, fsdp, tensor) mesh of the config."""
+  devices = list(devices) if devices is not None else jax.devices()
+  if not 0 < sampler_devices < len(devices):
+    raise MeshError(f"mesh.sampler_devices={sampler_devices}: must leave devices to train on "
+                    f"(there are {len(devices)})")
+  cut = len(devices) - sampler_devices
+  return (make_mesh(data, fsdp, tensor, devices=devices[:cut]),
+          make_mesh(-1, 1, sampler_tensor, devices=devices[cut:]))
+
+
 @contextlib.contextmanager
 def use_mesh(mesh: Mesh, rules: LogicalRules = LOGICAL_AXIS_RULES) -> Iterator[Mesh]:
   """Sets the mesh (jax.set_mesh) and the logical rules; inside it, logical constraints apply.

@@ -127,24 +127,26 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
 
 def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,
                 mesh: jax.sharding.Mesh, lora: Any = None,
-                eval_sampling: SamplingParams | None = None, eval_only: bool = False
-                ) -> tuple[Any, Any]:
+                eval_sampling: SamplingParams | None = None, eval_only: bool = False,
+                train_mesh: jax.sharding.Mesh | None = None) -> tuple[Any, Any]:
   """(training agent, eval agent): RolloutEngines, or the trainer kind's agents (DAC's
   DacAgents: searcher and generator; eval: one answer per evidence set). The eval agent rolls
   out one trajectory per question, greedy unless `eval_sampling`. eval_only: no training agent
-  (None)."""
+  (None). train_mesh: the training agent's mesh when not `mesh` (the sampler's devices of a
+  split placement; the eval agent runs on `mesh`, with the trainer's parameters)."""
   train_rollout = rollout_config(config)
   eval_rollout = rollout_config(config, greedy=True)
   if eval_sampling is not None:
     eval_rollout = dataclasses.replace(eval_rollout, sampling=eval_sampling)
   kind = trainer_kind(config)
   if kind.make_agent is not None:  # DAC: the searcher and the generator (eval: one answer a set)
-    make = lambda rollout, samples: kind.make_agent(  # noqa: E731
-        config, cfg, tokenizer, backend, rollout, mesh, lora, samples)
+    make = lambda rollout, samples, on: kind.make_agent(  # noqa: E731
+        config, cfg, tokenizer, backend, rollout, on, lora, samples)
   else:
-    make = lambda rollout, samples: RolloutEngine(  # noqa: E731
-        cfg, tokenizer, backend, rollout, mesh=mesh, lora=lora)
-  return (None if eval_only else make(train_rollout, None)), make(eval_rollout, 1)
+    make = lambda rollout, samples, on: RolloutEngine(  # noqa: E731
+        cfg, tokenizer, backend, rollout, mesh=on, lora=lora)
+  return (None if eval_only else make(train_rollout, None, train_mesh or mesh)), \
+      make(eval_rollout, 1, mesh)
 
 
 def load_questions(config: Any, names: Sequence[str], split: str,

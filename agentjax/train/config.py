@@ -56,7 +56,17 @@ def validate(config: Any) -> None:
     if not isinstance(v, int) or (v < 1 and v != -1):
       _fail(f"mesh.{dim}", v, "must be a positive int or -1 (the remaining devices)")
   _positive(config, "optimizer.lr", "train.steps", "train.keep_checkpoints")
-  _non_negative_int(config, "train.async_steps")
+  _non_negative_int(config, "train.async_steps", "mesh.sampler_devices")
+  _positive(config, "mesh.sampler_tensor")
+  if _get(config, "mesh.sampler_devices") and not _get(config, "train.async_steps"):
+    _fail("mesh.sampler_devices", _get(config, "mesh.sampler_devices"),
+          "a split placement needs train.async_steps >= 1 (else the sampler's devices wait "
+          "for every update and the trainer's for every rollout)")
+  if _get(config, "mesh.sampler_devices") and (_get(config, "model.lora.adapters")
+                                               or trainer_kind(config).roles):
+    _fail("mesh.sampler_devices", _get(config, "mesh.sampler_devices"),
+          "the split placement copies full parameters to the sampler: not yet with LoRA "
+          "adapters or several roles (use the colocated placement, 0)")
   if _get(config, "train.stale") not in STALE_MODES:
     _fail("train.stale", _get(config, "train.stale"), f"must be one of {list(STALE_MODES)}")
   _non_negative(config, "optimizer.warmup_steps", "optimizer.weight_decay", "train.log_every",

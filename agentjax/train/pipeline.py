@@ -21,6 +21,11 @@ are not saved: they restart). Each step logs async/staleness (t minus its rollou
 async/wait_s (the seconds the trainer waited for the rollout: the idle time the overlap did not
 hide).
 
+Placement (mesh.sampler_devices): colocated (0), the rollouts and the updates on the same
+devices; split, the rollouts on the last sampler_devices devices and the updates on the others,
+each submission copying the parameters to the sampler (RLStep.to_sampler: async/weight_copy_s)
+and each step's rollouts moved to the trainer's devices before scoring.
+
 The rng chain is the synchronous one: step t's rollout key is split(rng_t)[1] and rng_{t+1} =
 split(rng_t)[0], computed ahead from the state's key.
 """
@@ -33,7 +38,6 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
-import jax.numpy as jnp
 
 log = logging.getLogger(__name__)
 
@@ -44,14 +48,16 @@ class RolloutPipeline:
   """Rollouts of the next k steps produced beside the current step's update (module docstring).
 
   rl_step: an RLStep (produce / consume). questions_at(step) -> that step's question records.
+  end: the run's last step + 1 (no rollout is produced for a step at or past it); None: no end.
   """
 
   def __init__(self, rl_step: Any, questions_at: Callable[[int], Sequence[Mapping[str, Any]]],
-               async_steps: int):
+               async_steps: int, end: int | None = None):
     if async_steps < 1:
       raise ValueError(f"train.async_steps={async_steps}: a pipeline needs >= 1 (0 is the "
                        "synchronous step)")
     self.rl_step, self.questions_at, self.k = rl_step, questions_at, int(async_steps)
+    self.end = end
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
     self._futures: dict[int, concurrent.futures.Future] = {}
 
@@ -70,9 +76,11 @@ class RolloutPipeline:
     async/* metrics."""
     t_step = time.perf_counter()
     keys = self._keys(state["rng"], self.k + 1)
-    todo = [j for j in range(step, step + self.k + 1) if j not in self._futures]
-    if todo:
-      snapshot = jax.tree.map(jnp.copy, state["params"])  # the update donates state["params"]
+    last = step + self.k + 1 if self.end is None else min(step + self.k + 1, self.end)
+    todo = [j for j in range(step, last) if j not in self._futures]
+    copy_s = 0.0
+    if todo:  # a copy (the update donates state["params"]), on the sampler's devices if split
+      snapshot, copy_s = self.rl_step.to_sampler(state["params"])
       for j in todo:
         self._futures[j] = self._pool.submit(
             self.rl_step.produce, snapshot, self.questions_at(j), keys[j - step][1], j, step)
@@ -81,7 +89,8 @@ class RolloutPipeline:
     waited = time.perf_counter() - t0
     out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
     out.metrics.update({"async/staleness": float(step - produced.version),
-                        "async/wait_s": waited, "async/produce_s": produced.produce_s})
+                        "async/wait_s": waited, "async/produce_s": produced.produce_s,
+                        "async/weight_copy_s": copy_s})
     return out
 
   def close(self) -> None:

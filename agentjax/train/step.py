@@ -198,6 +198,9 @@ class RLStep:
   # rows). The critic's passes stay padded.
   pack_tokens: int = 0
   role_schedules: Mapping[str, optax.Schedule] | None = None  # several roles: each one's rate
+  # Asynchronous RL's split placement: the sampler's devices (produce runs there, on a copy of
+  # the parameters: to_sampler); None: the rollouts run on `mesh`.
+  sampler_mesh: jax.sharding.Mesh | None = None
 
   @property
   def engine(self) -> RolloutEngine | None:
@@ -212,7 +215,8 @@ class RLStep:
   def build(cls, config: Any, mesh: jax.sharding.Mesh, stage: Any,
             optimizer: optax.GradientTransformation, ref_params: Any,
             target: TrainTarget | None = None, ref_model: Any = None,
-            rewards: Callable | None = None) -> "RLStep":
+            rewards: Callable | None = None,
+            sampler_mesh: jax.sharding.Mesh | None = None) -> "RLStep":
     """stage: a rollout stage (agent/rollouts.py), or a RolloutEngine (then AgentRollout of it
     with `rewards`, a task's reward in place of the outcome reward; the fit check passes a
     stand-in with the engine's .model and .cfg). target: what the run trains
@@ -253,7 +257,7 @@ class RLStep:
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
                target=target, ref_model=ref_model, critic=critic,
                micro_batch=micro, pack_tokens=rl.get("pack_tokens", 0),  # .get: older configs
-               role_schedules=role_schedules)
+               role_schedules=role_schedules, sampler_mesh=sampler_mesh)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
                step: int) -> StepOutput:
@@ -267,14 +271,40 @@ class RLStep:
     produced = self.produce(state["params"], questions, rollout_rng, step, version=step)
     return self.consume(state, produced, step, rng, t_step)
 
+  def to_sampler(self, params: Any) -> tuple[Any, float]:
+    """(the parameters a later step's rollout runs with, seconds): a copy of `params` (the
+    update donates its own), on the sampler's devices with the split placement (the weight
+    copy, waited for and timed there)."""
+    t0 = time.perf_counter()
+    if self.sampler_mesh is None:
+      return jax.tree.map(jnp.copy, params), 0.0
+    copied = jax.block_until_ready(jax.device_put(
+        params, param_shardings(self.target.cfg, self.sampler_mesh)))
+    return copied, time.perf_counter() - t0
+
+  def _to_trainer(self, out: Rollouts) -> Rollouts:
+    """The split placement: the rollouts' device arrays moved from the sampler's devices to the
+    trainer's (replicated there: the scoring pass shards what it needs)."""
+    if self.sampler_mesh is None:
+      return out
+    everywhere = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+    moved = {}
+    for role, b in out.batches.items():
+      moved[role] = b.replace(**{f: jax.device_put(getattr(b, f), everywhere) for f in (
+          "tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id")})
+    return dataclasses.replace(out, batches=moved)
+
   def produce(self, params: Any, questions: Sequence[Mapping[str, Any]], rollout_rng: jax.Array,
               step: int, version: int) -> Produced:
     """Stages 1-2 of step `step`: the rollouts of `questions` by `params` (the trained tree, as
     state["params"]; `version`: the number of updates they have had) and their rewards, then the
     judge's verdicts: everything before the scoring pass, on the device and on the host. An
     asynchronous run (train/pipeline.py) calls it for a later step while this one updates."""
-    config, mesh = self.config, self.mesh
+    config, mesh = self.config, self.sampler_mesh or self.mesh
     first = self.stage.roles[0]
+    if self.sampler_mesh is not None:  # the key comes from the trainer's state
+      rollout_rng = jax.device_put(rollout_rng, jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec()))
     # 1. rollouts and rewards (the stage's; host rewards)
     t0 = time.perf_counter()
     with use_mesh(mesh):
@@ -305,6 +335,7 @@ class RLStep:
     roles = self.stage.roles
     first = roles[0]
     out, judge_fields, judge_metrics = produced.out, produced.judge_fields, produced.judge_metrics
+    out = self._to_trainer(out)
     t_rollout = produced.rollout_s
     batches, rewards = out.batches, out.rewards
     with use_mesh(mesh):

@@ -55,7 +55,7 @@ from agentjax.judge import judge_identity
 from agentjax.models.qwen import QwenConfig, init_params, param_shardings
 from agentjax.models.qwen.checkpoint import load_hf, recover_export
 from agentjax.models.tokenizer import load_tokenizer
-from agentjax.parallel import make_mesh, use_mesh
+from agentjax.parallel import make_mesh, split_meshes, use_mesh
 from agentjax.parallel.host import any_process, broadcast_from_primary, primary_first
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
@@ -280,7 +280,13 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   FaultWatch rule stops the run."""
   workdir = os.path.expanduser(workdir)
   exported = _recover_export(os.path.join(workdir, EXPORT_DIR))
-  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  sampler_mesh = None  # the split placement's sampler devices (train.async_steps)
+  if config.mesh.get("sampler_devices", 0):  # .get: configs recorded before it
+    mesh, sampler_mesh = split_meshes(config.mesh.sampler_devices, config.mesh.data,
+                                      config.mesh.fsdp, config.mesh.tensor,
+                                      config.mesh.sampler_tensor)
+  else:
+    mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   cfg, params, tokenizer = load_model(config, mesh)
   model_name = config.model.hf_path or config.model.preset
   log.info("model %s (%s, %s parameters) on mesh %s", model_name, cfg.model_type,
@@ -304,7 +310,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
   backend = make_search_backend(config)
-  engine, eval_engine = make_agents(config, cfg, tokenizer, backend, mesh, target.spec)
+  engine, eval_engine = make_agents(config, cfg, tokenizer, backend, mesh, target.spec,
+                                    train_mesh=sampler_mesh)
   # A task that is not question answering scores the rollouts itself (the rubric generator's).
   task = kind.make_task(config, mesh, engine) if kind.make_task is not None else None
   searcher = kind.prompt_agent(engine)
@@ -321,7 +328,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   stage = (kind.rollout_stage(engine) if kind.rollout_stage is not None
            else AgentRollout(engine, task))
   rl_step = RLStep.build(config, mesh, stage, optimizer, ref_params, target=target,
-                         ref_model=ref_model)
+                         ref_model=ref_model, sampler_mesh=sampler_mesh)
 
   ckpt = make_checkpointer(config, workdir, target)
   restored = ckpt.restore_or_none(abstract_state(state))
@@ -392,7 +399,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
       start, at = step, position
       pipeline = RolloutPipeline(
           rl_step, lambda j: stream.take(at + (j - start) * rl.prompts_per_step,
-                                         rl.prompts_per_step), config.train.async_steps)
+                                         rl.prompts_per_step), config.train.async_steps,
+          end=steps if stop_after is None else min(steps, stop_after))
       stack.callback(pipeline.close)  # also when the loop raises: no thread left running
     while step < steps and not any_process(preempt.requested):
       out = pipeline.step(state, step) if pipeline is not None else \
