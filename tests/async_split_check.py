@@ -4,8 +4,9 @@
 
 Runs two RL steps with train.async_steps = 1 and mesh.sampler_devices = 4: every rollout's
 parameters live on the last 4 devices (the sampler's), the trained parameters on the first 4, the
-weight copy is timed, the second step's rollout is one version old. Prints "OK" and one JSON line
-of the step metrics the test reads.
+weight copy is timed, the second step's rollout is one version old; then the same colocated on all
+8 devices (the two threads taking turns on them). Prints "OK" and one JSON line of the split
+run's step metrics the test reads.
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def main():
   assert trained == sorted(d.id for d in devices[:4]), trained
   with open(os.path.join(args.workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if '"reward"' in line]
+  # Colocated on all 8 devices: the producer and the updater take turns on them (without, two
+  # threads' SPMD programs deadlock in their collectives).
+  config.mesh.sampler_devices = 0
+  RolloutEngine.run = real_run
+  colocated = train(config, args.workdir + "_colocated")
+  assert colocated["step"] == 2
   print("OK")
   print(json.dumps([{k: r[k] for k in ("step", "reward", "loss", "async/staleness",
                                        "async/weight_copy_s", "mismatch/abs_logp_diff")}

@@ -178,3 +178,34 @@ def test_split_placement_samples_on_its_devices_and_trains_on_the_others(world_d
   assert [r["async/staleness"] for r in rows] == [0.0, 1.0]
   assert all(r["async/weight_copy_s"] > 0 for r in rows[:1])
   assert all(r["mismatch/abs_logp_diff"] < 1e-4 for r in rows)
+
+
+def test_device_turn_lets_one_thread_hold_the_devices_and_lends_them_during_host_waits():
+  """parallel.host.DEVICE_TURN: while the producer holds the devices the updater waits; inside
+  the producer's host wait the updater takes them, and the producer gets them back only after;
+  a host wait by a thread that does not hold them changes nothing."""
+  from agentjax.parallel.host import DeviceTurn
+  turn = DeviceTurn()
+  events = []
+  in_wait, updater_done = threading.Event(), threading.Event()
+
+  def updater():
+    assert in_wait.wait(30)
+    with turn.hold():
+      events.append("update")
+    updater_done.set()
+
+  t = threading.Thread(target=updater)
+  t.start()
+  with turn.hold():
+    events.append("decode")
+    with turn.host_wait():
+      in_wait.set()
+      assert updater_done.wait(30)  # the updater got the devices while this thread waited
+      events.append("search")
+    events.append("decode again")
+  t.join(30)
+  assert events == ["decode", "update", "search", "decode again"]
+  with turn.host_wait():  # not held: a no-op
+    with turn.hold():
+      pass

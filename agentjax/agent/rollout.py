@@ -38,7 +38,7 @@ from agentjax.agent.trajectories import (TrajectoryBatch, TrajectoryBook, TurnRe
                                          search_stats, transcripts_of)
 from agentjax.models.lora import LoraSpec
 from agentjax.models.qwen import Qwen, QwenConfig
-from agentjax.parallel.host import to_host
+from agentjax.parallel.host import DEVICE_TURN, to_host
 from agentjax.retrieval import SearchBackend, SearchResponse
 from agentjax.retrieval.base import guarded_search
 from agentjax.sampling import (DecodeState, SamplingParams, StopTable, bucket, cache_size,
@@ -186,7 +186,8 @@ class RolloutEngine:
     """One batched call (top `topk`, default rollout.topk); a backend that raises or answers the
     wrong number of results fails every query of the call (each gets an error observation)
     instead of ending the rollout (retrieval.base.guarded_search)."""
-    return guarded_search(self.backend, queries, topk or self.config.topk)
+    with DEVICE_TURN.host_wait():  # an asynchronous run's update may use the devices meanwhile
+      return guarded_search(self.backend, queries, topk or self.config.topk)
 
   # ------------------------------------------------------------------ device calls
 

@@ -78,18 +78,28 @@ def bench_async() -> dict:
   the timed steps, and the idle share of the devices (idle_share: neither an update nor a
   rollout outside its injected waits).
 
+  --async_split=n: every setting on 2n fake CPU devices, and a fourth: async_steps 1 with the
+  split placement (n devices sample, n train; the weight copy timed). On a 2-core CPU the fake
+  devices share the cores: this checks the placement's overheads, not a GPU's speed-up.
+
   Last line: {"ratio": steps/h of async_steps=1 over synchronous, "ratio_2": of 2,
+  "ratio_split" (with --async_split),
   "idle_share_before": synchronous, "idle_share": async_steps=1, "idle_share_2", per setting:
   steps_per_hour, idle_share, staleness per step, wait_s_mean (the trainer's wait for a
   rollout)}.
   """
+  from agentjax.benchmarks.fit import force_devices
+  split = FLAGS.async_split
+  if split:
+    force_devices(2 * split)  # before jax is imported
   import jax
   import numpy as np
 
   import agentjax.train.step as step_lib
   from agentjax.agent import RolloutConfig, RolloutEngine
   from agentjax.benchmarks.common import fixture_modules
-  from agentjax.parallel import make_mesh
+  from agentjax.models.qwen import param_shardings
+  from agentjax.parallel import make_mesh, split_meshes
   from agentjax.retrieval import make_backend
   from agentjax.sampling import SamplingParams
   from agentjax.train.optim import make_optimizer
@@ -132,10 +142,10 @@ def bench_async() -> dict:
       os.path.join(tmp, "corpus.jsonl")), index_dir=os.path.join(tmp, "index")), search_s)
   agent = af.ScriptedAgent(tok)
   cfg, params0 = af.mix_params(agent)
-  engine = RolloutEngine(cfg, tok, backend, RolloutConfig(
+  rollout = RolloutConfig(
       group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
       max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
-      topk=config.retrieval.topk, sampling=SamplingParams(temperature=1.0), lanes=1))
+      topk=config.retrieval.topk, sampling=SamplingParams(temperature=1.0), lanes=1)
   names = retrieval_fixtures.NAMES
   questions = [{"id": str(i), "question": f"Who founded {names[i % len(names)]}?",
                 "golden_answers": ["Aldric"]} for i in range(steps * config.rl.prompts_per_step)]
@@ -165,15 +175,26 @@ def bench_async() -> dict:
       real_judge(c, mesh=mesh))
   step_lib.RLStep.produce, step_lib.RLStep.consume = produce, consume
   results = {}
+  # (name, async_steps, split): colocated on every device, then with --async_split the split
+  # placement (the last async_split devices sample, the others train).
+  settings = [("0", 0, False), ("1", 1, False), ("2", 2, False)]
+  if split:
+    settings.append(("1_split", 1, True))
   try:
-    mesh = make_mesh(1, 1, 1, devices=jax.devices()[:1])
-    rl_step = step_lib.RLStep.build(config, mesh, engine, optimizer, None)
-    for k in (0, 1, 2):
+    built = {}
+    for name, k, is_split in settings:
+      if is_split not in built:
+        mesh, sampler = (split_meshes(split) if is_split else
+                         (make_mesh(-1, 1, 1), None))
+        engine = RolloutEngine(cfg, tok, backend, rollout, mesh=sampler or mesh)
+        built[is_split] = (mesh, step_lib.RLStep.build(config, mesh, engine, optimizer, None,
+                                                       sampler_mesh=sampler))
+      mesh, rl_step = built[is_split]
       for key in timeline.spans:
         timeline.spans[key].clear()
-      params = jax.tree.map(np.copy, params0)
+      params = jax.device_put(jax.tree.map(np.copy, params0), param_shardings(cfg, mesh))
       state = {"params": params, "opt_state": optimizer.init(params), "rng": jax.random.key(0)}
-      pipeline = RolloutPipeline(rl_step, at, k) if k else None
+      pipeline = RolloutPipeline(rl_step, at, k, end=steps) if k else None
       rows = []
       try:
         for t in range(steps):
@@ -185,24 +206,30 @@ def bench_async() -> dict:
           pipeline.close()
       ends = sorted(b for _, b in timeline.spans["consume"])
       window = (ends[warm - 1], ends[steps - 1])
-      results[k] = {
+      results[name] = {
           "steps_per_hour": (steps - warm) / (window[1] - window[0]) * 3600,
           "idle_share": idle_share(timeline, window),
           "staleness": [m.get("async/staleness", 0.0) for m in rows],
           "wait_s_mean": float(np.mean([m.get("async/wait_s", 0.0) for m in rows[warm:]])),
           "judge_calls": float(np.mean([m.get("judge/calls", 0.0) for m in rows])),
-          "search_calls": backend.calls, "reward": [round(m["reward"], 3) for m in rows]}
+          "search_calls": backend.calls, "reward": [round(m["reward"], 3) for m in rows],
+          "weight_copy_s_mean": float(np.mean([m.get("async/weight_copy_s", 0.0)
+                                               for m in rows[warm:]]))}
       backend.calls = 0
-      print(json.dumps({"async_steps": k, **results[k]}), flush=True)
+      print(json.dumps({"setting": name, **results[name]}), flush=True)
   finally:
     step_lib.build_judge = real_judge
     step_lib.RLStep.produce, step_lib.RLStep.consume = real_produce, real_consume
-  base = results[0]["steps_per_hour"]
-  return {"bench": "async", "device": device_name(), "devices": jax.device_count(),
-          "policy": "scripted mix", "steps": steps, "timed_steps": steps - warm,
-          "search_latency_ms": search_s * 1000, "judge_latency_ms": judge_s * 1000,
-          "settings": {str(k): v for k, v in results.items()},
-          "idle_share_before": results[0]["idle_share"], "idle_share": results[1]["idle_share"],
-          "idle_share_2": results[2]["idle_share"],
-          "ratio_2": results[2]["steps_per_hour"] / base,
-          "ratio": results[1]["steps_per_hour"] / base}
+  base = results["0"]["steps_per_hour"]
+  out = {"bench": "async", "device": device_name(), "devices": jax.device_count(),
+         "policy": "scripted mix", "steps": steps, "timed_steps": steps - warm,
+         "search_latency_ms": search_s * 1000, "judge_latency_ms": judge_s * 1000,
+         "settings": results,
+         "idle_share_before": results["0"]["idle_share"], "idle_share": results["1"]["idle_share"],
+         "idle_share_2": results["2"]["idle_share"],
+         "ratio_2": results["2"]["steps_per_hour"] / base}
+  if split:
+    out["ratio_split"] = results["1_split"]["steps_per_hour"] / base
+    out["idle_share_split"] = results["1_split"]["idle_share"]
+  out["ratio"] = results["1"]["steps_per_hour"] / base
+  return out

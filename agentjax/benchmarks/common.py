@@ -64,6 +64,9 @@ def define_flags() -> None:
                        "search call (batched: one call per batch of queries).")
   flags.DEFINE_integer("judge_latency_ms", 200, "async: the judge's added latency per batch "
                        "call.")
+  flags.DEFINE_integer("async_split", 0, "async: > 0 also runs the split placement, this many "
+                       "fake CPU devices sampling and as many training (2x fake devices in all; "
+                       "every setting then runs on them).")
   flags.DEFINE_integer("slots", 0, "rollout_mix: the slot engine's rollout.slots (0: one per "
                        "trajectory).")
   flags.DEFINE_string("mix_model", "scripted", "rollout_mix: 'scripted' (the tiny scripted Qwen) "

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import threading
 from typing import Any, Iterator
 
 import jax
@@ -22,6 +23,52 @@ def _one(x: Any) -> Any:
   if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return jax.device_get(x)
+
+
+class DeviceTurn:
+  """Who may dispatch device programs, when two threads share a multi-device mesh.
+
+  Two threads dispatching SPMD programs onto the same devices can enqueue them in different
+  orders on different devices; a program's collectives then wait on a device busy with the other
+  program, forever (seen on 8 fake CPU devices: an all-reduce rendezvous timeout). Asynchronous
+  RL's colocated pipeline on a multi-device mesh (train/pipeline.py) therefore lets one thread at
+  a time hold the devices: the update holds them for all of RLStep.consume, the rollout producer
+  for its production except its host waits (`host_wait`: the retriever, the judge), so what
+  overlaps is the host waits of one with the device work of the other. One device needs none of
+  this (no collectives): the pipeline then does not take turns.
+  """
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._holder = threading.local()
+
+  @contextlib.contextmanager
+  def hold(self) -> Iterator[None]:
+    """The calling thread holds the devices inside the block."""
+    with self._lock:
+      self._holder.held = True
+      try:
+        yield
+      finally:
+        self._holder.held = False
+
+  @contextlib.contextmanager
+  def host_wait(self) -> Iterator[None]:
+    """Host-only work (nothing dispatched inside): the devices are let go for its duration when
+    the calling thread holds them, and taken back after; otherwise nothing happens."""
+    if not getattr(self._holder, "held", False):
+      yield
+      return
+    self._holder.held = False
+    self._lock.release()
+    try:
+      yield
+    finally:
+      self._lock.acquire()
+      self._holder.held = True
+
+
+DEVICE_TURN = DeviceTurn()
 
 
 def any_process(flag: bool) -> bool:

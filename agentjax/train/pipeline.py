@@ -26,6 +26,12 @@ devices; split, the rollouts on the last sampler_devices devices and the updates
 each submission copying the parameters to the sampler (RLStep.to_sampler: async/weight_copy_s)
 and each step's rollouts moved to the trainer's devices before scoring.
 
+On a colocated mesh of several devices the two threads take turns on the devices
+(parallel.host.DEVICE_TURN: two threads dispatching SPMD programs onto the same devices can
+deadlock in their collectives): the update holds them for all of its step, the producer for its
+production but for its host waits (retriever, judge), so the host waits are what is hidden. One
+device (no collectives) and the split placement overlap freely.
+
 The rng chain is the synchronous one: step t's rollout key is split(rng_t)[1] and rng_{t+1} =
 split(rng_t)[0], computed ahead from the state's key.
 """
@@ -33,11 +39,14 @@ split(rng_t)[0], computed ahead from the state's key.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+
+from agentjax.parallel.host import DEVICE_TURN
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +67,11 @@ class RolloutPipeline:
                        "synchronous step)")
     self.rl_step, self.questions_at, self.k = rl_step, questions_at, int(async_steps)
     self.end = end
+    # A colocated multi-device mesh: the two threads take turns on the devices (DEVICE_TURN);
+    # one device, or the split placement's disjoint meshes, need not.
+    mesh = getattr(rl_step, "mesh", None)
+    self.turns = getattr(rl_step, "sampler_mesh", None) is None and mesh is not None \
+        and mesh.devices.size > 1
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
     self._futures: dict[int, concurrent.futures.Future] = {}
 
@@ -83,15 +97,20 @@ class RolloutPipeline:
       snapshot, copy_s = self.rl_step.to_sampler(state["params"])
       for j in todo:
         self._futures[j] = self._pool.submit(
-            self.rl_step.produce, snapshot, self.questions_at(j), keys[j - step][1], j, step)
+            self._produce, snapshot, self.questions_at(j), keys[j - step][1], j, step)
     t0 = time.perf_counter()
     produced = self._futures.pop(step).result()
     waited = time.perf_counter() - t0
-    out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
+    with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
+      out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
     out.metrics.update({"async/staleness": float(step - produced.version),
                         "async/wait_s": waited, "async/produce_s": produced.produce_s,
                         "async/weight_copy_s": copy_s})
     return out
+
+  def _produce(self, *args):
+    with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
+      return self.rl_step.produce(*args)
 
   def close(self) -> None:
     """Drops the rollouts not yet started and waits for the one in flight (its parameters are

@@ -19,6 +19,7 @@ keeps what is not the step: data order, checkpoints, eval, preemption and the fa
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import itertools
 import time
@@ -36,7 +37,7 @@ from agentjax.judge.stage import JudgePass
 from agentjax.methods import get_method
 from agentjax.models.qwen import param_shardings
 from agentjax.parallel import use_mesh
-from agentjax.parallel.host import to_host
+from agentjax.parallel.host import DEVICE_TURN, to_host
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
 from agentjax.rl.evidence import evidence_set, sufficient
@@ -316,9 +317,11 @@ class RLStep:
     judge_fields, judge_metrics = {}, {}
     if self.judge_pass is not None:
       batch, rewards = out.batches[first], out.rewards[first]
-      scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, rewards,
-                               out.row_questions, num_t=batch.turn_ends.shape[1] - 1,
-                               rng=np.random.default_rng([config.seed, step, 1]))
+      local = self.judge_pass.identity["backend"] == "local"  # it runs on the devices
+      with contextlib.nullcontext() if local else DEVICE_TURN.host_wait():
+        scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, rewards,
+                                 out.row_questions, num_t=batch.turn_ends.shape[1] - 1,
+                                 rng=np.random.default_rng([config.seed, step, 1]))
       judge_fields = dict(retrieval_scores=jnp.asarray(scores.retrieval),
                           thinking_scores=jnp.asarray(scores.thinking))
       judge_metrics = scores.metrics
