@@ -686,3 +686,50 @@ def test_paired_pooled_against_a_direct_computation():
   one = paired_pooled({"0": {"a": 0.5}}, {"0": {"a": 1.0}})
   assert one["pairs"] == 1 and one["mean"] == 0.5 and np.isnan(one["p"])
   assert paired_pooled({"0": {"a": 0.5}}, {"1": {"a": 1.0}})["pairs"] == 0
+
+
+# ============================================================================ async study
+
+
+@pytest.mark.parametrize("arm", ["grpo_a1", "igpo_a2"])
+def test_async_arms_differ_from_their_synchronous_arm_in_async_steps_only(arm):
+  config = sweep.rl_config("/r", "base", arm, seed=1, steps=20, study="async")
+  config_lib.validate(config)
+  sync = sweep.rl_config("/r", "base", arm[:-1] + "0", seed=1, steps=20, study="async")
+  assert config.train.async_steps == int(arm[-1]) and sync.train.async_steps == 0
+  flat = lambda c: {k: v for k, v in sweep._flat(c.to_dict()).items()  # noqa: E731
+                    if k != "train.async_steps"}
+  assert flat(config) == flat(sync)
+
+
+def test_async_report_against_a_direct_computation(tmp_path):
+  """summarize_async on fake runs: test F1 over seeds, the pooled paired difference against the
+  same method's synchronous arm, seconds per step after the first, the speed-up, staleness; the
+  table and the F1-vs-time plot render."""
+  from agentjax.studies import async_study
+  from agentjax.studies.research import paired_pooled
+  rng = np.random.default_rng(4)
+  ids = [f"q{i}" for i in range(5)]
+
+  def run(seed, step_s, staleness):
+    f1 = dict(zip(ids, map(float, rng.uniform(0, 1, 5))))
+    curve = [{"step": i + 1, "f1": float(rng.uniform()), "step_s": step_s * (3 if i == 0 else 1),
+              "async/staleness": float(min(i, staleness))} for i in range(8)]
+    return {"seed": seed, "test": {"f1": float(np.mean(list(f1.values()))), "f1_by_id": f1},
+            "curve": curve}
+
+  runs = {"grpo_a0": [run(s, 10.0, 0) for s in "01"], "grpo_a1": [run(s, 8.0, 1) for s in "01"]}
+  table = async_study.summarize_async({"base": {"start": {}, "runs": runs}})["base"]
+  a1 = table["grpo_a1"]
+  assert a1["test_f1"][0] == pytest.approx(np.mean([r["test"]["f1"] for r in runs["grpo_a1"]]))
+  want = paired_pooled({r["seed"]: r["test"]["f1_by_id"] for r in runs["grpo_a0"]},
+                       {r["seed"]: r["test"]["f1_by_id"] for r in runs["grpo_a1"]})
+  assert a1["vs_sync"] == want
+  assert a1["step_s"][0] == pytest.approx(8.0) and a1["speedup"] == pytest.approx(10.0 / 8.0)
+  assert a1["steps_per_hour"][0] == pytest.approx(450.0)
+  assert a1["staleness"] == pytest.approx(7 / 8)
+  assert "vs_sync" not in table["grpo_a0"]
+  text = async_study.markdown_async({"base": table}, 8, "test CPU")
+  assert "| grpo_a1 | 2 |" in text and "1.25x" in text
+  paths = async_study.plot_f1_vs_time({"base": {"runs": runs}}, str(tmp_path))
+  assert open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"

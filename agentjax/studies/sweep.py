@@ -39,6 +39,8 @@ from agentjax.studies.igpo import IGPO_PANELS, METHODS, markdown, summarize
 from agentjax.studies.lora import (LORA_LR, LORA_METHODS, LORA_PANELS, LORA_RANK, markdown_lora,
                                    summarize_lora)
 from agentjax.studies.reporting import collect, no_nan, plot_seed_bands, say
+from agentjax.studies.async_study import (ASYNC_METHODS, markdown_async, plot_f1_vs_time,
+                                          summarize_async)
 from agentjax.studies.research import RESEARCH_METHODS, markdown_research, summarize_research
 from agentjax.studies.research import PAPER_CLAIMS as RESEARCH_CLAIMS
 from agentjax.studies.research import STEPS as RESEARCH_STEPS
@@ -71,6 +73,9 @@ STUDIES = {
     # launch/backbone.py), the run protocol of agentjax/studies/research.py.
     "research": Study(RESEARCH_METHODS, "runs/research", "docs/results/research", ("backbone",),
                       True, "", preset="research", world="v2", steps=RESEARCH_STEPS),
+    # GRPO and IGPO with train.async_steps 0, 1, 2 (agentjax/studies/async_study.py).
+    "async": Study(ASYNC_METHODS, "runs/async", "docs/results/async", ("base",), False,
+                   "runs/demo"),
 }
 
 
@@ -79,7 +84,8 @@ _STUDY = flags.DEFINE_enum("study", "igpo", list(STUDIES), "igpo: IGPO vs GRPO (
                           "lora: IGPO with LoRA vs full fine-tuning (docs/results/lora); "
                           "dac: DAC's two LoRA roles vs monolithic GRPO (docs/results/dac); "
                           "research: the methods on SynthWorld v2 from the research backbone "
-                          "(docs/results/research).")
+                          "(docs/results/research); async: GRPO and IGPO with train.async_steps "
+                          "0, 1, 2 (docs/results/async).")
 _ROOT = flags.DEFINE_string("root", "", "Folder of the world and every run (default: the study's, "
                             "runs/compare or runs/cw_grpo).")
 _OUT = flags.DEFINE_string("out", "", "Where the tables and plots go (default: the study's, "
@@ -504,6 +510,14 @@ def report() -> None:
     say(f"written: {os.path.join(out, 'results.md')}, results.json, "
          + ", ".join(os.path.basename(p) for p in paths))
     return
+  elif _STUDY.value == "async":
+    table = summarize_async(study)
+    text = markdown_async(table, steps, hardware())
+    saved = {"study": "async", "steps": steps, "hardware": hardware(),
+             "primary_metric": "test F1 vs the same method's synchronous arm, paired by "
+             "question, pooled over seeds", "seed_band": "min-max over seeds", "table": table}
+    plot_f1_vs_time(study, out)
+    panels, title = IGPO_PANELS, "{size}: mean over seeds, band min-max over seeds"
   elif _STUDY.value == "research":
     table = summarize_research(study, _TARGET.value)
     text = markdown_research(table, steps, hardware())
