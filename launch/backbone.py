@@ -15,6 +15,12 @@ export ({root}/backbone/sft/hf_export); it is built once, never per study.
 3. gate: greedy on dev: the search agent's F1 per hop count (goal 1-hop >= 0.8), the reading of
    evidence sets (accuracy when sufficient, abstention when not) and the rubric-following rate;
    written to {root}/backbone/gate.json, the last line printed is the same JSON.
+4. properties (not in the default stages): v2's properties on the backbone's sampled rollouts
+   before any RL (agentjax/studies/world_properties.py: search rounds per correct trajectory,
+   the oracle judge's contribution share and Gini, IG vs "retrieved a new gold document" for
+   both IG readings, the ground truth's entropy reduction) -> {root}/backbone/properties.json.
+
+    python launch/backbone.py --stages=properties
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ _SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:research", 
 _STAGES = flags.DEFINE_list("stages", ["build", "sft", "gate"], "Stages to run, in order.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 2048, "BPE vocabulary.")
 _N = flags.DEFINE_integer("gate_n", 1000, "Dev questions of the gate.")
+_PROPS_N = flags.DEFINE_integer("properties_n", 200, "Dev questions whose sampled rollouts "
+                                "(x the group size) measure the world's properties.")
 
 
 def _paths(config, root: str) -> None:
@@ -75,8 +83,18 @@ def main(_):
       with open(os.path.join(root, "backbone", "gate.json"), "w") as f:
         json.dump(result, f, indent=2)
       print(json.dumps(result), flush=True)
+    elif stage == "properties":
+      from agentjax.studies import world_properties
+      from configs import cw_grpo
+      rl = cw_grpo.get_config("research")  # the oracle judge as CW-GRPO's runs use it
+      _paths(rl, root)
+      result = world_properties.measure(rl, export, questions=_PROPS_N.value)
+      result["seconds"] = round(time.time() - t0, 1)
+      with open(os.path.join(root, "backbone", "properties.json"), "w") as f:
+        json.dump(result, f, indent=2)
+      print(json.dumps(result), flush=True)
     else:
-      raise app.UsageError(f"unknown stage {stage!r}: build, sft or gate")
+      raise app.UsageError(f"unknown stage {stage!r}: build, sft, gate or properties")
 
 
 if __name__ == "__main__":

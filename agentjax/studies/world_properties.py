@@ -1,0 +1,144 @@
+"""What a world offers credit assignment, measured on a policy's sampled rollouts before any RL
+(issue 32 §1; `python launch/backbone.py --stages=properties`).
+
+    props = measure(config, hf_path, questions=200)      # -> {root}/backbone/properties.json
+
+On rollouts of the SFT backbone (config's rollout settings: sampled, group_size per question) of
+the first `questions` dev questions:
+
+  rounds_per_correct     search rounds per correct (EM > 0) trajectory (goal >= 2: credit can
+                         only be assigned among rounds if correct trajectories have several)
+  contribution_share     the oracle judge's share of judged non-answer rounds that contribute
+                         (CW-GRPO's c = retrieval x thinking; goal < 0.7: some searches are
+                         wasted), and its Gini of contributions within a trajectory, overall and
+                         on 3- and 4-hop questions
+  ig_vs_new_gold         for ig_mode "prob" and "log_prob": the correlation (Pearson, i.e.
+                         point-biserial) of each non-answer turn's information gain with "this
+                         turn retrieved the gold document of a hop not resolved before"
+                         (new_gold_per_turn, the oracle's resolution rule): which IG reading
+                         tracks useful retrieval on this world (the paper defines prob, the
+                         official script uses log_prob)
+  gt_entropy_reduction   the ground truth's mean log-prob gain from the prompt to after the last
+                         search (log_prob mode): IGPO's "entropy reduction"
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from agentjax.agent.protocol import SEARCH
+from agentjax.judge.oracle import gold_chain, hop_index, resolve
+
+
+def new_gold_per_turn(question: Mapping[str, Any], turns: Sequence[Any]) -> np.ndarray:
+  """[len(turns)] bool: turn t's retrieved documents include the gold document of a hop no
+  earlier turn resolved (judge.oracle.resolve, by title). All False without a gold chain."""
+  gold, error = gold_chain(question)
+  out = np.zeros(len(turns), bool)
+  if error is not None:
+    return out
+  hop_of, resolved = hop_index(gold), [False] * len(gold)
+  for t, turn in enumerate(turns):
+    out[t] = bool(resolve(hop_of, resolved, getattr(turn, "documents", ()) or ()))
+  return out
+
+
+def correlation(x: Sequence[float], y: Sequence[float]) -> float:
+  """Pearson's r of two equal-length sequences (nan when either is constant or < 2 points)."""
+  x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+  if len(x) < 2 or x.std() == 0 or y.std() == 0:
+    return float("nan")
+  return float(np.corrcoef(x, y)[0, 1])
+
+
+def ig_pairs(ig: np.ndarray, num_turns: np.ndarray, questions: Sequence[Mapping[str, Any]],
+             turns: Sequence[Sequence[Any]]) -> tuple[list[float], list[bool]]:
+  """(IG, new gold) of every non-answer turn k < num_turns[b] - 1 of every row (the turns IGPO
+  gives an information gain)."""
+  gains, hits = [], []
+  for b, q in enumerate(questions):
+    new = new_gold_per_turn(q, turns[b])
+    for k in range(int(num_turns[b]) - 1):
+      gains.append(float(ig[b, k]))
+      hits.append(bool(new[k]))
+  return gains, hits
+
+
+def rounds_per_correct(turns: Sequence[Sequence[Any]], correct: np.ndarray) -> float:
+  """Mean number of search rounds of the correct trajectories (nan when none is correct)."""
+  counts = [sum(t.action.kind == SEARCH for t in row) for row, ok in zip(turns, correct) if ok]
+  return float(np.mean(counts)) if counts else float("nan")
+
+
+def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0) -> dict[str, Any]:
+  """The properties of the module docstring on `questions` dev questions x config's group size,
+  sampled by the export at hf_path with config's rollout settings; the oracle judge as config's
+  CW-GRPO settings run it."""
+  import jax
+
+  from agentjax.agent import RolloutEngine
+  from agentjax.judge import build_judge
+  from agentjax.judge.metrics import judge_metrics
+  from agentjax.judge.stage import JudgePass
+  from agentjax.parallel import make_mesh, use_mesh
+  from agentjax.rl import build_probes, outcome_rewards
+  from agentjax.rl.advantages import gt_entropy_reduction
+  from agentjax.rl.info_gain import ANSWER_TEMPLATES
+  from agentjax.train.builders import (load_model, load_questions, make_search_backend,
+                                       rollout_config)
+  from agentjax.train.rl import score_batch, trim
+  c = copy.deepcopy(config)
+  c.model.hf_path = hf_path
+  c.judge.backend = "oracle"
+  mesh = make_mesh(c.mesh.data, c.mesh.fsdp, c.mesh.tensor)
+  cfg, params, tokenizer = load_model(c, mesh)
+  records = load_questions(c, c.data.eval.split(","), "dev", "data.eval")[:questions]
+  engine = RolloutEngine(cfg, tokenizer, make_search_backend(c), rollout_config(c), mesh=mesh)
+  with use_mesh(mesh):
+    batch, _ = engine.run(params, [r["question"] for r in records], jax.random.key(seed))
+    batch = trim(batch)
+  rows = [records[g] for g in batch.group_ids]
+  golds = [r["golden_answers"] for r in rows]
+  answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
+  em = outcome_rewards(answers, golds, metric="em")
+  correct = em > 0
+  num_turns = np.asarray(batch.num_turns)
+  judge = JudgePass(build_judge(c.judge, mesh=mesh), c.judge)
+  scores = judge(batch.turns, num_turns, batch.group_ids, em, rows,
+                 num_t=batch.turn_ends.shape[1] - 1, rng=np.random.default_rng([seed, 1]))
+  hops = np.array([int(r.get("hops", 0)) for r in rows])
+  deep = hops >= 3
+  deep_metrics = judge_metrics(scores.retrieval[deep], scores.thinking[deep],
+                               scores.judged[deep], num_turns[deep],
+                               bool(c.judge.answer_round)) if deep.any() else {}
+  probes = build_probes(engine.encode, golds, template=ANSWER_TEMPLATES[c.rollout.protocol])
+  ig_vs_gold, reduction = {}, None
+  for mode in ("prob", "log_prob"):
+    with use_mesh(mesh):
+      scored = score_batch(engine.model, params, None, batch, probes, mode=mode,
+                           chunk=c.rl.chunk)
+    gains, hits = ig_pairs(np.asarray(scored.ig), num_turns, rows, batch.turns)
+    ig_vs_gold[mode] = {"r": correlation(gains, hits), "turns": len(gains),
+                        "new_gold_share": float(np.mean(hits)) if hits else float("nan"),
+                        "ig_mean_new_gold": float(np.mean([g for g, h in zip(gains, hits) if h]))
+                        if any(hits) else float("nan"),
+                        "ig_mean_other": float(np.mean([g for g, h in zip(gains, hits) if not h]))
+                        if not all(hits) else float("nan")}
+    if mode == "log_prob":
+      reduction = float(gt_entropy_reduction(scored.values, num_turns))
+  return {"hf_path": hf_path, "questions": len(records), "trajectories": len(rows),
+          "group_size": int(c.rollout.group_size), "em": float(em.mean()),
+          "rounds_per_correct": rounds_per_correct(batch.turns, correct),
+          "rounds_mean": float(np.mean([sum(t.action.kind == SEARCH for t in r)
+                                        for r in batch.turns])),
+          "judge": {k: float(v) for k, v in scores.metrics.items()},
+          "judge_3_4_hop": {k: float(v) for k, v in deep_metrics.items()},
+          "ig_vs_new_gold": ig_vs_gold, "gt_entropy_reduction": reduction,
+          "goals": {"rounds_per_correct": ">= 2", "contribution_share": "< 0.7"}}
+
+
+__all__ = ["correlation", "ig_pairs", "measure", "new_gold_per_turn", "rounds_per_correct"]

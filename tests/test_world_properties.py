@@ -1,0 +1,54 @@
+"""agentjax/studies/world_properties.py: which turns retrieve a new gold document, the IG pairs,
+rounds per correct trajectory and the correlation, on hand-made trajectories (the measurement
+itself runs the backbone: launch/backbone.py --stages=properties)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from agentjax.agent.protocol import Action
+from agentjax.agent.trajectories import TurnRecord
+from agentjax.retrieval import Document
+from agentjax.studies import world_properties as wp
+
+# 2 hops: Alpha Corp -> Bob Smith -> (answer) Paris
+Q = {"question": "Where was the founder of Alpha Corp born?", "golden_answers": ["Paris"],
+     "chain": ["Alpha Corp", "Bob Smith", "Paris"], "hops": 2}
+
+
+def _doc(title, i=0):
+  return Document(id=f"{title}{i}", contents=f'"{title}"\n{title} text.', score=1.0)
+
+
+def _search(*titles):
+  return TurnRecord(text="", action=Action("search", "q"), documents=tuple(map(_doc, titles)))
+
+
+ANSWER = TurnRecord(text="", action=Action("answer", "Paris"))
+
+
+def test_new_gold_marks_the_turns_that_resolve_a_hop_first():
+  turns = [_search("Zed"), _search("Alpha Corp"), _search("Alpha Corp", "Zed"),
+           _search("Bob Smith", "Alpha Corp"), ANSWER]
+  assert wp.new_gold_per_turn(Q, turns).tolist() == [False, True, False, True, False]
+  assert not wp.new_gold_per_turn({"question": "?"}, turns).any()  # no gold chain
+
+
+def test_ig_pairs_rounds_and_correlation_against_numpy():
+  rows = [[_search("Alpha Corp"), _search("Bob Smith"), ANSWER],   # 2 useful rounds, correct
+          [_search("Zed"), _search("Alpha Corp"), ANSWER],         # 1 useful of 2, wrong
+          [_search("Zed"), _search("Zed")],                        # truncated: 2 rounds
+          [ANSWER]]                                                # no round, correct
+  num_turns = np.array([len(r) for r in rows])
+  ig = np.array([[0.5, 0.7, 9.0], [-0.1, 0.4, 9.0], [0.0, 9.0, 9.0], [9.0, 9.0, 9.0]])
+  gains, hits = wp.ig_pairs(ig, num_turns, [Q] * 4, rows)
+  # non-answer turns k < num_turns - 1: row 0 k=0,1; row 1 k=0,1; row 2 k=0 (its last turn has
+  # no IG, as IGPO reads it); row 3 none.
+  assert gains == [0.5, 0.7, -0.1, 0.4, 0.0]
+  assert hits == [True, True, False, True, False]
+  assert wp.correlation(gains, hits) == pytest.approx(np.corrcoef(gains, hits)[0, 1])
+  assert np.isnan(wp.correlation([1.0, 2.0], [True, True]))
+  correct = np.array([True, False, False, True])
+  assert wp.rounds_per_correct(rows, correct) == pytest.approx((2 + 0) / 2)
+  assert np.isnan(wp.rounds_per_correct(rows, np.zeros(4, bool)))
