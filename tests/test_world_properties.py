@@ -52,3 +52,31 @@ def test_ig_pairs_rounds_and_correlation_against_numpy():
   correct = np.array([True, False, False, True])
   assert wp.rounds_per_correct(rows, correct) == pytest.approx((2 + 0) / 2)
   assert np.isnan(wp.rounds_per_correct(rows, np.zeros(4, bool)))
+
+
+def test_fallback_reasons_mirror_the_cw_estimators_all_zero_rule():
+  """Against the estimator itself: the trajectories where fallback_reasons says the all-zero
+  fallback fires are those advantages._cw_round_advantages flags (positive advantage, K >= 1,
+  no contributing non-answer round), and the reasons split them."""
+  import jax.numpy as jnp
+  from agentjax.rl.advantages import _cw_round_advantages
+  rng = np.random.default_rng(0)
+  b, t = 40, 4
+  num_turns = rng.integers(1, t + 1, b)
+  judged = np.arange(t)[None, :] < num_turns[:, None]
+  retrieval = (rng.random((b, t)) < 0.4) & judged
+  thinking = (rng.random((b, t)) < 0.5) & judged
+  correct = rng.random(b) < 0.5
+  got = wp.fallback_reasons(retrieval, thinking, judged, num_turns, correct)
+  adv = np.where(correct, 1.0, -1.0)
+  _, fires, positive = _cw_round_advantages(jnp.asarray(adv), jnp.asarray(retrieval, jnp.int32),
+                                            jnp.asarray(thinking, jnp.int32),
+                                            jnp.asarray(num_turns), 100.0, 10.0, "uniform")
+  fires, positive = np.asarray(fires), np.asarray(positive)
+  assert got["fallback_share"] == pytest.approx(fires.sum() / positive.sum())
+  assert got["judged_correct"] == correct.sum()
+  assert got["no_round_share"] == pytest.approx(np.mean(num_turns[correct] == 1))
+  k = np.arange(t)[None, :] < (num_turns - 1)[:, None]
+  nothing = ~(retrieval & k).any(1)
+  assert got["of_which_nothing_retrieved"] == pytest.approx(nothing[fires].mean())
+  assert got["of_which_thinking_zero"] == pytest.approx(1 - nothing[fires].mean())

@@ -20,6 +20,9 @@ the first `questions` dev questions:
                          official script uses log_prob)
   gt_entropy_reduction   the ground truth's mean log-prob gain from the prompt to after the last
                          search (log_prob mode): IGPO's "entropy reduction"
+  cw_fallback            how often CW-GRPO's all-zero fallback fires on correct trajectories
+                         and why (fallback_reasons: nothing retrieved, or retrieved without the
+                         thinking bit), and the share of correct trajectories with no round
 """
 
 from __future__ import annotations
@@ -72,6 +75,36 @@ def rounds_per_correct(turns: Sequence[Sequence[Any]], correct: np.ndarray) -> f
   """Mean number of search rounds of the correct trajectories (nan when none is correct)."""
   counts = [sum(t.action.kind == SEARCH for t in row) for row, ok in zip(turns, correct) if ok]
   return float(np.mean(counts)) if counts else float("nan")
+
+
+def fallback_reasons(retrieval: np.ndarray, thinking: np.ndarray, judged: np.ndarray,
+                     num_turns: np.ndarray, correct: np.ndarray) -> dict[str, float]:
+  """Why CW-GRPO's all-zero fallback fires (advantages._cw_round_advantages: a trajectory with
+  a positive advantage, K = num_turns - 1 >= 1 non-answer rounds, none with c = retrieval x
+  thinking = 1): among the judged correct trajectories with K >= 1, the share where it fires,
+  and of those, the share with no non-answer round retrieving (retrieval 0 everywhere) and the
+  share that retrieved but whose rounds that retrieved were all judged not to think towards it
+  (thinking 0); also the share of judged correct trajectories with K = 0 (no round to weigh).
+
+  Arrays [B, T] (bits read where judged) and [B]."""
+  num_k = np.asarray(num_turns) - 1
+  t = np.arange(retrieval.shape[1])[None, :]
+  rounds = (t < num_k[:, None]) & np.asarray(judged, bool)
+  ret = (np.asarray(retrieval) != 0) & rounds
+  c = ret & (np.asarray(thinking) != 0)
+  judged_rows = np.asarray(judged, bool).any(1) & np.asarray(correct, bool)
+  with_rounds = judged_rows & (num_k >= 1)
+  fires = with_rounds & ~c.any(1)
+  n_fire = int(fires.sum())
+  return {"judged_correct": int(judged_rows.sum()),
+          "no_round_share": float(np.mean(num_k[judged_rows] < 1)) if judged_rows.any()
+          else float("nan"),
+          "fallback_share": float(fires.sum() / with_rounds.sum()) if with_rounds.any()
+          else float("nan"),
+          "of_which_nothing_retrieved": float(np.mean(~ret[fires].any(1))) if n_fire
+          else float("nan"),
+          "of_which_thinking_zero": float(np.mean(ret[fires].any(1))) if n_fire
+          else float("nan")}
 
 
 def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0) -> dict[str, Any]:
@@ -137,8 +170,11 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0) -> d
                                         for r in batch.turns])),
           "judge": {k: float(v) for k, v in scores.metrics.items()},
           "judge_3_4_hop": {k: float(v) for k, v in deep_metrics.items()},
+          "cw_fallback": fallback_reasons(scores.retrieval, scores.thinking, scores.judged,
+                                          num_turns, correct),
           "ig_vs_new_gold": ig_vs_gold, "gt_entropy_reduction": reduction,
           "goals": {"rounds_per_correct": ">= 2", "contribution_share": "< 0.7"}}
 
 
-__all__ = ["correlation", "ig_pairs", "measure", "new_gold_per_turn", "rounds_per_correct"]
+__all__ = ["correlation", "fallback_reasons", "ig_pairs", "measure", "new_gold_per_turn",
+           "rounds_per_correct"]
