@@ -65,6 +65,11 @@ class RolloutPipeline:
     if async_steps < 1:
       raise ValueError(f"train.async_steps={async_steps}: a pipeline needs >= 1 (0 is the "
                        "synchronous step)")
+    if jax.process_count() > 1:
+      # Each process would interleave its two threads' programs in its own order, and programs
+      # with cross-process collectives must run in the same order on every process.
+      raise ValueError(f"train.async_steps={async_steps}: asynchronous RL runs on one process "
+                       f"only so far (this run has {jax.process_count()}); use 0")
     self.rl_step, self.questions_at, self.k = rl_step, questions_at, int(async_steps)
     self.end = end
     # A colocated multi-device mesh: the two threads take turns on the devices (DEVICE_TURN);
