@@ -219,6 +219,7 @@ def test_device_turn_lets_one_thread_hold_the_devices_and_lends_them_during_host
       pass
 
 
+@pytest.mark.slow  # 15 RL steps through RLStep (~40 s); the mechanics are in the default suite
 def test_a_scripted_agent_learns_with_async_steps_0_1_and_2(scripted_world):
   """RLStep through the pipeline on the scripted agent (one turn: after </think> it answers,
   F1 1, or searches and runs out of turns, 0; GRPO, SGD as tests/test_rl_step.py): with

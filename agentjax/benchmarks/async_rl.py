@@ -157,23 +157,19 @@ def bench_async() -> dict:
   real_judge = step_lib.build_judge
   real_produce, real_consume = step_lib.RLStep.produce, step_lib.RLStep.consume
 
-  def produce(self, *a, **k):
-    t0 = time.perf_counter()
-    try:
-      return real_produce(self, *a, **k)
-    finally:
-      timeline.add("produce", t0, time.perf_counter())
-
-  def consume(self, *a, **k):
-    t0 = time.perf_counter()
-    try:
-      return real_consume(self, *a, **k)
-    finally:
-      timeline.add("consume", t0, time.perf_counter())
+  def timed(kind, method):
+    def run(self, *a, **k):
+      t0 = time.perf_counter()
+      try:
+        return method(self, *a, **k)
+      finally:
+        timeline.add(kind, t0, time.perf_counter())
+    return run
 
   step_lib.build_judge = lambda c, mesh=None: (lambda j: None if j is None else SlowJudge(j))(
       real_judge(c, mesh=mesh))
-  step_lib.RLStep.produce, step_lib.RLStep.consume = produce, consume
+  step_lib.RLStep.produce = timed("produce", real_produce)
+  step_lib.RLStep.consume = timed("consume", real_consume)
   results = {}
   # (name, async_steps, split): colocated on every device, then with --async_split the split
   # placement (the last async_split devices sample, the others train).
