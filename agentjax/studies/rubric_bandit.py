@@ -122,11 +122,11 @@ def train_bandit(table: Mapping[str, np.ndarray], arm: str, s: BanditSettings
     picks = np.stack([rng.choice(num_rubrics, s.group, p=p) for p in probs])  # [rows, G]
     r = reward[picks, rows[:, None]]                                          # [rows, G]
     adv = (r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)
+    # d log softmax_k / d theta = onehot(k) - p, summed over each row's samples, then per phase.
+    row_grad = -adv.sum(1, keepdims=True) * probs                             # [rows, R]
+    np.add.at(row_grad, (np.arange(s.rows)[:, None], picks), adv)
     grad = np.zeros_like(theta)
-    for i, row in enumerate(rows):  # d log softmax_k / d theta = onehot(k) - p
-      onehot = np.zeros((s.group, num_rubrics))
-      onehot[np.arange(s.group), picks[i]] = 1.0
-      grad[phase[row]] += (adv[i][:, None] * (onehot - probs[i])).sum(0)
+    np.add.at(grad, phase[rows], row_grad)
     theta += s.lr * grad / (s.rows * s.group)
     p = _softmax(theta)
     curve.append({"reward": float(r.mean()),
