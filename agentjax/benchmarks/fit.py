@@ -506,18 +506,19 @@ def update_programs(s: Setup, width: int, rl_step: Any) -> list[Program]:
   critic its values (scoring) and its update on the same minibatch."""
   import jax.numpy as jnp
   from agentjax.methods import get_method
-  from agentjax.train.step import CRITIC_MINIBATCH, POLICY_MINIBATCH
+  from agentjax.train.step import CRITIC_MINIBATCH, policy_minibatch_keys
   rl = s.config.rl
   f32 = jnp.float32
   dtypes = dict(tokens=jnp.int32, valid=jnp.bool_, loss_mask=jnp.bool_, old_logp=f32,
-                ref_logp=f32, advantages=f32, old_values=f32, returns=f32, value_mask=jnp.bool_)
+                ref_logp=f32, advantages=f32, behav_logp=f32, old_values=f32, returns=f32,
+                value_mask=jnp.bool_)
   mbs = rl.minibatch_size
   micro = getattr(rl_step, "micro_batch", 0)
   per_pass = f", {micro} rows a pass" if micro else ""
   frozen = () if s.spec is None else (s.backbone,)
   # A method's per-token loss inputs (A²TGPO's clip scale) ride in the minibatch too.
   inputs = get_method(s.config.algorithm).loss_inputs_for(s.config)
-  mb = _rows(s, mbs, width, **{k: dtypes[k] for k in POLICY_MINIBATCH},
+  mb = _rows(s, mbs, width, **{k: dtypes[k] for k in policy_minibatch_keys(s.config)},
              **dict.fromkeys(inputs, f32))
   args = (s.trainable, s.opt_state, mb, *frozen)
   out = [Program("update", rl_step.update, args,
@@ -628,7 +629,7 @@ def dac_programs(s: Setup, config: Any, rollout: Any, batch_rows: int, width: in
   from agentjax.dac.roles import DacSettings
   from agentjax.dac.stage import DacRollout
   from agentjax.sampling import cache_size
-  from agentjax.train.step import POLICY_MINIBATCH, RLStep
+  from agentjax.train.step import RLStep, policy_minibatch_keys
   settings = DacSettings.from_config(config)
   m = settings.generator_samples
   generator = dataclasses.replace(
@@ -649,10 +650,11 @@ def dac_programs(s: Setup, config: Any, rollout: Any, batch_rows: int, width: in
                         batch_live=s_batch, micro_batch=micro)
   f32 = jnp.float32
   dtypes = dict(tokens=jnp.int32, valid=jnp.bool_, loss_mask=jnp.bool_, old_logp=f32,
-                ref_logp=f32, advantages=f32)
+                ref_logp=f32, advantages=f32, behav_logp=f32)
   mbs = config.rl.minibatch_size
-  mb = {"searcher": _rows(s, mbs, width, **{k: dtypes[k] for k in POLICY_MINIBATCH}),
-        "generator": _rows(s, mbs * m, g_width, **{k: dtypes[k] for k in POLICY_MINIBATCH})}
+  keys = policy_minibatch_keys(config)
+  mb = {"searcher": _rows(s, mbs, width, **{k: dtypes[k] for k in keys}),
+        "generator": _rows(s, mbs * m, g_width, **{k: dtypes[k] for k in keys})}
   args = (s.trainable, s.opt_state, mb, s.backbone)
   out.append(Program("update", step.update, args, live=s.state_bytes("opt_state"),
                      check=_check_outputs(("adapters", "opt_state"), args),

@@ -54,6 +54,13 @@ from agentjax.train.rl import (PACK_KEYS, MinibatchPacker, advantage_kwargs, com
 
 # What each update reads of a minibatch (minibatches() cuts every array of the step).
 POLICY_MINIBATCH = ("tokens", "valid", "loss_mask", "old_logp", "ref_logp", "advantages")
+
+
+def policy_minibatch_keys(config: Any) -> tuple[str, ...]:
+  """The minibatch fields every policy update reads: POLICY_MINIBATCH, and the sampler's
+  log-probs ("behav_logp") when rl.off_policy_correction weighs the loss by them."""
+  correction = config.rl.get("off_policy_correction", "none")  # .get: configs recorded before it
+  return POLICY_MINIBATCH + (("behav_logp",) if correction != "none" else ())
 CRITIC_MINIBATCH = ("tokens", "valid", "old_values", "returns", "value_mask")
 
 
@@ -401,8 +408,8 @@ class RLStep:
     frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
     update_metrics, critic_metrics = [], []
     shuffle = np.random.default_rng([config.seed, step])
-    keys = POLICY_MINIBATCH + tuple(loss_inputs) + (PACK_KEYS if packer is not None else ()) \
-        + (("behav_logp",) if rl.get("off_policy_correction", "none") != "none" else ())
+    keys = policy_minibatch_keys(config) + tuple(loss_inputs) + \
+        (PACK_KEYS if packer is not None else ())
     with use_mesh(mesh):
       for _ in range(rl.ppo_epochs):
         per_role = [minibatches(batches[r], scored[r], adv[r], self.stage.minibatch_rows(config, r),
