@@ -134,6 +134,12 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # rollout) bounds a prefill by tokens per batch (max_num_batched_tokens); rows are simpler to
   # reason about with one prompt per question.
   c.rollout.prefill_rows = 32
+  # Asynchronous RL (train.async_steps >= 1): a rollout in flight when the trainer publishes newer
+  # parameters "off": ends with those it started with; "continue": samples the rest with the
+  # newest (read at each turn / decode call; its tokens tagged with their versions, the KV cache
+  # of its context kept: PipelineRL's in-flight update); "restart": starts again with them.
+  # Our reading; the "restart" | "continue" plus today's behaviour as the default.
+  c.rollout.partial = "off"
 
   # ---- RL
   c.rl = ml_collections.ConfigDict()

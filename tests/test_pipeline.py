@@ -226,7 +226,12 @@ def test_a_scripted_agent_learns_with_async_steps_0_1_and_2(scripted_world):
   async_steps 1 and 2 the reward rises as under the synchronous step, from the same start; the
   first step is the synchronous one in every setting (its rollout by version 0). (Measured:
   rewards 0.5, 1, 1, 1, 1 synchronous; 0.5, 0.54, 1, 1, 1 with k = 1; 0.5, 0.54, 0.62, 1, 1
-  with k = 2: each version of staleness delays the climb by about a step on this toy.)"""
+  with k = 2: each version of staleness delays the climb by about a step on this toy.) Partial
+  rollouts too: k = 1 with rollout.partial "continue" and k = 2 with "restart" (one-turn
+  trajectories: a rollout reads the feed before its only turn, so both sample by the newest
+  parameters published when that turn starts)."""
+  import dataclasses
+
   import optax
 
   from agentjax.agent import RolloutConfig, RolloutEngine
@@ -248,20 +253,24 @@ def test_a_scripted_agent_learns_with_async_steps_0_1_and_2(scripted_world):
   questions = [{"id": str(i), "question": "Who founded Zorvath?", "golden_answers": ["Aldric"]}
                for i in range(2)]
   steps, curves = 5, {}
-  for k in (0, 1, 2):
+  for k, partial in ((0, "off"), (1, "off"), (2, "off"), (1, "continue"), (2, "restart")):
+    engine.config = dataclasses.replace(engine.config, partial=partial)
     params = agent.params(af.SEARCH, af.ANSWER)
     state = {"params": params, "opt_state": optimizer.init(params), "rng": jax.random.key(0)}
-    pipeline = RolloutPipeline(rl_step, lambda j: questions, k, end=steps) if k else None
-    rewards = []
+    pipeline = RolloutPipeline(rl_step, lambda j: questions, k, end=steps,
+                               partial=partial) if k else None
+    rewards, stale = [], []
     try:
       for t in range(steps):
         out = pipeline.step(state, t) if pipeline else rl_step(state, questions, t)
         state = out.state
         rewards.append(out.metrics["reward"])
+        stale.append(out.metrics.get("async/staleness", 0.0))
     finally:
       if pipeline:
         pipeline.close()
-    curves[k] = rewards
+    curves[k if partial == "off" else (k, partial)] = rewards
+    assert max(stale) <= k, (k, partial, stale)
   for k, rewards in curves.items():
     assert rewards[0] == curves[0][0], curves
     assert rewards[0] <= 0.9 and np.mean(rewards[-2:]) >= 0.95, (k, curves)

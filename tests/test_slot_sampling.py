@@ -262,6 +262,7 @@ def random_state(cfg, seed, rows=N, slots=8):
       valid=jnp.asarray(rng.rand(*shape) < 0.5), sampled=jnp.asarray(rng.rand(*shape) < 0.5),
       logprobs=jnp.asarray(rng.randn(*shape), jnp.float32),
       turn_id=jnp.asarray(rng.randint(-1, 5, shape), jnp.int32),
+      versions=jnp.asarray(rng.randint(-1, 3, shape), jnp.int32),
       length=jnp.asarray(rng.randint(0, slots, rows), jnp.int32),
       next_logits=jnp.asarray(rng.randn(rows, cfg.vocab_size), jnp.float32),
       rng=jax.random.key(9))
@@ -274,7 +275,7 @@ def test_store_rows_and_take_rows_copy_rows_exactly_and_drop_padding(setup):
   out = jax.device_get(store_rows(empty_trajectories(5, 8), jnp.asarray([3, 5, 0]), state,
                                   jnp.asarray([1, 2, 3])))
   empty = jax.device_get(empty_trajectories(1, 8))
-  for name in ("tokens", "valid", "sampled", "logprobs", "turn_id"):
+  for name in ("tokens", "valid", "sampled", "logprobs", "turn_id", "versions"):
     got, rows = getattr(out, name), getattr(ref, name)
     np.testing.assert_array_equal(got[3], rows[1], err_msg=name)
     np.testing.assert_array_equal(got[0], rows[3], err_msg=name)

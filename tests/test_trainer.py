@@ -146,6 +146,10 @@ def test_unknown_preset_names_the_known_ones():
     ({"train.max_skipped_updates": -1}, "config.train.max_skipped_updates=-1: must be an int"),
     ({"retrieval.max_failure_rate": 1.0}, "config.retrieval.max_failure_rate=1.0: must be in"),
     ({"retrieval.max_failed_steps": -2}, "config.retrieval.max_failed_steps=-2: must be an"),
+    ({"rollout.partial": "sometimes"}, "config.rollout.partial='sometimes': must be one of"),
+    ({"rollout.partial": "continue"},
+     "config.rollout.partial='continue': reads parameters published during a rollout: needs "
+     "train.async_steps >= 1"),
     ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
      "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])
@@ -634,3 +638,14 @@ def test_fault_watch_counts_streaks_across_steps():
   again = FaultWatch.from_config(_config_module("grpo").get_config("demo"),
                                  {"position": 0, "faults": w.state()})
   assert again.state() == w.state() == {"skipped_streak": 0, "failed_steps": 2}
+
+
+def test_partial_rollouts_are_refused_with_several_roles():
+  """rollout.partial reads one policy's published parameters: DAC's two roles are refused at
+  validation, naming the field."""
+  config = _config_module("dac").get_config("demo")
+  config.train.async_steps, config.rollout.partial = 1, "continue"
+  config.model.lora.init = ""  # the demo's warm start (a folder this test does not build)
+  with pytest.raises(config_lib.ConfigError, match=r"config\.rollout\.partial='continue'.*"
+                     "several roles"):
+    config_lib.validate(config)

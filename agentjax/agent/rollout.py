@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentjax.agent.feed import PARTIAL_MODES, NewVersion, newer
 from agentjax.agent.guide import GuideBook, TurnGuide
 from agentjax.agent.protocol import Action, Protocol, get_protocol, parse_action
 from agentjax.agent.slots import SlotRollout
@@ -114,9 +115,16 @@ class RolloutConfig:
   # their caches (the next chunk is prefilled when its first trajectory takes a slot). 0: every
   # prompt at once (a [Q, prompt] cache for the whole rollout: DAC's generator has 512 of them).
   prefill_rows: int = 32
+  # Asynchronous RL: what a rollout in flight does when the trainer publishes newer parameters
+  # (agentjax/agent/feed.py): "off" (ends with the parameters it started with), "continue"
+  # (samples the rest with the new ones; tokens tagged with their versions) or "restart". Read
+  # only when a feed is given to `run` (train.async_steps >= 1).
+  partial: str = "off"
 
   def __post_init__(self):
     get_protocol(self.protocol)
+    if self.partial not in PARTIAL_MODES:
+      raise ValueError(f"rollout.partial must be one of {PARTIAL_MODES}, got {self.partial!r}")
     if self.prefill_rows < 0:
       raise ValueError("rollout.prefill_rows must be >= 0 (0: every prompt in one call), got "
                        f"{self.prefill_rows}")
@@ -214,7 +222,7 @@ class RolloutEngine:
 
   def _generate_turn(self, policy: Any, decoder: tuple[Qwen, Any], state: DecodeState,
                      turn: int, rows: np.ndarray, turn_arr: np.ndarray, stop: tuple,
-                     guides: GuideBook, work: dict[str, int]
+                     guides: GuideBook, work: dict[str, int], version: int = 0
                      ) -> tuple[DecodeState, dict[int, tuple], int]:
     """Turn `turn`'s generation for the active `rows` (their hook text fed): one `generate` call
     (the ReAct step) or, under a guide, the rounds its plans and verdicts ask for (GuideBook:
@@ -226,6 +234,7 @@ class RolloutEngine:
       turn_arr: [B] int32 the turn id recorded for the tokens.
       stop: (StopTable, eos ids, budget) as `generate` takes it.
       work: the rollout's work counts (decode_*, extend_tokens), updated.
+      version: the parameters' version, recorded for the sampled tokens.
     Returns:
       (state, row -> TrajectoryBook.action's (ids, reason, context_added, kept, shadow) for
       every row of `rows`, tokens sampled (discarded samples included)).
@@ -256,7 +265,8 @@ class RolloutEngine:
       state, gen = generate(*decoder, state, jnp.asarray(active), jnp.asarray(turn_arr), stop,
                             self.config.sampling, max_new,
                             **kv_window_arg(self.kv_window(max(starts) + max_new,
-                                                           state.tokens.shape[1])))
+                                                           state.tokens.shape[1])),
+                            version=jnp.int32(version))
       new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
       # The token loop runs until its last active row stops, over every row of the batch.
       steps = int(num_new[todo].max())
@@ -298,8 +308,8 @@ class RolloutEngine:
   # ------------------------------------------------------------------ the rollout
 
   def run(self, params: Any, questions: Sequence[str], rng: jax.Array,
-          policy_for_turn: Callable[[int], str] | None = None
-          ) -> tuple[TrajectoryBatch, dict[str, Any]]:
+          policy_for_turn: Callable[[int], str] | None = None, feed: Any = None,
+          version: int = 0) -> tuple[TrajectoryBatch, dict[str, Any]]:
     """Rolls out group_size trajectories per question.
 
     Args:
@@ -308,6 +318,11 @@ class RolloutEngine:
         question b // group_size.
       policy_for_turn: turn -> name of the parameters that generate that turn (and encode its
         observation). Default: the single `params` for every turn.
+      feed: newer parameters published while the rollout runs (agentjax/agent/feed.py: its
+        current() -> (params, version)); read per rollout.partial ("off": never). One policy
+        only.
+      version: the version of `params`, recorded for every token they sample
+        (TrajectoryBatch.versions).
     Returns:
       (TrajectoryBatch, metrics): floats (seconds per phase, counts; "search_queries" is the
       number of queries sent to the retriever; the decode_* / prefill_tokens / extend_tokens /
@@ -318,9 +333,26 @@ class RolloutEngine:
     refill, search overlapped with decoding) runs it, "turns" the turn-synchronous engine below;
     both honour before_turn and the guide.
     """
-    if self.config.engine == "slots" and len(questions):
-      return SlotRollout(self, params, policy_for_turn).run(questions, rng)
-    return self._run_turns(params, questions, rng, policy_for_turn)
+    if self.config.partial == "off":
+      feed = None
+    if feed is not None and policy_for_turn is not None:
+      raise ValueError(f"rollout.partial={self.config.partial!r} takes one policy; this rollout "
+                       "has a policy per turn")
+    restarts = 0
+    while True:
+      try:
+        if self.config.engine == "slots" and len(questions):
+          batch, metrics = SlotRollout(self, params, policy_for_turn, feed,
+                                       version).run(questions, rng)
+        else:
+          batch, metrics = self._run_turns(params, questions, rng, policy_for_turn, feed,
+                                           version)
+        break
+      except NewVersion as new:  # rollout.partial "restart": again, from the prompts
+        params, version, restarts = new.params, new.version, restarts + 1
+    if feed is not None:
+      metrics["partial_restarts"] = float(restarts)
+    return batch, metrics
 
   def _policies(self, params: Any, policy_for_turn: Callable[[int], str] | None):
     """(turn -> params, turn -> (model, params) in the decode layout). The decode layout is made
@@ -349,10 +381,11 @@ class RolloutEngine:
     return prompts, budget
 
   def _run_turns(self, params: Any, questions: Sequence[str], rng: jax.Array,
-                 policy_for_turn: Callable[[int], str] | None = None
-                 ) -> tuple[TrajectoryBatch, dict[str, Any]]:
+                 policy_for_turn: Callable[[int], str] | None = None, feed: Any = None,
+                 version: int = 0) -> tuple[TrajectoryBatch, dict[str, Any]]:
     """The turn-synchronous engine (rollout.engine "turns"): every turn decodes the whole batch
-    until its last active row stops, then searches, then feeds every observation."""
+    until its last active row stops, then searches, then feeds every observation. A feed is
+    read at each turn's start (run)."""
     cfg = self.config
     pick, decoder = self._policies(params, policy_for_turn)
     rows = len(questions) * cfg.group_size
@@ -379,6 +412,12 @@ class RolloutEngine:
       if not len(active_rows):
         break
       turn_arr = np.full(rows, turn, np.int32)
+      new = newer(feed, version)
+      if new is not None:  # parameters published since: restart, or continue with them
+        if cfg.partial == "restart":
+          raise NewVersion(*new)
+        params, version = new
+        pick, decoder = self._policies(params, None)
       policy = pick(turn)
 
       inject = [[] for _ in range(rows)]
@@ -394,7 +433,8 @@ class RolloutEngine:
 
       t0 = time.perf_counter()
       state, actions, sampled = self._generate_turn(policy, decoder(turn), state, turn,
-                                                    active_rows, turn_arr, stop, guides, work)
+                                                    active_rows, turn_arr, stop, guides, work,
+                                                    version)
       timings["generate_s"] += time.perf_counter() - t0
       sampled_tokens += sampled
 
@@ -420,7 +460,8 @@ class RolloutEngine:
         timings["extend_s"] += time.perf_counter() - t0
 
     batch = book.batch(dict(tokens=state.tokens, valid=state.valid, sampled=state.sampled,
-                            logprobs=state.logprobs, turn_id=state.turn_id))
+                            logprobs=state.logprobs, turn_id=state.turn_id,
+                            versions=state.versions))
     metrics = dict(timings, **{k: float(v) for k, v in work.items()},
                    search_wait_s=timings["search_s"],  # the device idles while it searches
                    sampled_tokens=float(sampled_tokens), **book.metrics())

@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentjax.agent.feed import NewVersion, newer
 from agentjax.agent.guide import GuideBook, GuideStep
 from agentjax.agent.trajectories import TrajectoryBatch, TrajectoryBook
 from agentjax.parallel import logical_to_sharding
@@ -111,9 +112,12 @@ class SlotRollout:
   """One rollout of the slot engine (RolloutEngine.run makes one when rollout.engine="slots")."""
 
   def __init__(self, engine: Any, params: Any,
-               policy_for_turn: Callable[[int], str] | None = None):
+               policy_for_turn: Callable[[int], str] | None = None, feed: Any = None,
+               version: int = 0):
+    """feed, version: RolloutEngine.run's; the feed is read before each decode call."""
     self.engine, self.config = engine, engine.config
     self.policy_for_turn = policy_for_turn
+    self.feed, self.version = feed, version
     self.pick, self.decoder = engine._policies(params, policy_for_turn)
     # (event, lane, detail) in order: ("refill", lane, [(slot, trajectory)]), ("decode", lane,
     # (active rows, lane size)) at each dispatch, ("collect", lane, tokens sampled), ("search",
@@ -174,7 +178,8 @@ class SlotRollout:
 
     out = self.out
     batch = self.book.batch(dict(tokens=out.tokens, valid=out.valid, sampled=out.sampled,
-                                 logprobs=out.logprobs, turn_id=out.turn_id))
+                                 logprobs=out.logprobs, turn_id=out.turn_id,
+                                 versions=out.versions))
     searches = [e for e in self.trace if e[0] == "search"]
     metrics = dict(self.timings, **{k: float(v) for k, v in self.work.items()},
                    sampled_tokens=float(self.work["decode_useful_row_steps"]),
@@ -444,6 +449,12 @@ class SlotRollout:
       active[live] = [m == name for m in names]
       turn = int(lane.turn[active].min())
     exit_after = max(1, math.ceil(self.config.refill_fraction * int(active.sum())))
+    new = newer(self.feed, self.version)
+    if new is not None:  # parameters published since: restart, or continue with them
+      if self.config.partial == "restart":
+        raise NewVersion(*new)
+      self.version = new[1]
+      self.pick, self.decoder = self.engine._policies(new[0], None)
     model, params = self.decoder(turn)
     # A row's book.length is its context when its current turn began (the turn's tokens are
     # counted once it ends; guides.extra: a guide's prefix fed since), so its turn ends at or
@@ -459,6 +470,7 @@ class SlotRollout:
         turn=jnp.asarray(lane.turn), traj=jnp.asarray(keys, jnp.int32),
         active=jnp.asarray(active), sampling=self.config.sampling,
         max_new=self.config.max_new_tokens, stop=self.stop, exit_after=jnp.int32(exit_after),
+        version=jnp.int32(self.version),
         **kv_window_arg(self.engine.kv_window(end, lane.state.tokens.shape[1])))
     lane.starting &= ~active
     lane.pending = (active, call)

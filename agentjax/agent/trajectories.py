@@ -65,6 +65,8 @@ class TrajectoryBatch:
   loss_mask: jax.Array     # [B, S] bool, exactly the tokens the policy sampled
   logprobs: jax.Array      # [B, S] float32, sampling-time log-prob of sampled tokens (temperature 1)
   turn_id: jax.Array       # [B, S] int32, turn of each token (hook text, samples, observation); -1 prompt
+  versions: jax.Array      # [B, S] int32, the parameters' version (number of updates) that sampled
+                           #   each sampled token (asynchronous RL, rollout.partial); -1 elsewhere
   turn_ends: np.ndarray    # [B, max_turns + 1] int32: context end after the prompt (0) and after
                            #   each turn t's observation (t); entries past num_turns repeat the last
   num_turns: np.ndarray    # [B] int32
@@ -195,7 +197,7 @@ class TrajectoryBook:
 
   def batch(self, arrays: dict[str, jax.Array]) -> TrajectoryBatch:
     """The TrajectoryBatch of the finished rollout; arrays: the per-slot device arrays
-    (tokens, valid, sampled, logprobs, turn_id) [B, S]."""
+    (tokens, valid, sampled, logprobs, turn_id, versions) [B, S]."""
     cfg = self.engine.config
     self.truncated |= ~self.answered  # ran out of turns (or budget) without answering
     # Boundaries past a row's last turn repeat its final length (convenient for gathers).
@@ -207,7 +209,7 @@ class TrajectoryBook:
     return TrajectoryBatch(
         tokens=arrays["tokens"], positions=jnp.where(valid, slots, 0), valid=valid,
         loss_mask=arrays["sampled"], logprobs=arrays["logprobs"], turn_id=arrays["turn_id"],
-        turn_ends=self.turn_ends, num_turns=self.num_turns, answered=self.answered,
+        versions=arrays["versions"], turn_ends=self.turn_ends, num_turns=self.num_turns, answered=self.answered,
         format_valid=np.array([trajectory_error(a) is None for a in self.actions], bool),
         truncated=self.truncated & ~self.answered,
         group_ids=self.group_ids, num_format_errors=self.format_errors,

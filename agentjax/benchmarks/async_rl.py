@@ -11,6 +11,9 @@ import time
 
 from agentjax.benchmarks.common import FLAGS, device_name
 
+# The mismatch metrics every step logs (agentjax/rl/offpolicy.py), reported per setting.
+MISMATCH_KEYS = ("mismatch/abs_logp_diff", "mismatch/kl", "mismatch/ratio_out_share")
+
 
 class _Timeline:
   """Intervals (t0, t1) of what ran: the trainer's updates, the producer's productions, and the
@@ -76,7 +79,9 @@ def bench_async() -> dict:
   each (default 6; the first two, compiling, not timed) by RLStep and the trainer's
   RolloutPipeline, one rollout lane (so a retriever wait is a device wait). Steps per hour over
   the timed steps, and the idle share of the devices (idle_share: neither an update nor a
-  rollout outside its injected waits).
+  rollout outside its injected waits). --mix_model=<preset> runs the same script at that preset's
+  shape in --dtype (e.g. qwen2.5-1.5b in bfloat16 on a GPU: the step's compute is the real
+  model's; the mismatch metrics are the bf16 sampler's against the bf16 scoring pass's).
 
   --async_split=n: every setting on 2n fake CPU devices, and a fourth: async_steps 1 with the
   split placement (n devices sample, n train; the weight copy timed). On a 2-core CPU the fake
@@ -141,7 +146,12 @@ def bench_async() -> dict:
   backend = TimedSlowBackend(make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(
       os.path.join(tmp, "corpus.jsonl")), index_dir=os.path.join(tmp, "index")), search_s)
   agent = af.ScriptedAgent(tok)
-  cfg, params0 = af.mix_params(agent)
+  shape = None
+  if FLAGS.mix_model != "scripted":  # the same script at a real model's shape and dtype
+    from agentjax.models.qwen import QwenConfig
+    shape = QwenConfig.preset(FLAGS.mix_model, tie_word_embeddings=False, dtype=FLAGS.dtype,
+                              param_dtype=FLAGS.dtype)
+  cfg, params0 = af.mix_params(agent, shape)
   rollout = RolloutConfig(
       group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
       max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
@@ -210,7 +220,9 @@ def bench_async() -> dict:
           "judge_calls": float(np.mean([m.get("judge/calls", 0.0) for m in rows])),
           "search_calls": backend.calls, "reward": [round(m["reward"], 3) for m in rows],
           "weight_copy_s_mean": float(np.mean([m.get("async/weight_copy_s", 0.0)
-                                               for m in rows[warm:]]))}
+                                               for m in rows[warm:]])),
+          # The sampler's log-probs against the scoring pass's, every step (rl/offpolicy.py).
+          **{key: float(np.mean([m[key] for m in rows])) for key in MISMATCH_KEYS}}
       backend.calls = 0
       print(json.dumps({"setting": name, **results[name]}), flush=True)
   finally:
@@ -218,12 +230,13 @@ def bench_async() -> dict:
     step_lib.RLStep.produce, step_lib.RLStep.consume = real_produce, real_consume
   base = results["0"]["steps_per_hour"]
   out = {"bench": "async", "device": device_name(), "devices": jax.device_count(),
-         "policy": "scripted mix", "steps": steps, "timed_steps": steps - warm,
+         "policy": "scripted mix", "model": FLAGS.mix_model, "dtype": str(cfg.dtype), "steps": steps, "timed_steps": steps - warm,
          "search_latency_ms": search_s * 1000, "judge_latency_ms": judge_s * 1000,
          "settings": results,
          "idle_share_before": results["0"]["idle_share"], "idle_share": results["1"]["idle_share"],
          "idle_share_2": results["2"]["idle_share"],
          "ratio_2": results["2"]["steps_per_hour"] / base}
+  out.update({key: results["0"][key] for key in MISMATCH_KEYS})
   if split:
     out["ratio_split"] = results["1_split"]["steps_per_hour"] / base
     out["idle_share_split"] = results["1_split"]["idle_share"]

@@ -102,6 +102,8 @@ class DecodeState:
   sampled: jax.Array      # [B, S] bool  token was sampled by the policy (the RL loss mask)
   logprobs: jax.Array     # [B, S] float32 temperature-1 log-prob of sampled tokens, 0 elsewhere
   turn_id: jax.Array      # [B, S] int32 turn a token belongs to; -1 for the prompt
+  versions: jax.Array     # [B, S] int32 version of the parameters that sampled each sampled
+                          #   token (generate's `version`; asynchronous RL); -1 elsewhere
   length: jax.Array       # [B] int32 next free slot of each row
   next_logits: jax.Array  # [B, V] float32 logits after each row's last token
   rng: jax.Array
@@ -134,7 +136,7 @@ def state_logical_axes(state: DecodeState) -> DecodeState:
   per_token = P("batch", "length")
   return DecodeState(cache=state.cache.logical_axes(), tokens=per_token, valid=per_token,
                      sampled=per_token, logprobs=per_token, turn_id=per_token,
-                     length=P("batch"), next_logits=P("batch", "vocab"), rng=P())
+                     versions=per_token, length=P("batch"), next_logits=P("batch", "vocab"), rng=P())
 
 
 def init_state(cfg, batch: int, cache_len: int, rng: jax.Array,
@@ -156,8 +158,8 @@ def _empty_state(cfg, batch: int, cache_len: int, rng: jax.Array) -> DecodeState
       cache=KVCache.zeros(cfg, batch, cache_len),
       tokens=jnp.zeros(shape, jnp.int32), valid=jnp.zeros(shape, bool),
       sampled=jnp.zeros(shape, bool), logprobs=jnp.zeros(shape, jnp.float32),
-      turn_id=jnp.full(shape, -1, jnp.int32), length=jnp.zeros((batch,), jnp.int32),
-      next_logits=jnp.zeros((batch, cfg.vocab_size), jnp.float32), rng=rng)
+      turn_id=jnp.full(shape, -1, jnp.int32), versions=jnp.full(shape, -1, jnp.int32),
+      length=jnp.zeros((batch,), jnp.int32), next_logits=jnp.zeros((batch, cfg.vocab_size), jnp.float32), rng=rng)
 
 
 def _set_rows(buffer: jax.Array, slots: jax.Array, values) -> jax.Array:
@@ -227,7 +229,8 @@ def rewind(state: DecodeState, lengths: jax.Array,
            next_logits: jax.Array | None = None) -> DecodeState:
   """Moves rows back to an earlier length: their tokens from slot lengths[b] on are forgotten.
 
-  Slots >= the new length are cleared (tokens 0, valid / sampled False, logprobs 0, turn_id -1);
+  Slots >= the new length are cleared (tokens 0, valid / sampled False, logprobs 0, turn_id and
+  versions -1);
   their KV entries stay in the cache but are unreachable (attention masks read `valid`), and the
   next `extend` / `generate` overwrites them slot by slot. A row whose lengths[b] is not below
   its current length is left as it is (rewinding never moves forward).
@@ -247,7 +250,8 @@ def rewind(state: DecodeState, lengths: jax.Array,
   return state.replace(
       tokens=jnp.where(keep, state.tokens, 0), valid=state.valid & keep,
       sampled=state.sampled & keep, logprobs=jnp.where(keep, state.logprobs, 0.0),
-      turn_id=jnp.where(keep, state.turn_id, -1), length=lengths, next_logits=logits)
+      turn_id=jnp.where(keep, state.turn_id, -1), versions=jnp.where(keep, state.versions, -1),
+      length=lengths, next_logits=logits)
 
 
 @flax.struct.dataclass
@@ -313,7 +317,8 @@ def compute_dtype_params(params, dtype: str):
 def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: jax.Array,
              stop: tuple[StopTable, jax.Array, jax.Array], sampling: SamplingParams,
              max_new: int, prefix: SharedPrefix | None = None,
-             kv_window: int | None = None) -> tuple[DecodeState, Generation]:
+             kv_window: int | None = None, version: jax.Array | int = 0
+             ) -> tuple[DecodeState, Generation]:
   """Samples up to max_new tokens per active row, each row stopping on its own.
 
   Args:
@@ -325,6 +330,8 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     kv_window: static; each step attends over the first kv_window own cache slots only
       (`kv_window_size(max(length of the active rows) + max_new, S)`): every active row must
       end at or below it. None: all S slots (the plain program).
+    version: int32 scalar recorded in state.versions for every token sampled (the parameters'
+      number of updates, for asynchronous RL; traced: no recompile when it changes).
   A row stops after an EOS id, after a stop string completes (the completing token is kept), at
   max_new tokens, or when it reaches the budget. Every sampled token is fed to the model, so the
   cache always holds the whole trajectory.
@@ -348,7 +355,7 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
     tok, logp = sample_token(key, logits_vb, sampling, vocab_major=True,
                              context=(state.tokens, state.valid))
     state, logits_vb = _decode_step(model, params, state, logits_vb, tok, logp, active, turn,
-                                    prefix, kv_window)
+                                    prefix, kv_window, version)
     state = state.replace(rng=rng)
     new_tokens = new_tokens.at[:, step].set(jnp.where(active, tok, 0))
     num_new = num_new + active
@@ -368,14 +375,16 @@ def generate(model: Qwen, params, state: DecodeState, active: jax.Array, turn: j
 def _decode_step(model: Qwen, params, state: DecodeState, logits_vb: jax.Array, tok: jax.Array,
                  logp: jax.Array, active: jax.Array, turn: jax.Array,
                  prefix: SharedPrefix | None,
-                 kv_window: int | None = None) -> tuple[DecodeState, jax.Array]:
+                 kv_window: int | None = None, version: jax.Array | int = 0
+                 ) -> tuple[DecodeState, jax.Array]:
   """One step of a token loop: records the sampled tokens of the active rows in their next slot
   and runs the model on them (inactive rows: nothing written, their logits kept).
 
   Args:
     logits_vb: [V, B] the logits the tokens were sampled from (vocab-major).
     tok, logp: [B] int32 sampled tokens, float32 their temperature-1 log-probs.
-    active: [B] bool; turn: [B] int32 turn id recorded for the tokens.
+    active: [B] bool; turn: [B] int32 turn id recorded for the tokens; version: scalar int32
+      recorded in versions for them.
     kv_window: static key window (see `generate`): the attention scores are
       [B, N, G, kv_window]. Inactive rows may lie past it: their logits are discarded.
   Returns:
@@ -397,6 +406,7 @@ def _decode_step(model: Qwen, params, state: DecodeState, logits_vb: jax.Array, 
       sampled=state.sampled.at[rows, slot].set(True, mode="drop"),
       logprobs=state.logprobs.at[rows, slot].set(logp, mode="drop"),
       turn_id=state.turn_id.at[rows, slot].set(turn, mode="drop"),
+      versions=state.versions.at[rows, slot].set(version, mode="drop"),
       length=state.length + active)
   return state, jnp.where(active[None, :], logits, logits_vb)
 

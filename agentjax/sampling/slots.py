@@ -84,7 +84,7 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
                  sampling: SamplingParams, max_new: int,
                  stop: tuple[StopTable, jax.Array, jax.Array],
                  exit_after: jax.Array,
-                 kv_window: int | None = None
+                 kv_window: int | None = None, version: jax.Array | int = 0
                  ) -> tuple[DecodeState, SlotProgress, DecodeCall]:
   """Decodes the active slots until they all stopped or `exit_after` of them stopped.
 
@@ -112,6 +112,7 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
     kv_window: static key window (sampler.kv_window_size; None: all S slots). Every active row
       must end at or below it: its length when its turn began + max_new (a turn never exceeds
       max_new tokens), or its budget.
+    version: int32 scalar recorded in state.versions for the tokens sampled (generate's).
   Returns:
     (state, progress, DecodeCall).
   """
@@ -146,7 +147,7 @@ def decode_slots(model: Qwen, params, state: DecodeState, progress: SlotProgress
     tok, logp = sample_token_rows(keys, logits_vb, sampling, vocab_major=True,
                                   context=(state.tokens, state.valid))
     state, logits_vb = _decode_step(model, params, state, logits_vb, tok, logp, running,
-                                    turn_ids, None, kv_window)
+                                    turn_ids, None, kv_window, version)
     num_new = progress.num_new + running
     window, why = _stop_rules(table, eos_ids, budget, max_new, progress.window, tok,
                               state.length, num_new)
@@ -232,7 +233,7 @@ def copy_rows(dst: DecodeState, dst_rows: jax.Array, src: DecodeState,
 
   src's cache length P must be <= dst's S: the first P cache slots of the row are copied (the
   rest are unreachable: their `valid` is False), the per-slot arrays are src's padded to S with
-  the empty values (tokens 0, valid / sampled False, logprobs 0, turn_id -1); length and
+  the empty values (tokens 0, valid / sampled False, logprobs 0, turn_id and versions -1); length and
   next_logits are copied; dst's rng is kept.
 
   Args:
@@ -260,6 +261,7 @@ def copy_rows(dst: DecodeState, dst_rows: jax.Array, src: DecodeState,
       sampled=slots(dst.sampled, src.sampled, False),
       logprobs=slots(dst.logprobs, src.logprobs, 0.0),
       turn_id=slots(dst.turn_id, src.turn_id, -1),
+      versions=slots(dst.versions, src.versions, -1),
       length=_put(dst.length, dst_rows, _take(src.length, src_rows)),
       next_logits=_put(dst.next_logits, dst_rows, _take(src.next_logits, src_rows)))
 
@@ -272,6 +274,7 @@ class Trajectories:
   sampled: jax.Array   # [T, S] bool
   logprobs: jax.Array  # [T, S] float32
   turn_id: jax.Array   # [T, S] int32
+  versions: jax.Array  # [T, S] int32
 
 
 def empty_trajectories(count: int, cache_len: int) -> Trajectories:
@@ -279,7 +282,8 @@ def empty_trajectories(count: int, cache_len: int) -> Trajectories:
   shape = (count, cache_len)
   return Trajectories(tokens=jnp.zeros(shape, jnp.int32), valid=jnp.zeros(shape, bool),
                       sampled=jnp.zeros(shape, bool), logprobs=jnp.zeros(shape, jnp.float32),
-                      turn_id=jnp.full(shape, -1, jnp.int32))
+                      turn_id=jnp.full(shape, -1, jnp.int32),
+                      versions=jnp.full(shape, -1, jnp.int32))
 
 
 @functools.partial(jax.jit, donate_argnums=0)
@@ -297,7 +301,8 @@ def store_rows(out: Trajectories, traj: jax.Array, state: DecodeState,
                      f"from the trajectories' {out.tokens.shape[1]}")
   return jax.tree.map(lambda o, x: _put(o, traj, _take(x, rows)), out,
                       Trajectories(tokens=state.tokens, valid=state.valid, sampled=state.sampled,
-                                   logprobs=state.logprobs, turn_id=state.turn_id))
+                                   logprobs=state.logprobs, turn_id=state.turn_id,
+                                   versions=state.versions))
 
 
 @jax.jit

@@ -122,7 +122,8 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
                        engine=r.get("engine", "slots"), slots=r.get("slots", 0),
                        lanes=r.get("lanes", 2), refill_fraction=r.get("refill_fraction", 0.125),
                        kv_window_min=r.get("kv_window_min", 256),
-                       prefill_rows=r.get("prefill_rows", 32))
+                       prefill_rows=r.get("prefill_rows", 32),
+                       partial=r.get("partial", "off"))
 
 
 def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,

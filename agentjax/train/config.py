@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from agentjax.agent.feed import PARTIAL_MODES
 from agentjax.agent.protocol import PROTOCOLS
 from agentjax.agent.rollout import ENGINES
 # One ConfigError for model and run configs (re-exported here), and the model's own lists of
@@ -67,6 +68,15 @@ def validate(config: Any) -> None:
     _fail("mesh.sampler_devices", _get(config, "mesh.sampler_devices"),
           "the split placement copies full parameters to the sampler: not yet with LoRA "
           "adapters or several roles (use the colocated placement, 0)")
+  partial = config.rollout.get("partial", "off")
+  if partial not in PARTIAL_MODES:
+    _fail("rollout.partial", partial, f"must be one of {list(PARTIAL_MODES)}")
+  if partial != "off" and not _get(config, "train.async_steps"):
+    _fail("rollout.partial", partial, "reads parameters published during a rollout: needs "
+          "train.async_steps >= 1 (a synchronous step publishes none)")
+  if partial != "off" and trainer_kind(config).roles:
+    _fail("rollout.partial", partial, "takes one agent with one policy; this trainer has "
+          "several roles (use 'off')")
   if _get(config, "train.stale") not in STALE_MODES:
     _fail("train.stale", _get(config, "train.stale"), f"must be one of {list(STALE_MODES)}")
   _non_negative(config, "optimizer.warmup_steps", "optimizer.weight_decay", "train.log_every",

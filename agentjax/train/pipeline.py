@@ -32,6 +32,16 @@ deadlock in their collectives): the update holds them for all of its step, the p
 production but for its host waits (retriever, judge), so the host waits are what is hidden. One
 device (no collectives) and the split placement overlap freely.
 
+Partial rollouts (rollout.partial, agentjax/agent/feed.py): with "continue" or "restart" the
+pipeline publishes the parameters after every update (one copy per update, which the next
+submission reuses), and a rollout in flight reads them at its next turn (turn engine) or decode
+call (slot engine): it samples the rest with them, or starts again. Every sampled token records
+its version (TrajectoryBatch.versions); a step then logs async/staleness (t minus the oldest
+token's version: still at most k), async/staleness_mean (over sampled tokens) and
+async/partial_share (trajectories sampled by more than one version). The off-policy
+corrections (rl.off_policy_correction) weigh each token by the sampler's own log-prob, so a
+trajectory of several versions is corrected token by token.
+
 The rng chain is the synchronous one: step t's rollout key is split(rng_t)[1] and rng_{t+1} =
 split(rng_t)[0], computed ahead from the state's key.
 """
@@ -45,8 +55,10 @@ import time
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+import numpy as np
 
-from agentjax.parallel.host import DEVICE_TURN
+from agentjax.agent.feed import ParamsFeed
+from agentjax.parallel.host import DEVICE_TURN, to_host
 
 log = logging.getLogger(__name__)
 
@@ -58,10 +70,11 @@ class RolloutPipeline:
 
   rl_step: an RLStep (produce / consume). questions_at(step) -> that step's question records.
   end: the run's last step + 1 (no rollout is produced for a step at or past it); None: no end.
+  partial: rollout.partial ("off", "continue", "restart"; module docstring).
   """
 
   def __init__(self, rl_step: Any, questions_at: Callable[[int], Sequence[Mapping[str, Any]]],
-               async_steps: int, end: int | None = None):
+               async_steps: int, end: int | None = None, partial: str = "off"):
     if async_steps < 1:
       raise ValueError(f"train.async_steps={async_steps}: a pipeline needs >= 1 (0 is the "
                        "synchronous step)")
@@ -79,6 +92,14 @@ class RolloutPipeline:
         and mesh.devices.size > 1
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
     self._futures: dict[int, concurrent.futures.Future] = {}
+    # rollout.partial: the feed of the parameters published after each update (None: "off").
+    self.partial = partial
+    if self.partial != "off" and not getattr(rl_step.stage, "partial", False):
+      raise ValueError(f"rollout.partial={self.partial!r}: this run's rollout stage "
+                       f"({type(rl_step.stage).__name__}, roles {rl_step.stage.roles}) does "
+                       "not read published parameters (one agent with one policy does); use "
+                       "'off'")
+    self.feed: ParamsFeed | None = None
 
   @staticmethod
   def _keys(rng: jax.Array, count: int) -> list[tuple[jax.Array, jax.Array]]:
@@ -98,8 +119,14 @@ class RolloutPipeline:
     last = step + self.k + 1 if self.end is None else min(step + self.k + 1, self.end)
     todo = [j for j in range(step, last) if j not in self._futures]
     copy_s = 0.0
+    if self.partial != "off" and (self.feed is None or self.feed.current()[1] != step):
+      snapshot, copy_s = self.rl_step.to_sampler(state["params"])  # a (re)start: first feed
+      self.feed = ParamsFeed(snapshot, step)
     if todo:  # a copy (the update donates state["params"]), on the sampler's devices if split
-      snapshot, copy_s = self.rl_step.to_sampler(state["params"])
+      if self.feed is not None:  # the copy published after the last update
+        snapshot = self.feed.current()[0]
+      else:
+        snapshot, copy_s = self.rl_step.to_sampler(state["params"])
       for j in todo:
         self._futures[j] = self._pool.submit(
             self._produce, snapshot, self.questions_at(j), keys[j - step][1], j, step)
@@ -108,14 +135,29 @@ class RolloutPipeline:
     waited = time.perf_counter() - t0
     with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
       out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
-    out.metrics.update({"async/staleness": float(step - produced.version),
+    if self.feed is not None and (self.end is None or step + 1 < self.end):
+      # The rollouts in flight read these at their next turn or decode call.
+      published, publish_s = self.rl_step.to_sampler(out.state["params"])
+      self.feed.publish(published, step + 1)
+      copy_s += publish_s
+    oldest, mean, mixed = produced.versions
+    out.metrics.update({"async/staleness": float(step - oldest),
+                        "async/staleness_mean": float(step - mean),
+                        "async/partial_share": mixed,
                         "async/wait_s": waited, "async/produce_s": produced.produce_s,
                         "async/weight_copy_s": copy_s})
     return out
 
-  def _produce(self, *args):
+  def _produce(self, params, questions, key, j, version):
     with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
-      return self.rl_step.produce(*args)
+      produced = self.rl_step.produce(params, questions, key, j, version, **(
+          {} if self.feed is None else {"feed": self.feed}))
+    produced.versions = (version, float(version), 0.0)
+    if self.feed is not None:  # tokens of several versions: read them (host, this thread)
+      produced.versions = version_stats(*to_host((
+          produced.out.batches[self.rl_step.stage.roles[0]].versions,
+          produced.out.batches[self.rl_step.stage.roles[0]].loss_mask)))
+    return produced
 
   def close(self) -> None:
     """Drops the rollouts not yet started and waits for the one in flight (its parameters are
@@ -126,4 +168,18 @@ class RolloutPipeline:
     self._pool.shutdown(wait=True)
 
 
-__all__ = ["RolloutPipeline", "STALE_MODES"]
+def version_stats(versions: np.ndarray, mask: np.ndarray) -> tuple[int, float, float]:
+  """(oldest version, mean version over the sampled tokens, share of trajectories sampled by
+  more than one version) of a batch's versions [B, S] where mask [B, S] (its sampled tokens)."""
+  versions, mask = np.asarray(versions), np.asarray(mask, bool)
+  if not mask.any():
+    return 0, 0.0, 0.0
+  big = np.iinfo(np.int32).max
+  low = np.where(mask, versions, big).min(axis=1)
+  high = np.where(mask, versions, -1).max(axis=1)
+  rows = mask.any(axis=1)
+  return (int(low[rows].min()), float(versions[mask].mean()),
+          float(np.mean(low[rows] != high[rows])))
+
+
+__all__ = ["RolloutPipeline", "STALE_MODES", "version_stats"]

@@ -210,7 +210,8 @@ def trim(batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
   cut = lambda x: x[:, :width]  # noqa: E731
   return batch.replace(tokens=cut(batch.tokens), positions=cut(batch.positions),
                        valid=cut(batch.valid), loss_mask=cut(batch.loss_mask),
-                       logprobs=cut(batch.logprobs), turn_id=cut(batch.turn_id))
+                       logprobs=cut(batch.logprobs), turn_id=cut(batch.turn_id),
+                       versions=cut(batch.versions))
 
 
 def compute_advantages(name: str, batch: TrajectoryBatch, outcome: np.ndarray, ig: jax.Array,

@@ -117,13 +117,16 @@ class StepOutput:
 class Produced:
   """What RLStep.produce hands to RLStep.consume: the stage's rollouts and rewards, the judge's
   fields (CW-GRPO's per-round scores) and metrics, the seconds of the rollout and of the whole
-  production, and `version`: the number of updates the rollout's parameters had had."""
+  production, and `version`: the number of updates the rollout's parameters had had when it
+  began. `versions`: (oldest, mean, share of trajectories of several versions) of the sampled
+  tokens' versions, which the pipeline fills (rollout.partial: train/pipeline.py)."""
   out: Rollouts
   judge_fields: Mapping[str, jax.Array]
   judge_metrics: Mapping[str, float]
   rollout_s: float
   produce_s: float
   version: int
+  versions: tuple[int, float, float] | None = None
 
 
 @dataclasses.dataclass
@@ -135,6 +138,7 @@ class AgentRollout:
   task_rewards: Callable[..., tuple[np.ndarray, dict[str, float]]] | None = None
   roles = ("policy",)
   probes = True
+  partial = True  # reads a ParamsFeed (rollout.partial): one agent, one policy
 
   def minibatch_rows(self, config: Any, role: str) -> int:
     del role
@@ -145,10 +149,13 @@ class AgentRollout:
     return config.rollout.max_total_tokens
 
   def __call__(self, config: Any, params: Any, questions: Sequence[Mapping[str, Any]],
-               rng: jax.Array, step: int, trim: Callable) -> Rollouts:
+               rng: jax.Array, step: int, trim: Callable, feed: Any = None,
+               version: int = 0) -> Rollouts:
+    """feed, version: RolloutEngine.run's (rollout.partial; asynchronous RL)."""
     del step
     rl = config.rl
-    batch, engine_metrics = self.engine.run(params, [q["question"] for q in questions], rng)
+    batch, engine_metrics = self.engine.run(params, [q["question"] for q in questions], rng,
+                                            feed=feed, version=version)
     batch = trim(batch)  # score and update only the cache slots some trajectory uses
     golds = [q["golden_answers"] for q in questions]
     row_golds = [golds[g] for g in batch.group_ids]
@@ -299,15 +306,19 @@ class RLStep:
     moved = {}
     for role, b in out.batches.items():
       moved[role] = b.replace(**{f: jax.device_put(getattr(b, f), everywhere) for f in (
-          "tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id")})
+          "tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id", "versions")})
     return dataclasses.replace(out, batches=moved)
 
   def produce(self, params: Any, questions: Sequence[Mapping[str, Any]], rollout_rng: jax.Array,
-              step: int, version: int) -> Produced:
+              step: int, version: int, feed: Any = None) -> Produced:
     """Stages 1-2 of step `step`: the rollouts of `questions` by `params` (the trained tree, as
     state["params"]; `version`: the number of updates they have had) and their rewards, then the
     judge's verdicts: everything before the scoring pass, on the device and on the host. An
-    asynchronous run (train/pipeline.py) calls it for a later step while this one updates."""
+    asynchronous run (train/pipeline.py) calls it for a later step while this one updates.
+
+    feed: with rollout.partial, the trained trees the run publishes meanwhile (a ParamsFeed;
+    stages with `partial` only): the rollout continues with (or restarts from) the newest.
+    Every sampled token's version is in the batches' `versions`."""
     config, mesh = self.config, self.sampler_mesh or self.mesh
     first = self.stage.roles[0]
     if self.sampler_mesh is not None:  # the key comes from the trainer's state
@@ -317,7 +328,14 @@ class RLStep:
     t0 = time.perf_counter()
     with use_mesh(mesh):
       rollout_params = self.target.rollout_params(params)  # {role: ...} with several roles
-      out = self.stage(config, rollout_params, questions, rollout_rng, step, trim)
+      if feed is None:  # one version samples everything
+        out = self.stage(config, rollout_params, questions, rollout_rng, step, trim)
+        out = dataclasses.replace(out, batches={
+            role: b.replace(versions=jnp.where(b.loss_mask, jnp.int32(version), -1))
+            for role, b in out.batches.items()})
+      else:
+        out = self.stage(config, rollout_params, questions, rollout_rng, step, trim,
+                         feed=feed.map(self.target.rollout_params), version=version)
     t_rollout = time.perf_counter() - t0
 
     # 2. the judge's verdicts per round (CW-GRPO), every call of the step at once

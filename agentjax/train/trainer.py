@@ -400,7 +400,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
       pipeline = RolloutPipeline(
           rl_step, lambda j: stream.take(at + (j - start) * rl.prompts_per_step,
                                          rl.prompts_per_step), config.train.async_steps,
-          end=steps if stop_after is None else min(steps, stop_after))
+          end=steps if stop_after is None else min(steps, stop_after),
+          partial=config.rollout.get("partial", "off"))
       stack.callback(pipeline.close)  # also when the loop raises: no thread left running
     while step < steps and not any_process(preempt.requested):
       out = pipeline.step(state, step) if pipeline is not None else \
