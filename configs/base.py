@@ -433,10 +433,15 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # Asynchronous RL, colocated (agentjax/train/pipeline.py): the rollouts of the next
   # async_steps steps are produced (on a worker thread) while this step updates, step j's by the
   # parameters of step max(j - async_steps, the step the run started from). 0: the synchronous
-  # step. stale: how the staleness bound is kept; "wait" (the only one so far): a step's
-  # rollout waits for the parameters async_steps updates before it, so none is older.
+  # step. stale: how the staleness bound is kept. "wait": a step's rollout waits for the
+  # parameters async_steps updates before it, so none is older. "drop" (with rollout.partial
+  # "continue" and max_staleness < async_steps): rollouts run async_steps ahead and a trajectory
+  # that started more than max_staleness versions before its update is left out of it (loss
+  # mask zeroed; it still counts in its group's statistics: our reading); a step with no fresh
+  # trajectory is produced again. max_staleness -1: async_steps (nothing dropped).
   c.train.async_steps = 0
   c.train.stale = "wait"
+  c.train.max_staleness = -1
 
   # ---- SFT warm start (trainer = "sft"; see configs/sft.py)
   c.sft = ml_collections.ConfigDict()

@@ -5,10 +5,12 @@ switch is exactly the new script's), and the pipeline's publishing with a fake s
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import types
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,6 +18,7 @@ from agentjax.agent import RolloutConfig, RolloutEngine
 from agentjax.agent.feed import ParamsFeed
 from agentjax.sampling import SamplingParams
 from agentjax.train.pipeline import RolloutPipeline, version_stats
+from agentjax.train.step import Produced
 from tests import agent_fixtures as af
 from tests.test_rollout import QUESTIONS
 
@@ -182,3 +185,71 @@ def test_the_pipeline_publishes_after_every_update_and_logs_token_staleness():
     bad = FeedStep()
     bad.stage.partial = False
     RolloutPipeline(bad, lambda j: [j], 1, partial="restart")
+
+
+@dataclasses.dataclass
+class _Batch:
+  versions: jax.Array
+  loss_mask: jax.Array
+
+  def replace(self, **kw):
+    return dataclasses.replace(self, **kw)
+
+
+@dataclasses.dataclass
+class _Out:
+  batches: dict
+
+
+class DropStep:
+  """A fake RLStep for train.stale="drop": the first production of step j tags row r's tokens
+  with OLDEST[j][r]; a second production of the same step (the pipeline's re-production) tags
+  every token with the version it is given. consume records the loss mask it trains on."""
+
+  OLDEST = {0: [0, 0], 1: [0, 1], 2: [0, 2], 3: [1, 1], 4: [3, 4]}
+
+  def __init__(self):
+    self.stage = types.SimpleNamespace(roles=("policy",), partial=True)
+    self.calls, self.masks = [], {}
+
+  def to_sampler(self, params):
+    return jax.tree.map(np.copy, params), 0.0
+
+  def produce(self, params, questions, key, step, version, feed=None):
+    again = any(s == step for s, _ in self.calls)
+    self.calls.append((step, version))
+    rows = [version, version] if again else self.OLDEST[step]
+    versions = np.repeat(np.asarray(rows, np.int32)[:, None], 3, axis=1)
+    batch = _Batch(jnp.asarray(versions), jnp.ones((2, 3), bool))
+    return Produced(out=_Out({"policy": batch}), judge_fields={}, judge_metrics={},
+                    rollout_s=0.0, produce_s=0.0, version=version)
+
+  def consume(self, state, produced, step, rng, t_step):
+    self.masks[step] = np.asarray(produced.out.batches["policy"].loss_mask)
+    new = {"params": {"w": state["params"]["w"] + 1}, "rng": rng}
+    return types.SimpleNamespace(state=new, metrics={})
+
+
+def test_drop_leaves_stale_trajectories_out_and_produces_an_all_stale_step_again():
+  """async_steps 2, max_staleness 1: at step t a trajectory whose oldest token is older than
+  t - 1 gets no loss mask (counted in async/dropped_share; staleness is the kept ones'); a step
+  with none left is produced again by the step's own parameters (async/reproduced)."""
+  fake = DropStep()
+  pipeline = RolloutPipeline(fake, lambda j: [j], 2, end=5, partial="continue", stale="drop",
+                             max_staleness=1)
+  state = {"params": {"w": np.int32(0)}, "rng": jax.random.key(0)}
+  metrics = []
+  for step in range(5):
+    out = pipeline.step(state, step)
+    state = out.state
+    metrics.append(out.metrics)
+  pipeline.close()
+  kept = {t: fake.masks[t].all(axis=1).tolist() for t in range(5)}
+  assert kept == {0: [True, True], 1: [True, True], 2: [False, True], 3: [True, True],
+                  4: [True, True]}
+  assert [m["async/dropped_share"] for m in metrics] == [0.0, 0.0, 0.5, 0.0, 0.0]
+  assert [m["async/reproduced"] for m in metrics] == [0.0, 0.0, 0.0, 1.0, 0.0]
+  assert (3, 3) in fake.calls  # step 3 again, by version 3
+  assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 0.0, 0.0, 1.0]
+  with pytest.raises(ValueError, match="train.stale must be one of"):
+    RolloutPipeline(DropStep(), lambda j: [j], 1, stale="never")

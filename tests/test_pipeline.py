@@ -229,7 +229,8 @@ def test_a_scripted_agent_learns_with_async_steps_0_1_and_2(scripted_world):
   with k = 2: each version of staleness delays the climb by about a step on this toy.) Partial
   rollouts too: k = 1 with rollout.partial "continue" and k = 2 with "restart" (one-turn
   trajectories: a rollout reads the feed before its only turn, so both sample by the newest
-  parameters published when that turn starts)."""
+  parameters published when that turn starts), and k = 2 with train.stale "drop" at
+  max_staleness 1."""
   import dataclasses
 
   import optax
@@ -253,24 +254,26 @@ def test_a_scripted_agent_learns_with_async_steps_0_1_and_2(scripted_world):
   questions = [{"id": str(i), "question": "Who founded Zorvath?", "golden_answers": ["Aldric"]}
                for i in range(2)]
   steps, curves = 5, {}
-  for k, partial in ((0, "off"), (1, "off"), (2, "off"), (1, "continue"), (2, "restart")):
+  for k, partial, stale in ((0, "off", "wait"), (1, "off", "wait"), (2, "off", "wait"),
+                            (1, "continue", "wait"), (2, "restart", "wait"),
+                            (2, "continue", "drop")):
     engine.config = dataclasses.replace(engine.config, partial=partial)
     params = agent.params(af.SEARCH, af.ANSWER)
     state = {"params": params, "opt_state": optimizer.init(params), "rng": jax.random.key(0)}
-    pipeline = RolloutPipeline(rl_step, lambda j: questions, k, end=steps,
-                               partial=partial) if k else None
-    rewards, stale = [], []
+    pipeline = RolloutPipeline(rl_step, lambda j: questions, k, end=steps, partial=partial,
+                               stale=stale, max_staleness=1) if k else None
+    rewards, staleness = [], []
     try:
       for t in range(steps):
         out = pipeline.step(state, t) if pipeline else rl_step(state, questions, t)
         state = out.state
         rewards.append(out.metrics["reward"])
-        stale.append(out.metrics.get("async/staleness", 0.0))
+        staleness.append(out.metrics.get("async/staleness", 0.0))
     finally:
       if pipeline:
         pipeline.close()
-    curves[k if partial == "off" else (k, partial)] = rewards
-    assert max(stale) <= k, (k, partial, stale)
+    curves[k if partial == "off" else (k, partial, stale)] = rewards
+    assert max(staleness) <= (1 if stale == "drop" else k), (k, partial, stale, staleness)
   for k, rewards in curves.items():
     assert rewards[0] == curves[0][0], curves
     assert rewards[0] <= 0.9 and np.mean(rewards[-2:]) >= 0.95, (k, curves)

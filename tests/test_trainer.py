@@ -150,6 +150,10 @@ def test_unknown_preset_names_the_known_ones():
     ({"rollout.partial": "continue"},
      "config.rollout.partial='continue': reads parameters published during a rollout: needs "
      "train.async_steps >= 1"),
+    ({"train.stale": "drop"}, "config.train.max_staleness=-1: train.stale='drop' leaves out"),
+    ({"train.stale": "drop", "train.async_steps": 2, "train.max_staleness": 1},
+     "config.rollout.partial='off': train.stale='drop' needs rollout.partial='continue'"),
+    ({"train.max_staleness": -3}, "config.train.max_staleness=-3: must be an int >= 0"),
     ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
      "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])

@@ -77,8 +77,21 @@ def validate(config: Any) -> None:
   if partial != "off" and trainer_kind(config).roles:
     _fail("rollout.partial", partial, "takes one agent with one policy; this trainer has "
           "several roles (use 'off')")
-  if _get(config, "train.stale") not in STALE_MODES:
-    _fail("train.stale", _get(config, "train.stale"), f"must be one of {list(STALE_MODES)}")
+  stale = _get(config, "train.stale")
+  if stale not in STALE_MODES:
+    _fail("train.stale", stale, f"must be one of {list(STALE_MODES)}")
+  max_staleness = config.train.get("max_staleness", -1)
+  if not isinstance(max_staleness, int) or max_staleness < -1:
+    _fail("train.max_staleness", max_staleness, "must be an int >= 0 (or -1: async_steps)")
+  if stale == "drop":
+    k = _get(config, "train.async_steps")
+    if not 0 <= max_staleness < k:
+      _fail("train.max_staleness", max_staleness, f"train.stale='drop' leaves out "
+            f"trajectories older than max_staleness versions: needs 0 <= max_staleness < "
+            f"train.async_steps={k} (else nothing is ever dropped)")
+    if partial != "continue":
+      _fail("rollout.partial", partial, "train.stale='drop' needs rollout.partial='continue' "
+            "(else every rollout is train.async_steps versions old and all would be dropped)")
   _non_negative(config, "optimizer.warmup_steps", "optimizer.weight_decay", "train.log_every",
                 "train.eval_every", "train.checkpoint_every", "optimizer.clip_norm",
                 "optimizer.final_lr_ratio")

@@ -42,6 +42,17 @@ async/partial_share (trajectories sampled by more than one version). The off-pol
 corrections (rl.off_policy_correction) weigh each token by the sampler's own log-prob, so a
 trajectory of several versions is corrected token by token.
 
+train.stale = "drop" (with train.max_staleness = m < k and rollout.partial "continue"): the
+rollouts are still submitted k steps ahead, but at step t a trajectory whose oldest sampled token
+is by a version older than t - m takes no part in the update (its loss mask is zeroed: no
+policy, KL or entropy term; it still counts in its group's outcome statistics: our reading, the
+alternative being to drop its whole group), counted as async/dropped_share. With "continue" a
+rollout moves to the newest parameters as soon as it reads them, and the slot engine starts
+trajectories as slots free up, so a step's trajectories start at different versions and only the
+oldest are dropped. A step whose every trajectory is stale is produced again with this step's
+parameters (async/reproduced), so an update never runs on nothing. "wait" (default): nothing is
+dropped; the submission bound keeps every trajectory within k versions.
+
 The rng chain is the synchronous one: step t's rollout key is split(rng_t)[1] and rng_{t+1} =
 split(rng_t)[0], computed ahead from the state's key.
 """
@@ -50,6 +61,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import logging
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -62,7 +74,7 @@ from agentjax.parallel.host import DEVICE_TURN, to_host
 
 log = logging.getLogger(__name__)
 
-STALE_MODES = ("wait",)
+STALE_MODES = ("wait", "drop")
 
 
 class RolloutPipeline:
@@ -71,10 +83,13 @@ class RolloutPipeline:
   rl_step: an RLStep (produce / consume). questions_at(step) -> that step's question records.
   end: the run's last step + 1 (no rollout is produced for a step at or past it); None: no end.
   partial: rollout.partial ("off", "continue", "restart"; module docstring).
+  stale, max_staleness: train.stale ("wait" or "drop") and, for "drop", the oldest version a
+    trajectory may start from, as steps before the update (module docstring).
   """
 
   def __init__(self, rl_step: Any, questions_at: Callable[[int], Sequence[Mapping[str, Any]]],
-               async_steps: int, end: int | None = None, partial: str = "off"):
+               async_steps: int, end: int | None = None, partial: str = "off",
+               stale: str = "wait", max_staleness: int | None = None):
     if async_steps < 1:
       raise ValueError(f"train.async_steps={async_steps}: a pipeline needs >= 1 (0 is the "
                        "synchronous step)")
@@ -100,6 +115,11 @@ class RolloutPipeline:
                        "not read published parameters (one agent with one policy does); use "
                        "'off'")
     self.feed: ParamsFeed | None = None
+    if stale not in STALE_MODES:
+      raise ValueError(f"train.stale must be one of {STALE_MODES}, got {stale!r}")
+    self.stale = stale
+    self.max_staleness = self.k if max_staleness is None or max_staleness < 0 else \
+        int(max_staleness)
 
   @staticmethod
   def _keys(rng: jax.Array, count: int) -> list[tuple[jax.Array, jax.Array]]:
@@ -133,6 +153,9 @@ class RolloutPipeline:
     t0 = time.perf_counter()
     produced = self._futures.pop(step).result()
     waited = time.perf_counter() - t0
+    dropped, reproduced = 0.0, 0.0
+    if self.stale == "drop":
+      produced, dropped, reproduced = self._drop_stale(produced, state, step, keys[0][1])
     with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
       out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
     if self.feed is not None and (self.end is None or step + 1 < self.end):
@@ -140,10 +163,13 @@ class RolloutPipeline:
       published, publish_s = self.rl_step.to_sampler(out.state["params"])
       self.feed.publish(published, step + 1)
       copy_s += publish_s
-    oldest, mean, mixed = produced.versions
+    # The versions of the tokens the update learns from (the dropped trajectories' excluded).
+    oldest, mean, mixed = (produced.version, float(produced.version), 0.0) \
+        if produced.token_versions is None else version_stats(*produced.token_versions)
     out.metrics.update({"async/staleness": float(step - oldest),
                         "async/staleness_mean": float(step - mean),
-                        "async/partial_share": mixed,
+                        "async/partial_share": mixed, "async/dropped_share": dropped,
+                        "async/reproduced": reproduced,
                         "async/wait_s": waited, "async/produce_s": produced.produce_s,
                         "async/weight_copy_s": copy_s})
     return out
@@ -152,12 +178,38 @@ class RolloutPipeline:
     with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
       produced = self.rl_step.produce(params, questions, key, j, version, **(
           {} if self.feed is None else {"feed": self.feed}))
-    produced.versions = (version, float(version), 0.0)
+    produced.token_versions = None
     if self.feed is not None:  # tokens of several versions: read them (host, this thread)
-      produced.versions = version_stats(*to_host((
-          produced.out.batches[self.rl_step.stage.roles[0]].versions,
-          produced.out.batches[self.rl_step.stage.roles[0]].loss_mask)))
+      batch = produced.out.batches[self.rl_step.stage.roles[0]]
+      produced.token_versions = to_host((batch.versions, batch.loss_mask))
     return produced
+
+  def _drop_stale(self, produced: Any, state: Mapping[str, Any], step: int,
+                  key: jax.Array) -> tuple[Any, float, float]:
+    """train.stale = "drop": (the production with its stale trajectories masked out, the share
+    dropped, 1.0 if it was produced again because every trajectory was stale)."""
+    if produced.token_versions is None:  # one version for every row: the one it started from
+      n = produced.out.batches[self.rl_step.stage.roles[0]].loss_mask.shape[0]
+      oldest = np.full(n, produced.version)
+    else:
+      oldest = row_oldest(*produced.token_versions)
+    keep = oldest >= step - self.max_staleness
+    if keep.all():
+      return produced, 0.0, 0.0
+    if not keep.any():  # nothing to learn from: this step's rollouts by this step's parameters
+      log.info("async: every trajectory of step %d is older than %d versions; producing it again",
+               step, self.max_staleness)
+      params, _ = self.rl_step.to_sampler(state["params"])
+      return self._produce(params, self.questions_at(step), key, step, step), 0.0, 1.0
+    role = self.rl_step.stage.roles[0]
+    batch = produced.out.batches[role]
+    masked = batch.replace(loss_mask=batch.loss_mask & jax.device_put(
+        keep[:, None], batch.loss_mask.sharding))
+    versions, mask = produced.token_versions
+    produced = dataclasses.replace(produced, out=dataclasses.replace(
+        produced.out, batches={**produced.out.batches, role: masked}))
+    produced.token_versions = (versions, mask & keep[:, None])
+    return produced, float(1.0 - keep.mean()), 0.0
 
   def close(self) -> None:
     """Drops the rollouts not yet started and waits for the one in flight (its parameters are
@@ -168,18 +220,24 @@ class RolloutPipeline:
     self._pool.shutdown(wait=True)
 
 
+def row_oldest(versions: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  """[B] the oldest version among each row's sampled tokens (mask [B, S]); a row with none
+  gets int32 max (it is never stale)."""
+  return np.where(np.asarray(mask, bool), np.asarray(versions),
+                  np.iinfo(np.int32).max).min(axis=1)
+
+
 def version_stats(versions: np.ndarray, mask: np.ndarray) -> tuple[int, float, float]:
   """(oldest version, mean version over the sampled tokens, share of trajectories sampled by
   more than one version) of a batch's versions [B, S] where mask [B, S] (its sampled tokens)."""
   versions, mask = np.asarray(versions), np.asarray(mask, bool)
   if not mask.any():
     return 0, 0.0, 0.0
-  big = np.iinfo(np.int32).max
-  low = np.where(mask, versions, big).min(axis=1)
+  low = row_oldest(versions, mask)
   high = np.where(mask, versions, -1).max(axis=1)
   rows = mask.any(axis=1)
   return (int(low[rows].min()), float(versions[mask].mean()),
           float(np.mean(low[rows] != high[rows])))
 
 
-__all__ = ["RolloutPipeline", "STALE_MODES", "version_stats"]
+__all__ = ["RolloutPipeline", "STALE_MODES", "row_oldest", "version_stats"]

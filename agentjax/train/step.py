@@ -118,15 +118,15 @@ class Produced:
   """What RLStep.produce hands to RLStep.consume: the stage's rollouts and rewards, the judge's
   fields (CW-GRPO's per-round scores) and metrics, the seconds of the rollout and of the whole
   production, and `version`: the number of updates the rollout's parameters had had when it
-  began. `versions`: (oldest, mean, share of trajectories of several versions) of the sampled
-  tokens' versions, which the pipeline fills (rollout.partial: train/pipeline.py)."""
+  began. `token_versions`: with rollout.partial, (versions [B, S], sampled [B, S]) of the first
+  role's batch on the host, which the pipeline fills and reads (train/pipeline.py)."""
   out: Rollouts
   judge_fields: Mapping[str, jax.Array]
   judge_metrics: Mapping[str, float]
   rollout_s: float
   produce_s: float
   version: int
-  versions: tuple[int, float, float] | None = None
+  token_versions: tuple[np.ndarray, np.ndarray] | None = None
 
 
 @dataclasses.dataclass

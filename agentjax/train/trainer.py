@@ -401,7 +401,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
           rl_step, lambda j: stream.take(at + (j - start) * rl.prompts_per_step,
                                          rl.prompts_per_step), config.train.async_steps,
           end=steps if stop_after is None else min(steps, stop_after),
-          partial=config.rollout.get("partial", "off"))
+          partial=config.rollout.get("partial", "off"), stale=config.train.stale,
+          max_staleness=config.train.get("max_staleness", -1))
       stack.callback(pipeline.close)  # also when the loop raises: no thread left running
     while step < steps and not any_process(preempt.requested):
       out = pipeline.step(state, step) if pipeline is not None else \
