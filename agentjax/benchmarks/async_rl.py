@@ -204,9 +204,14 @@ def bench_async() -> dict:
       rows = []
       try:
         for t in range(steps):
+          t0 = time.perf_counter()
           out = pipeline.step(state, t) if pipeline else rl_step(state, at(t), t)
           state = out.state
           rows.append(out.metrics)
+          # Progress as it goes (the first steps compile): a run cut short still says where
+          # its time went.
+          print(json.dumps({"setting": name, "step": t, "seconds": round(time.perf_counter() - t0,
+                                                                        3)}), flush=True)
       finally:
         if pipeline:
           pipeline.close()
