@@ -438,7 +438,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # "continue" and max_staleness < async_steps): rollouts run async_steps ahead and a trajectory
   # that started more than max_staleness versions before its update is left out of it (loss
   # mask zeroed; it still counts in its group's statistics: our reading); a step with no fresh
-  # trajectory is produced again. max_staleness -1: async_steps (nothing dropped).
+  # trajectory is produced again. "drop" pays when rollouts are the bottleneck (they then
+  # move to newer parameters in flight); when updates are, every rollout is stale by the time
+  # it is used and each step is produced again: use "wait". max_staleness: -1 (default) is
+  # async_steps; "drop" needs 0 <= max_staleness < async_steps.
   c.train.async_steps = 0
   c.train.stale = "wait"
   c.train.max_staleness = -1

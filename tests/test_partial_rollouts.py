@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import types
 
 import jax
@@ -55,13 +56,13 @@ def host(batch):
 
 @pytest.mark.parametrize("engine", ["turns", "slots"])
 def test_continue_samples_the_turns_after_a_publish_with_the_new_parameters(world, engine):
-  """The feed changes after the rollout's first read (turn 0, or the slot engine's first decode
-  call, which with one lane is every row's turn 0): turn 0 searches (the old script), turn 1
-  answers (the new one); turn 0's sampled tokens carry version 0, turn 1's version 1, every
-  other slot -1."""
+  """The feed changes after the rollout's first two reads (before its prompts, and at turn 0 or
+  as the slot engine's one lane settles for its first decode call, every row's turn 0): turn 0
+  searches (the old script), turn 1 answers (the new one); turn 0's sampled tokens carry
+  version 0, turn 1's version 1, every other slot -1."""
   _, _, agent, search, answer = world
   batch, metrics = make(world, engine=engine, partial="continue").run(
-      search, QUESTIONS, jax.random.key(0), feed=BumpFeed(search, answer, 1), version=0)
+      search, QUESTIONS, jax.random.key(0), feed=BumpFeed(search, answer, 2), version=0)
   h = host(batch)
   np.testing.assert_array_equal(batch.num_turns, 2)
   assert batch.answered.all() and list(batch.answers) == ["Aldric"] * 4
@@ -75,7 +76,8 @@ def test_continue_samples_the_turns_after_a_publish_with_the_new_parameters(worl
 
 @pytest.mark.parametrize("engine", ["turns", "slots"])
 def test_restart_rolls_out_again_with_the_new_parameters(world, engine):
-  """rollout.partial="restart": the rollout that saw version 1 at its second read starts again;
+  """rollout.partial="restart": the rollout that saw version 1 at its second read (its first
+  turn) starts again;
   the batch is exactly the new parameters' own rollout (same key), every token of version 1."""
   _, _, agent, search, answer = world
   eng = make(world, engine=engine, partial="restart")
@@ -133,7 +135,7 @@ def test_version_stats_against_numpy():
   assert oldest == min(versions[b][mask[b]].min() for b in rows)
   assert mean == pytest.approx(versions[mask].mean())
   assert mixed == pytest.approx(np.mean([len(set(versions[b][mask[b]])) > 1 for b in rows]))
-  assert version_stats(np.full((2, 3), -1), np.zeros((2, 3), bool)) == (0, 0.0, 0.0)
+  assert version_stats(np.full((2, 3), -1), np.zeros((2, 3), bool)) is None
 
 
 class FeedStep:
@@ -153,7 +155,7 @@ class FeedStep:
       self.seen.append((step, version, v, int(np.asarray(latest["w"]))))
     batch = types.SimpleNamespace(versions=np.array([[version, v]], np.int32),
                                   loss_mask=np.ones((1, 2), bool))
-    return types.SimpleNamespace(out=types.SimpleNamespace(batches={"policy": batch}),
+    return types.SimpleNamespace(out=types.SimpleNamespace(batches={"policy": batch}, engine={}),
                                  version=version, produce_s=0.0)
 
   def consume(self, state, produced, step, rng, t_step):
@@ -199,23 +201,32 @@ class _Batch:
 @dataclasses.dataclass
 class _Out:
   batches: dict
+  engine: dict = dataclasses.field(default_factory=dict)
 
 
 class DropStep:
   """A fake RLStep for train.stale="drop": the first production of step j tags row r's tokens
   with OLDEST[j][r]; a second production of the same step (the pipeline's re-production) tags
-  every token with the version it is given. consume records the loss mask it trains on."""
+  every token with the version it is given. consume records the loss mask it trains on; each
+  production takes 50 ms and counts how many run at once."""
 
   OLDEST = {0: [0, 0], 1: [0, 1], 2: [0, 2], 3: [1, 1], 4: [3, 4]}
 
   def __init__(self):
     self.stage = types.SimpleNamespace(roles=("policy",), partial=True)
     self.calls, self.masks = [], {}
+    self.lock, self.running, self.most = threading.Lock(), 0, 0
 
   def to_sampler(self, params):
     return jax.tree.map(np.copy, params), 0.0
 
   def produce(self, params, questions, key, step, version, feed=None):
+    with self.lock:
+      self.running += 1
+      self.most = max(self.most, self.running)
+    time.sleep(0.05)
+    with self.lock:
+      self.running -= 1
     again = any(s == step for s, _ in self.calls)
     self.calls.append((step, version))
     rows = [version, version] if again else self.OLDEST[step]
@@ -250,6 +261,23 @@ def test_drop_leaves_stale_trajectories_out_and_produces_an_all_stale_step_again
   assert [m["async/dropped_share"] for m in metrics] == [0.0, 0.0, 0.5, 0.0, 0.0]
   assert [m["async/reproduced"] for m in metrics] == [0.0, 0.0, 0.0, 1.0, 0.0]
   assert (3, 3) in fake.calls  # step 3 again, by version 3
+  assert fake.most == 1  # the re-production waited for the worker's production in flight
   assert [m["async/staleness"] for m in metrics] == [0.0, 1.0, 0.0, 0.0, 1.0]
   with pytest.raises(ValueError, match="train.stale must be one of"):
     RolloutPipeline(DropStep(), lambda j: [j], 1, stale="never")
+
+
+@pytest.mark.parametrize("engine", ["turns", "slots"])
+def test_parameters_published_before_the_prompts_are_fed_are_used_from_the_start(world, engine):
+  """A feed already newer than the rollout's parameters: the rollout starts with them (its
+  prompts fed by them too), "restart" does not count a restart, and the batch is the new
+  parameters' own rollout, every token version 1."""
+  _, _, agent, search, answer = world
+  eng = make(world, engine=engine, partial="restart")
+  got, metrics = eng.run(search, QUESTIONS, jax.random.key(0),
+                         feed=BumpFeed(search, answer, 0), version=0)
+  want, _ = eng.run(answer, QUESTIONS, jax.random.key(0), version=1)
+  g, w = host(got), host(want)
+  for key in ("tokens", "loss_mask", "versions"):
+    np.testing.assert_array_equal(g[key], w[key], err_msg=key)
+  assert metrics["partial_restarts"] == 0.0

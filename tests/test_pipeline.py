@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import types
+from typing import Any
 
 import jax
 import numpy as np
@@ -23,6 +25,7 @@ class _Produced:
   questions: list
   thread: str
   produce_s: float = 0.0
+  out: Any = dataclasses.field(default_factory=lambda: types.SimpleNamespace(engine={}))
 
 
 class FakeStep:

@@ -4,12 +4,15 @@
     feed.publish(new_params, version=1)        # after each update
     engine.run(params, questions, rng, feed=feed, version=0)   # the producer's thread
 
-A rollout started by version v's parameters reads the feed at each turn (rollout.engine
-"turns") or each decode call (the slot engine). When it finds a newer version:
+A rollout reads the feed before it feeds its prompts (starting with the newest parameters
+there are), then at each turn (rollout.engine "turns") or as each lane of the slot engine settles
+(before its feeds and its next decode call). When it finds a newer version:
   "continue": the rest of the rollout samples (and feeds observations) with the new parameters;
-    each sampled token records the version that sampled it (TrajectoryBatch.versions). The KV
-    cache of the context already fed stays as the older parameters computed it (PipelineRL's
-    in-flight weight update: re-encoding the context would cost a prefill per update).
+    each sampled token records the version in use when it was sampled (TrajectoryBatch.versions;
+    the first token after a switch is drawn from logits the older parameters computed at the
+    end of the context). The KV cache of the context already fed stays as the older parameters
+    computed it (PipelineRL's in-flight weight update: re-encoding the context would cost a
+    prefill per update).
   "restart": the whole rollout starts again from its prompts with the new parameters (and the
     same key), so every token of a trajectory is by one version; wasted decode, counted.
   "off": the feed is not read; a rollout ends with the parameters it started with.

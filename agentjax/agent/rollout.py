@@ -338,6 +338,9 @@ class RolloutEngine:
     if feed is not None and policy_for_turn is not None:
       raise ValueError(f"rollout.partial={self.config.partial!r} takes one policy; this rollout "
                        "has a policy per turn")
+    new = newer(feed, version)
+    if new is not None:  # published before the prompts are fed: start with them (no restart)
+      params, version = new
     restarts = 0
     while True:
       try:

@@ -114,7 +114,8 @@ class SlotRollout:
   def __init__(self, engine: Any, params: Any,
                policy_for_turn: Callable[[int], str] | None = None, feed: Any = None,
                version: int = 0):
-    """feed, version: RolloutEngine.run's; the feed is read before each decode call."""
+    """feed, version: RolloutEngine.run's; the feed is read as each lane settles (before its
+    feeds and its next decode call)."""
     self.engine, self.config = engine, engine.config
     self.policy_for_turn = policy_for_turn
     self.feed, self.version = feed, version
@@ -304,9 +305,16 @@ class SlotRollout:
     return ended
 
   def _settle(self, lane: _Lane) -> None:
-    """Before the lane's next decode call: feed what its rows wait for, copy finished
+    """Before the lane's next decode call: read the feed (parameters published since: restart,
+    or continue with them, from this feed on), feed what its rows wait for, copy finished
     trajectories out, refill free slots from the queue, compact the lane at the tail."""
     t0 = time.perf_counter()
+    new = newer(self.feed, self.version)
+    if new is not None:
+      if self.config.partial == "restart":
+        raise NewVersion(*new)
+      self.version = new[1]
+      self.pick, self.decoder = self.engine._policies(new[0], None)
     self._feed(lane)
     if lane.finishing:
       slots = lane.finishing
@@ -449,12 +457,6 @@ class SlotRollout:
       active[live] = [m == name for m in names]
       turn = int(lane.turn[active].min())
     exit_after = max(1, math.ceil(self.config.refill_fraction * int(active.sum())))
-    new = newer(self.feed, self.version)
-    if new is not None:  # parameters published since: restart, or continue with them
-      if self.config.partial == "restart":
-        raise NewVersion(*new)
-      self.version = new[1]
-      self.pick, self.decoder = self.engine._policies(new[0], None)
     model, params = self.decoder(turn)
     # A row's book.length is its context when its current turn began (the turn's tokens are
     # counted once it ends; guides.extra: a guide's prefix fed since), so its turn ends at or

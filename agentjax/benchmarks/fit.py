@@ -370,8 +370,9 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
   chunk = min(rollout.prefill_rows or questions, questions)  # the shared prefill's chunk
   prompts = _state(s, chunk, width)
   lane = _state(s, per_lane, cache_len)
-  # The finished trajectories' buffer (tokens, valid, sampled, logprobs, turn_id per slot).
-  traj = count * cache_len * (4 + 1 + 1 + 4 + 4)
+  # The finished trajectories' buffer (tokens, valid, sampled, logprobs, turn_id, versions per
+  # slot).
+  traj = count * cache_len * (4 + 1 + 1 + 4 + 4 + 4)
   traj //= _batch_shards(s.mesh, count)
   rollout_live = state_live + lanes * device_bytes(lane) + device_bytes(prompts) + traj
   note = f"{count} trajectories, {lanes} lanes x {per_lane} slots x {cache_len} cache slots"

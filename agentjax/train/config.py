@@ -81,7 +81,7 @@ def validate(config: Any) -> None:
   if stale not in STALE_MODES:
     _fail("train.stale", stale, f"must be one of {list(STALE_MODES)}")
   max_staleness = config.train.get("max_staleness", -1)
-  if not isinstance(max_staleness, int) or max_staleness < -1:
+  if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < -1:
     _fail("train.max_staleness", max_staleness, "must be an int >= 0 (or -1: async_steps)")
   if stale == "drop":
     k = _get(config, "train.async_steps")

@@ -50,7 +50,11 @@ alternative being to drop its whole group), counted as async/dropped_share. With
 rollout moves to the newest parameters as soon as it reads them, and the slot engine starts
 trajectories as slots free up, so a step's trajectories start at different versions and only the
 oldest are dropped. A step whose every trajectory is stale is produced again with this step's
-parameters (async/reproduced), so an update never runs on nothing. "wait" (default): nothing is
+parameters (async/reproduced; after the worker's production in flight: one production at a
+time), so an update never runs on nothing. So "drop" pays when rollouts are the bottleneck;
+when updates are, every rollout is stale by the time it is used and each step is produced
+again (use "wait"). A dropped row still counts in a loss normalized by rows (Dr.GRPO's B), and
+a minibatch of dropped rows only still takes an optimizer step (momentum, weight decay). "wait" (default): nothing is
 dropped; the submission bound keeps every trajectory within k versions.
 
 The rng chain is the synchronous one: step t's rollout key is split(rng_t)[1] and rng_{t+1} =
@@ -63,6 +67,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from typing import Any, Callable, Mapping, Sequence
 
@@ -117,6 +122,11 @@ class RolloutPipeline:
     self.feed: ParamsFeed | None = None
     if stale not in STALE_MODES:
       raise ValueError(f"train.stale must be one of {STALE_MODES}, got {stale!r}")
+    if stale == "drop" and partial != "continue":
+      raise ValueError("train.stale='drop' needs rollout.partial='continue' (else every rollout "
+                       "is async_steps versions old and all would be dropped)")
+    # One production at a time: a step produced again (drop) waits for the worker's.
+    self._producing = threading.Lock()
     self.stale = stale
     self.max_staleness = self.k if max_staleness is None or max_staleness < 0 else \
         int(max_staleness)
@@ -164,18 +174,20 @@ class RolloutPipeline:
       self.feed.publish(published, step + 1)
       copy_s += publish_s
     # The versions of the tokens the update learns from (the dropped trajectories' excluded).
-    oldest, mean, mixed = (produced.version, float(produced.version), 0.0) \
-        if produced.token_versions is None else version_stats(*produced.token_versions)
+    stats = None if produced.token_versions is None else version_stats(*produced.token_versions)
+    oldest, mean, mixed = stats or (produced.version, float(produced.version), 0.0)
     out.metrics.update({"async/staleness": float(step - oldest),
                         "async/staleness_mean": float(step - mean),
                         "async/partial_share": mixed, "async/dropped_share": dropped,
                         "async/reproduced": reproduced,
+                        "async/partial_restarts": float(
+                            produced.out.engine.get("partial_restarts", 0.0)),
                         "async/wait_s": waited, "async/produce_s": produced.produce_s,
                         "async/weight_copy_s": copy_s})
     return out
 
   def _produce(self, params, questions, key, j, version):
-    with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
+    with self._producing, DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
       produced = self.rl_step.produce(params, questions, key, j, version, **(
           {} if self.feed is None else {"feed": self.feed}))
     produced.token_versions = None
@@ -199,7 +211,8 @@ class RolloutPipeline:
     if not keep.any():  # nothing to learn from: this step's rollouts by this step's parameters
       log.info("async: every trajectory of step %d is older than %d versions; producing it again",
                step, self.max_staleness)
-      params, _ = self.rl_step.to_sampler(state["params"])
+      params, version = self.feed.current()  # this step's parameters, published after its
+      assert version == step, (version, step)  # update (drop runs with a feed)
       return self._produce(params, self.questions_at(step), key, step, step), 0.0, 1.0
     role = self.rl_step.stage.roles[0]
     batch = produced.out.batches[role]
@@ -227,12 +240,13 @@ def row_oldest(versions: np.ndarray, mask: np.ndarray) -> np.ndarray:
                   np.iinfo(np.int32).max).min(axis=1)
 
 
-def version_stats(versions: np.ndarray, mask: np.ndarray) -> tuple[int, float, float]:
+def version_stats(versions: np.ndarray, mask: np.ndarray) -> tuple[int, float, float] | None:
   """(oldest version, mean version over the sampled tokens, share of trajectories sampled by
-  more than one version) of a batch's versions [B, S] where mask [B, S] (its sampled tokens)."""
+  more than one version) of a batch's versions [B, S] where mask [B, S] (its sampled tokens);
+  None when nothing was sampled."""
   versions, mask = np.asarray(versions), np.asarray(mask, bool)
   if not mask.any():
-    return 0, 0.0, 0.0
+    return None
   low = row_oldest(versions, mask)
   high = np.where(mask, versions, -1).max(axis=1)
   rows = mask.any(axis=1)
