@@ -399,12 +399,16 @@ def sft_micro_batch_loss(model: Qwen, params: Any, micro_batches: Batch | Sequen
 def make_sft_step(model: Qwen, optimizer: optax.GradientTransformation, chunk: int = 256,
                   with_accuracy: bool = True, policy: str | None = None
                   ) -> Callable[..., tuple[Any, Any, dict]]:
-  """A jitted `step(params, opt_state, batch) -> (params, opt_state, metrics)` (see
-  agentjax/train/optim.make_guarded_step: donated, non-finite steps skipped).
+  """`step(params, opt_state, batch) -> (params, opt_state, metrics)` (the update is
+  agentjax/train/optim.make_guarded_step's: donated, non-finite steps skipped).
 
-  batch: a pack_batch dict, or a tuple of them (pack_micro_batches; one compile per distinct
-  tuple of shapes). metrics: loss, accuracy, tokens (see sft_loss), grad_norm (before
-  clipping), skipped.
+  batch: a pack_batch dict, or a tuple of them (pack_micro_batches). The gradient is accumulated
+  one micro-batch at a time, each by a program compiled per micro-batch shape ([B_k, L_k]: one
+  per length bucket), then one update program: a run with length buckets compiles a few
+  programs, not one per tuple of bucket lengths a batch can draw (15 for 4 micro-batches over 3
+  buckets, each one tens of seconds on a GPU). The loss is the mean over the counted tokens of
+  all micro-batches, as if they were one batch (sums, then one division). metrics: loss,
+  accuracy, tokens (see sft_loss), grad_norm (before clipping), skipped.
 
   A LoRA model (model.lora set): `step(adapters, opt_state, batch, backbone)` trains the
   adapters {name: tree} on the frozen backbone; the loss runs adapter `policy` (default: the
@@ -413,12 +417,35 @@ def make_sft_step(model: Qwen, optimizer: optax.GradientTransformation, chunk: i
   spec = model.lora
   active = None if spec is None else (policy or spec.policy)
 
-  def loss_fn(params, batch, *backbone):
+  def neg_logp_sum(params, micro, *backbone):
     if spec is not None:
       params = attach(frozen_backbone(backbone, "make_sft_step"), params, spec, active)
-    return sft_micro_batch_loss(model, params, batch, chunk=chunk, with_accuracy=with_accuracy)
+    logp, hits, n = _sft_sums(model, params, micro["tokens"], micro["loss_mask"],
+                              micro["valid"], chunk, with_accuracy)
+    return -logp, (logp, hits, n)
 
-  return make_guarded_step(loss_fn, optimizer)
+  # One program per micro-batch shape: (negated log-prob sum, its sums) and its gradient.
+  micro_grad = jax.jit(jax.value_and_grad(neg_logp_sum, has_aux=True))
+  add = jax.jit(lambda a, b: jax.tree.map(jnp.add, a, b), donate_argnums=0)  # the running sum
+
+  def mean_of_sums(params, total, *backbone):
+    """make_guarded_step's loss_fn (with_grad): the accumulated sums -> (loss, metrics), grads."""
+    del params, backbone
+    grads, sums = total
+    loss, metrics = _sft_mean([sums])
+    denom = jnp.maximum(sums[2], 1.0)
+    return (loss, metrics), jax.tree.map(lambda g: g / denom, grads)
+
+  update = make_guarded_step(mean_of_sums, optimizer, with_grad=True)
+
+  def step(params, opt_state, batch, *backbone):
+    total = None
+    for micro in ((batch,) if isinstance(batch, Mapping) else batch):
+      (_, sums), grads = micro_grad(params, micro, *backbone)
+      total = (grads, sums) if total is None else add(total, (grads, sums))
+    return update(params, opt_state, total, *backbone)
+
+  return step
 
 
 # --------------------------------------------------------------------------- loop
