@@ -459,7 +459,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.sft.checkpoint_every = 100       # SFT steps between checkpoints (0: only at exit/SIGTERM)
   # Each batch as micro-batches of examples sorted by length, each padded to the shortest of
   # length_buckets (or max_len) that holds it: the same loss, faster (agentjax.train.sft.
-  # pack_micro_batches); each distinct tuple of lengths compiles the step once more.
+  # pack_micro_batches); each bucket compiles the step's gradient program once more.
   c.sft.micro_batches = 1
   c.sft.length_buckets = ()
   # Protocols a demonstration may name besides rollout.protocol (its "protocol" field), for a

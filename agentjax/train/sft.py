@@ -253,8 +253,8 @@ def pack_micro_batches(examples: Sequence[Example], max_len: int, pad_id: int = 
   micro-batches; each micro-batch is padded to the shortest of length_buckets + (max_len,) that
   holds its longest example. The loss over the micro-batches (sft_micro_batch_loss) is the loss
   of the whole batch (the same sums; only the rounding differs), at less cost: attention is
-  quadratic in the padded length, and smaller blocks stay in cache. Every distinct tuple of
-  lengths is one more compile of the step, so keep the buckets few (one or two below max_len).
+  quadratic in the padded length, and smaller blocks stay in cache. Every bucket is one more
+  compile of the step's gradient program (make_sft_step), so keep the buckets few.
 
   Args:
     examples: the batch, (ids, loss_mask) pairs; a multiple of micro_batches of them.
@@ -490,7 +490,7 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   Batches are drawn from shuffled demos (a fresh permutation per epoch, from `seed`), every batch
   padded to [batch_size, max_len] so one compiled step serves the whole run, or, with
   micro_batches > 1, split by length into micro-batches padded to length_buckets
-  (pack_micro_batches: the same loss, computed faster, for a few more compiles). Demos longer
+  (pack_micro_batches: the same loss, computed faster, for a compile per bucket). Demos longer
   than max_len are truncated (their tail, the answer included, is then not learned; a warning
   says how many). The `params` argument is donated to the first step: use the returned ones.
 
