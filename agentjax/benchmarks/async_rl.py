@@ -3,6 +3,7 @@ step, colocated on this machine's devices (bench_async)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import tempfile
@@ -82,6 +83,9 @@ def bench_async() -> dict:
   rollout outside its injected waits). --mix_model=<preset> runs the same script at that preset's
   shape in --dtype (e.g. qwen2.5-1.5b in bfloat16 on a GPU: the step's compute is the real
   model's; the mismatch metrics are the bf16 sampler's against the bf16 scoring pass's).
+
+  --async_partial: also async_steps 1 and 2 with rollout.partial="continue" (the parameters
+  published after each update read by the rollouts in flight; staleness_mean per step).
 
   --async_split=n: every setting on 2n fake CPU devices, and a fourth: async_steps 1 with the
   split placement (n devices sample, n train; the weight copy timed). On a 2-core CPU the fake
@@ -183,12 +187,14 @@ def bench_async() -> dict:
   results = {}
   # (name, async_steps, split): colocated on every device, then with --async_split the split
   # placement (the last async_split devices sample, the others train).
-  settings = [("0", 0, False), ("1", 1, False), ("2", 2, False)]
+  settings = [("0", 0, False, "off"), ("1", 1, False, "off"), ("2", 2, False, "off")]
+  if FLAGS.async_partial:
+    settings += [("1_continue", 1, False, "continue"), ("2_continue", 2, False, "continue")]
   if split:
-    settings.append(("1_split", 1, True))
+    settings.append(("1_split", 1, True, "off"))
   try:
     built = {}
-    for name, k, is_split in settings:
+    for name, k, is_split, partial in settings:
       if is_split not in built:
         mesh, sampler = (split_meshes(split) if is_split else
                          (make_mesh(-1, 1, 1), None))
@@ -200,7 +206,9 @@ def bench_async() -> dict:
         timeline.spans[key].clear()
       params = jax.device_put(jax.tree.map(np.copy, params0), param_shardings(cfg, mesh))
       state = {"params": params, "opt_state": optimizer.init(params), "rng": jax.random.key(0)}
-      pipeline = RolloutPipeline(rl_step, at, k, end=steps) if k else None
+      rl_step.stage.engine.config = dataclasses.replace(rl_step.stage.engine.config,
+                                                        partial=partial)
+      pipeline = RolloutPipeline(rl_step, at, k, end=steps, partial=partial) if k else None
       rows = []
       try:
         for t in range(steps):
@@ -221,6 +229,9 @@ def bench_async() -> dict:
           "steps_per_hour": (steps - warm) / (window[1] - window[0]) * 3600,
           "idle_share": idle_share(timeline, window),
           "staleness": [m.get("async/staleness", 0.0) for m in rows],
+          # the token-weighted mean (rollout.partial "continue": below the oldest token's)
+          "staleness_mean": [round(m.get("async/staleness_mean", 0.0), 3) for m in rows],
+          "partial_share": float(np.mean([m.get("async/partial_share", 0.0) for m in rows])),
           "wait_s_mean": float(np.mean([m.get("async/wait_s", 0.0) for m in rows[warm:]])),
           "judge_calls": float(np.mean([m.get("judge/calls", 0.0) for m in rows])),
           "search_calls": backend.calls, "reward": [round(m["reward"], 3) for m in rows],
@@ -244,6 +255,8 @@ def bench_async() -> dict:
   out.update({key: results["0"][key] for key in MISMATCH_KEYS})
   if split:
     out["ratio_split"] = results["1_split"]["steps_per_hour"] / base
+  if FLAGS.async_partial:
+    out["ratio_continue"] = results["1_continue"]["steps_per_hour"] / base
     out["idle_share_split"] = results["1_split"]["idle_share"]
   out["ratio"] = results["1"]["steps_per_hour"] / base
   return out

@@ -64,6 +64,9 @@ def define_flags() -> None:
                        "search call (batched: one call per batch of queries).")
   flags.DEFINE_integer("judge_latency_ms", 200, "async: the judge's added latency per batch "
                        "call.")
+  flags.DEFINE_bool("async_partial", False, "async: also async_steps 1 and 2 with "
+                    "rollout.partial='continue' (rollouts move to the parameters published "
+                    "mid-flight).")
   flags.DEFINE_integer("async_split", 0, "async: > 0 also runs the split placement, this many "
                        "fake CPU devices sampling and as many training (2x fake devices in all; "
                        "every setting then runs on them).")
