@@ -154,8 +154,9 @@ class AgentRollout:
     """feed, version: RolloutEngine.run's (rollout.partial; asynchronous RL)."""
     del step
     rl = config.rl
+    partial = {} if feed is None else {"feed": feed, "version": version}
     batch, engine_metrics = self.engine.run(params, [q["question"] for q in questions], rng,
-                                            feed=feed, version=version)
+                                            **partial)
     batch = trim(batch)  # score and update only the cache slots some trajectory uses
     golds = [q["golden_answers"] for q in questions]
     row_golds = [golds[g] for g in batch.group_ids]
