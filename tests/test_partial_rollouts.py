@@ -75,20 +75,22 @@ def test_continue_samples_the_turns_after_a_publish_with_the_new_parameters(worl
 
 
 @pytest.mark.parametrize("engine", ["turns", "slots"])
-def test_restart_rolls_out_again_with_the_new_parameters(world, engine):
-  """rollout.partial="restart": the rollout that saw version 1 at its second read (its first
-  turn) starts again;
-  the batch is exactly the new parameters' own rollout (same key), every token of version 1."""
+@pytest.mark.parametrize("reads, restarts", [(1, 1.0), (0, 0.0)])
+def test_restart_rolls_out_again_with_the_new_parameters(world, engine, reads, restarts):
+  """rollout.partial="restart": the batch is exactly the new parameters' own rollout (same key),
+  every token of version 1. A feed that changes after the rollout's first read (before its
+  prompts are fed) restarts it once at its first turn; one already newer at that first read is
+  taken from the start (its prompts fed by it too) and counts no restart."""
   _, _, agent, search, answer = world
   eng = make(world, engine=engine, partial="restart")
   got, metrics = eng.run(search, QUESTIONS, jax.random.key(0),
-                         feed=BumpFeed(search, answer, 1), version=0)
+                         feed=BumpFeed(search, answer, reads), version=0)
   want, _ = eng.run(answer, QUESTIONS, jax.random.key(0), version=1)
   g, w = host(got), host(want)
   for key in ("tokens", "loss_mask", "turn_id", "versions"):
     np.testing.assert_array_equal(g[key], w[key], err_msg=key)
   np.testing.assert_array_equal(g["versions"], np.where(g["loss_mask"], 1, -1))
-  assert metrics["partial_restarts"] == 1.0
+  assert metrics["partial_restarts"] == restarts
 
 
 def test_off_ignores_the_feed_and_tags_the_given_version(world):
@@ -266,18 +268,3 @@ def test_drop_leaves_stale_trajectories_out_and_produces_an_all_stale_step_again
   with pytest.raises(ValueError, match="train.stale must be one of"):
     RolloutPipeline(DropStep(), lambda j: [j], 1, stale="never")
 
-
-@pytest.mark.parametrize("engine", ["turns", "slots"])
-def test_parameters_published_before_the_prompts_are_fed_are_used_from_the_start(world, engine):
-  """A feed already newer than the rollout's parameters: the rollout starts with them (its
-  prompts fed by them too), "restart" does not count a restart, and the batch is the new
-  parameters' own rollout, every token version 1."""
-  _, _, agent, search, answer = world
-  eng = make(world, engine=engine, partial="restart")
-  got, metrics = eng.run(search, QUESTIONS, jax.random.key(0),
-                         feed=BumpFeed(search, answer, 0), version=0)
-  want, _ = eng.run(answer, QUESTIONS, jax.random.key(0), version=1)
-  g, w = host(got), host(want)
-  for key in ("tokens", "loss_mask", "versions"):
-    np.testing.assert_array_equal(g[key], w[key], err_msg=key)
-  assert metrics["partial_restarts"] == 0.0
