@@ -351,8 +351,8 @@ class RolloutEngine:
           batch, metrics = self._run_turns(params, questions, rng, policy_for_turn, feed,
                                            version)
         break
-      except NewVersion as new:  # rollout.partial "restart": again, from the prompts
-        params, version, restarts = new.params, new.version, restarts + 1
+      except NewVersion as newest:  # rollout.partial "restart": again, from the prompts
+        params, version, restarts = newest.params, newest.version, restarts + 1
     if feed is not None:
       metrics["partial_restarts"] = float(restarts)
     return batch, metrics
