@@ -140,6 +140,19 @@ def test_version_stats_against_numpy():
   assert version_stats(np.full((2, 3), -1), np.zeros((2, 3), bool)) is None
 
 
+def _run(pipeline, steps, after=lambda step: None):
+  """`steps` pipeline steps from version 0 (params {"w": 0}); the metrics of each; closed."""
+  state = {"params": {"w": np.int32(0)}, "rng": jax.random.key(0)}
+  metrics = []
+  for step in range(steps):
+    out = pipeline.step(state, step)
+    state = out.state
+    metrics.append(out.metrics)
+    after(step)
+  pipeline.close()
+  return metrics
+
+
 class FeedStep:
   """A fake RLStep whose production records the feed's version when it starts and tags its
   tokens with it (a [1, 2] batch); consume adds 1 to the params."""
@@ -170,15 +183,12 @@ def test_the_pipeline_publishes_after_every_update_and_logs_token_staleness():
   gets the feed; a step's staleness is t minus its oldest token's version."""
   fake = FeedStep()
   pipeline = RolloutPipeline(fake, lambda j: [j], 1, partial="continue")
-  state = {"params": {"w": np.int32(0)}, "rng": jax.random.key(0)}
-  metrics = []
-  for step in range(4):
-    out = pipeline.step(state, step)
-    state = out.state
-    metrics.append(out.metrics)
+
+  def published(step):
     params, version = pipeline.feed.current()
     assert version == step + 1 and int(params["w"]) == step + 1
-  pipeline.close()
+
+  metrics = _run(pipeline, 4, after=published)
   for step, version, v, w in fake.seen:
     assert v == w and v >= version  # the feed is at least as new as the submission
   for step, m in enumerate(metrics):
@@ -248,15 +258,8 @@ def test_drop_leaves_stale_trajectories_out_and_produces_an_all_stale_step_again
   t - 1 gets no loss mask (counted in async/dropped_share; staleness is the kept ones'); a step
   with none left is produced again by the step's own parameters (async/reproduced)."""
   fake = DropStep()
-  pipeline = RolloutPipeline(fake, lambda j: [j], 2, end=5, partial="continue", stale="drop",
-                             max_staleness=1)
-  state = {"params": {"w": np.int32(0)}, "rng": jax.random.key(0)}
-  metrics = []
-  for step in range(5):
-    out = pipeline.step(state, step)
-    state = out.state
-    metrics.append(out.metrics)
-  pipeline.close()
+  metrics = _run(RolloutPipeline(fake, lambda j: [j], 2, end=5, partial="continue",
+                                 stale="drop", max_staleness=1), 5)
   kept = {t: fake.masks[t].all(axis=1).tolist() for t in range(5)}
   assert kept == {0: [True, True], 1: [True, True], 2: [False, True], 3: [True, True],
                   4: [True, True]}
