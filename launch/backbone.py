@@ -40,6 +40,8 @@ _VOCAB = flags.DEFINE_integer("vocab_size", 2048, "BPE vocabulary.")
 _N = flags.DEFINE_integer("gate_n", 1000, "Dev questions of the gate.")
 _PROPS_N = flags.DEFINE_integer("properties_n", 200, "Dev questions whose sampled rollouts "
                                 "(x the group size) measure the world's properties.")
+_PROPS_CHUNK = flags.DEFINE_integer("properties_chunk", 25, "Questions rolled out at a time "
+                                    "for the properties (the rollout's memory grows with it).")
 
 
 def _paths(config, root: str) -> None:
@@ -88,7 +90,8 @@ def main(_):
       from configs import cw_grpo
       rl = cw_grpo.get_config("research")  # the oracle judge as CW-GRPO's runs use it
       _paths(rl, root)
-      result = world_properties.measure(rl, export, questions=_PROPS_N.value)
+      result = world_properties.measure(rl, export, questions=_PROPS_N.value,
+                                        chunk_questions=_PROPS_CHUNK.value)
       result["seconds"] = round(time.time() - t0, 1)
       with open(os.path.join(root, "backbone", "properties.json"), "w") as f:
         json.dump(result, f, indent=2)

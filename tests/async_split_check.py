@@ -15,13 +15,15 @@ import argparse
 import json
 import os
 
+from tests.subprocess_env import xla_flags
+
 
 def main():
   p = argparse.ArgumentParser()
   for name in ("workdir", "world_dir", "tokenizer_dir", "tmp"):
     p.add_argument(f"--{name}", required=True)
   args = p.parse_args()
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  os.environ["XLA_FLAGS"] = xla_flags(devices=8)
   import jax
   assert jax.device_count() == 8, jax.devices()
   from agentjax.agent.rollout import RolloutEngine

@@ -15,6 +15,8 @@ import argparse
 import json
 import os
 
+from tests.subprocess_env import xla_flags
+
 
 
 def main():
@@ -29,8 +31,7 @@ def main():
   # policy and its critic
   p.add_argument("--algorithm", default="igpo")
   args = p.parse_args()
-  os.environ["XLA_FLAGS"] = (f"--xla_force_host_platform_device_count="
-                             f"{8 // args.num_processes}")
+  os.environ["XLA_FLAGS"] = xla_flags(devices=8 // args.num_processes)
   import jax
   if args.num_processes > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")

@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+from tests.subprocess_env import subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The demo's IGPO settings, smaller: every program kind still compiles (rollout prefill, decode
 # and feed, the scoring pass with probes, the update), each in a second or two.
@@ -20,8 +22,7 @@ SMALL = ["--config=configs/igpo.py:demo", "--model_preset=tiny", "--devices=2",
 
 
 def _fit(*args: str) -> tuple[int, str, dict]:
-  env = dict(os.environ, JAX_PLATFORMS="cpu")
-  env.pop("XLA_FLAGS", None)
+  env = subprocess_env(JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "launch/fit.py", *SMALL, *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=600)
   lines = proc.stdout.strip().splitlines()

@@ -17,6 +17,8 @@ import sys
 import numpy as np
 import pytest
 
+from tests.subprocess_env import subprocess_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Run as modules from the repository root (its tests package is importable there).
 SCRIPT = ("-m", "tests.multihost_train_check")
@@ -40,8 +42,7 @@ def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path,
           f"--tokenizer_dir={tokenizer_dir}", f"--tmp={base}", f"--out={out}",
           f"--num_processes={num_processes}", f"--port={_free_port()}",
           f"--algorithm={algorithm}"]
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  env.pop("XLA_FLAGS", None)
+  env = subprocess_env(PYTHONPATH=ROOT)
   procs = [subprocess.Popen([sys.executable, *SCRIPT, *args, f"--process_id={i}"], cwd=ROOT,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
            for i in range(num_processes)]
@@ -82,8 +83,7 @@ def test_two_processes_match_one_process(world_dir, tokenizer, tmp_path, algorit
 
 
 def test_every_process_gets_process_zeros_search_response():
-  env = dict(os.environ, PYTHONPATH=ROOT)
-  env.pop("XLA_FLAGS", None)
+  env = subprocess_env(PYTHONPATH=ROOT)
   port = _free_port()
   procs = [subprocess.Popen([sys.executable, *SEARCH_SCRIPT, "--num_processes=2",
                              f"--process_id={i}", f"--port={port}"], cwd=ROOT, env=env,

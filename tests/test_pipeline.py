@@ -175,9 +175,10 @@ def test_split_placement_samples_on_its_devices_and_trains_on_the_others(world_d
   import os
   import subprocess
   import sys
+
+  from tests.subprocess_env import subprocess_env
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, PYTHONPATH=root)
-  env.pop("XLA_FLAGS", None)
+  env = subprocess_env(PYTHONPATH=root)
   proc = subprocess.run(
       [sys.executable, "-m", "tests.async_split_check", f"--workdir={tmp_path / 'run'}",
        f"--world_dir={world_dir}", f"--tokenizer_dir={tokenizer.name_or_path}",

@@ -10,13 +10,13 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from agentjax.parallel import MeshError, logical_to_spec, make_mesh, mesh_shape
+from tests.subprocess_env import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def run_with_fake_devices(module: str, *args: str, devices: int = 8, timeout: int = 600) -> str:
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-             JAX_PLATFORMS="cpu")
+  env = subprocess_env(devices=devices, JAX_PLATFORMS="cpu")
   proc = subprocess.run([sys.executable, "-m", module, *args], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=timeout)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -80,3 +80,22 @@ def test_fallback_reasons_mirror_the_cw_estimators_all_zero_rule():
   nothing = ~(retrieval & k).any(1)
   assert got["of_which_nothing_retrieved"] == pytest.approx(nothing[fires].mean())
   assert got["of_which_thinking_zero"] == pytest.approx(1 - nothing[fires].mean())
+
+
+def test_chunked_rows_give_the_whole_batchs_entropy_reduction_and_bits():
+  """measure() rolls out in chunks whose turn axes differ: pad_concat stacks them, and the
+  reduction of the stacked chunks is the NumPy mean over all rows with K >= 1 of
+  v[b, K] - v[b, 0]; a row's entries at or past its num_turns are never read."""
+  from agentjax.rl.advantages import gt_entropy_reduction
+  rng = np.random.default_rng(1)
+  chunks = [(rng.normal(size=(3, 4)), np.array([1, 3, 4])),
+            (rng.normal(size=(2, 2)), np.array([2, 1])), (rng.normal(size=(1, 5)), np.array([5]))]
+  v = wp.pad_concat([c[0] for c in chunks])
+  num_turns = np.concatenate([c[1] for c in chunks])
+  assert v.shape == (6, 5)
+  np.testing.assert_array_equal(v[3:5, 2:], 0.0)
+  want = np.mean([c[0][b, n - 1] - c[0][b, 0] for c in chunks for b, n in enumerate(c[1])
+                  if n >= 2])
+  assert float(gt_entropy_reduction(v, num_turns)) == pytest.approx(want, rel=1e-6)
+  bits = wp.pad_concat([np.ones((2, 3), bool), np.ones((1, 1), bool)])
+  assert bits.dtype == bool and bits.sum() == 7 and not bits[2, 1:].any()

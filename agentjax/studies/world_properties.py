@@ -107,10 +107,25 @@ def fallback_reasons(retrieval: np.ndarray, thinking: np.ndarray, judged: np.nda
           else float("nan")}
 
 
-def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0) -> dict[str, Any]:
+def pad_concat(parts: Sequence[np.ndarray]) -> np.ndarray:
+  """[sum B_i, max T_i]: [B_i, T_i] arrays padded on the right with zeros (False) and stacked.
+  The chunks' turn axes differ (trim cuts each to its own longest row); every reader of the
+  result reads a row only below its num_turns, so the padding is never read."""
+  width = max(p.shape[1] for p in parts)
+  return np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]))) for p in parts])
+
+
+def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
+            chunk_questions: int = 25) -> dict[str, Any]:
   """The properties of the module docstring on `questions` dev questions x config's group size,
   sampled by the export at hf_path with config's rollout settings; the oracle judge as config's
-  CW-GRPO settings run it."""
+  CW-GRPO settings run it.
+
+  The questions are rolled out, judged and scored `chunk_questions` at a time (whole groups per
+  chunk): one batch of all 200 x 8 rollouts holds a KV cache of tens of GB (it was killed for
+  memory on a 24 GB machine). Every property is computed on the concatenated rows, so the result
+  does not depend on the chunking except through the sampling keys (one per chunk).
+  """
   import jax
 
   from agentjax.agent import RolloutEngine
@@ -124,6 +139,8 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0) -> d
   from agentjax.train.builders import (load_model, load_questions, make_search_backend,
                                        rollout_config)
   from agentjax.train.rl import score_batch, trim
+  if chunk_questions < 1:
+    raise ValueError(f"chunk_questions must be >= 1, got {chunk_questions}")
   c = copy.deepcopy(config)
   c.model.hf_path = hf_path
   c.judge.backend = "oracle"
@@ -131,50 +148,73 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0) -> d
   cfg, params, tokenizer = load_model(c, mesh)
   records = load_questions(c, c.data.eval.split(","), "dev", "data.eval")[:questions]
   engine = RolloutEngine(cfg, tokenizer, make_search_backend(c), rollout_config(c), mesh=mesh)
-  with use_mesh(mesh):
-    batch, _ = engine.run(params, [r["question"] for r in records], jax.random.key(seed))
-    batch = trim(batch)
-  rows = [records[g] for g in batch.group_ids]
-  golds = [r["golden_answers"] for r in rows]
-  answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
-  em = outcome_rewards(answers, golds, metric="em")
-  correct = em > 0
-  num_turns = np.asarray(batch.num_turns)
   judge = JudgePass(build_judge(c.judge, mesh=mesh), c.judge)
-  scores = judge(batch.turns, num_turns, batch.group_ids, em, rows,
-                 num_t=batch.turn_ends.shape[1] - 1, rng=np.random.default_rng([seed, 1]))
+  modes = ("prob", "log_prob")
+  rows, turns, num_turns, em, bits, calls = [], [], [], [], [], 0.0
+  pairs = {mode: ([], []) for mode in modes}
+  values = []  # [B_chunk, T_chunk + 1] ground-truth log-prob values per chunk (log_prob mode)
+  for i, lo in enumerate(range(0, len(records), chunk_questions)):
+    part = records[lo:lo + chunk_questions]
+    with use_mesh(mesh):
+      batch, _ = engine.run(params, [r["question"] for r in part],
+                            jax.random.fold_in(jax.random.key(seed), i))
+      batch = trim(batch)
+    part_rows = [part[g] for g in batch.group_ids]
+    golds = [r["golden_answers"] for r in part_rows]
+    answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
+    part_em = outcome_rewards(answers, golds, metric="em")
+    part_turns = np.asarray(batch.num_turns)
+    scores = judge(batch.turns, part_turns, batch.group_ids, part_em, part_rows,
+                   num_t=batch.turn_ends.shape[1] - 1, rng=np.random.default_rng([seed, 1, i]))
+    calls += scores.metrics.get("judge/calls", 0.0)
+    bits.append((np.asarray(scores.retrieval), np.asarray(scores.thinking),
+                 np.asarray(scores.judged, bool)))
+    probes = build_probes(engine.encode, golds, template=ANSWER_TEMPLATES[c.rollout.protocol])
+    for mode in modes:
+      with use_mesh(mesh):
+        scored = score_batch(engine.model, params, None, batch, probes, mode=mode,
+                             chunk=c.rl.chunk)
+      gains, hits = ig_pairs(np.asarray(scored.ig), part_turns, part_rows, batch.turns)
+      pairs[mode][0].extend(gains)
+      pairs[mode][1].extend(hits)
+      if mode == "log_prob":
+        values.append(np.asarray(scored.values, np.float32))
+    rows += part_rows
+    turns += list(batch.turns)
+    num_turns.append(part_turns)
+    em.append(part_em)
+  num_turns, em = np.concatenate(num_turns), np.concatenate(em)
+  retrieval, thinking, judged = (pad_concat([b[k] for b in bits]) for k in range(3))
+  correct = em > 0
+  answer_round = bool(c.judge.answer_round)
   hops = np.array([int(r.get("hops", 0)) for r in rows])
   deep = hops >= 3
-  deep_metrics = judge_metrics(scores.retrieval[deep], scores.thinking[deep],
-                               scores.judged[deep], num_turns[deep],
-                               bool(c.judge.answer_round)) if deep.any() else {}
-  probes = build_probes(engine.encode, golds, template=ANSWER_TEMPLATES[c.rollout.protocol])
-  ig_vs_gold, reduction = {}, None
-  for mode in ("prob", "log_prob"):
-    with use_mesh(mesh):
-      scored = score_batch(engine.model, params, None, batch, probes, mode=mode,
-                           chunk=c.rl.chunk)
-    gains, hits = ig_pairs(np.asarray(scored.ig), num_turns, rows, batch.turns)
+  deep_metrics = judge_metrics(retrieval[deep], thinking[deep], judged[deep], num_turns[deep],
+                               answer_round) if deep.any() else {}
+  ig_vs_gold = {}
+  for mode, (gains, hits) in pairs.items():
     ig_vs_gold[mode] = {"r": correlation(gains, hits), "turns": len(gains),
                         "new_gold_share": float(np.mean(hits)) if hits else float("nan"),
                         "ig_mean_new_gold": float(np.mean([g for g, h in zip(gains, hits) if h]))
                         if any(hits) else float("nan"),
                         "ig_mean_other": float(np.mean([g for g, h in zip(gains, hits) if not h]))
                         if not all(hits) else float("nan")}
-    if mode == "log_prob":
-      reduction = float(gt_entropy_reduction(scored.values, num_turns))
+  judge_all = {f"judge/{k}": float(v) for k, v in
+               judge_metrics(retrieval, thinking, judged, num_turns, answer_round).items()}
+  judge_all["judge/calls"] = float(calls)
   return {"hf_path": hf_path, "questions": len(records), "trajectories": len(rows),
-          "group_size": int(c.rollout.group_size), "em": float(em.mean()),
-          "rounds_per_correct": rounds_per_correct(batch.turns, correct),
+          "group_size": int(c.rollout.group_size), "chunk_questions": int(chunk_questions),
+          "em": float(em.mean()),
+          "rounds_per_correct": rounds_per_correct(turns, correct),
           "rounds_mean": float(np.mean([sum(t.action.kind == SEARCH for t in r)
-                                        for r in batch.turns])),
-          "judge": {k: float(v) for k, v in scores.metrics.items()},
+                                        for r in turns])),
+          "judge": judge_all,
           "judge_3_4_hop": {k: float(v) for k, v in deep_metrics.items()},
-          "cw_fallback": fallback_reasons(scores.retrieval, scores.thinking, scores.judged,
-                                          num_turns, correct),
-          "ig_vs_new_gold": ig_vs_gold, "gt_entropy_reduction": reduction,
+          "cw_fallback": fallback_reasons(retrieval, thinking, judged, num_turns, correct),
+          "ig_vs_new_gold": ig_vs_gold,
+          "gt_entropy_reduction": float(gt_entropy_reduction(pad_concat(values), num_turns)),
           "goals": {"rounds_per_correct": ">= 2", "contribution_share": "< 0.7"}}
 
 
 __all__ = ["correlation", "fallback_reasons", "ig_pairs", "measure", "new_gold_per_turn",
-           "rounds_per_correct"]
+           "pad_concat", "rounds_per_correct"]
