@@ -329,9 +329,10 @@ def test_micro_batch_loss_and_gradient_are_the_whole_batch_ones(cfg, tokenizer, 
   assert float(metrics["accuracy"]) == pytest.approx(ref_acc, abs=1e-6) and ref_acc > 0
   assert float(metrics["tokens"]) == ref_n
 
-  # The gradient the step applies: the whole batch's, up to rounding.
+  # The gradient the step applies: the whole batch's, up to rounding (atol for the entries near 0,
+  # summed in another order: 1.4e-7 apart with the suite's unoptimized CPU code).
   grad = jax.jit(jax.grad(lambda p, b: sft.sft_micro_batch_loss(model, p, b)[0]))
-  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7),
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=5e-7),
                grad(params, parts), grad(params, whole))
 
 

@@ -64,7 +64,9 @@ def assert_rows_equal(got, want, rows, exact=True, what=""):
     if exact or a.dtype.kind != "f":
       np.testing.assert_array_equal(a, b, err_msg=f"{what}{name} rows {rows}")
     else:
-      np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5, err_msg=f"{what}{name} rows {rows}")
+      # atol: logits of a [V] row of scale ~3 differ by ~1e-5 in float32 when computed
+      # by another program (the suite's unoptimized CPU code: 1.25e-5).
+      np.testing.assert_allclose(a, b, atol=3e-5, rtol=1e-5, err_msg=f"{what}{name} rows {rows}")
 
 
 def slots_call(cfg, params, state, progress, start, turn, traj, active, sampling, stop, exit_after):
@@ -246,7 +248,7 @@ def test_copy_rows_shared_prefill_equals_separate_prefill(setup):
   more = prompts(5, (5, 5, 5, 5))
   got = host(fill(got, cfg, params, more, 1))
   want = host(fill(want, cfg, params, more, 1))
-  np.testing.assert_allclose(got.next_logits, want.next_logits, atol=1e-5, rtol=1e-5)
+  np.testing.assert_allclose(got.next_logits, want.next_logits, atol=3e-5, rtol=1e-5)
   with pytest.raises(ValueError, match="source cache length 32 exceeds the destination's 16"):
     copy_rows(src, jnp.asarray([0]), filled(cfg, params, [a, b, c, d]), jnp.asarray([0]))
 
