@@ -23,6 +23,10 @@ Presets:
                  An instruction-tuned Qwen follows the abstention instruction from the start;
                  the demo's from-scratch model has never seen it, and without this RL could never
                  sample an abstention (our stand-in, not the paper's).
+  research       SynthWorld v2 from the research backbone (configs/base.py research; issue 33):
+                 both roles from the backbone, which learned the generator's reading in its SFT
+                 (no generator warm start), LoRA rank 32 at 3e-4 as the demo, 2 answers per
+                 evidence set; `python launch/compare.py --study=dac_research`.
   qwen2.5-7b     the paper's: AdamW (0.9, 0.999), weight decay 0.01, 500 steps, checkpoints
   qwen3-8b       every 100; searcher / generator lr 1e-6 / 1e-6 (Qwen2.5-7B-Instruct) and
                  2e-6 / 1e-5 (Qwen3-8B). Not stated by the paper, ours: LoRA rank 32 (a secondary
@@ -46,7 +50,7 @@ one merged model would hold only one role).
 
 from configs import base
 
-PRESETS = ("demo", "generator_sft", "qwen2.5-7b", "qwen3-8b")
+PRESETS = ("demo", "generator_sft", "research", "qwen2.5-7b", "qwen3-8b")
 DEMO_DIR = f"{base.DEMO_ROOT}/dac"  # generator demos, the generator warm start
 GENERATOR_DEMOS = f"{DEMO_DIR}/generator_demos.jsonl"
 GENERATOR_INIT = f"{DEMO_DIR}/generator_sft/adapters/generator"
@@ -76,6 +80,16 @@ def get_config(arg: str = "demo"):
     # rollout builds (protocol answer_only: the prompt is the generator's whole instruction).
     base.warm_start_sft(c, "answer_only", GENERATOR_DEMOS, steps=400, max_len=512)
     c.model.lora.adapters = "generator"
+    return config
+  if arg == "research":
+    # Both roles start from the research backbone (adapters at B = 0): its SFT corpus held the
+    # generator's evidence rows (the generator prompt, up to dac.max_evidence_docs = 8 passages,
+    # "insufficient evidence" when the gold passage is missing), so it needs no warm start
+    # (gate: accuracy 0.785 on sufficient sets, abstention 0.999 on insufficient ones).
+    c.optimizer.lr = LORA_LR
+    c.dac.generator_samples = 2  # the demo's: a step about twice a monolithic one on a CPU
+    c.dac.generator_max_new_tokens = 32
+    c.dac.generator_max_total_tokens = 768  # the corpus' evidence rows: 431 tokens at most
     return config
   if arg == "demo":
     c.optimizer.lr = LORA_LR

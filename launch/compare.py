@@ -16,6 +16,9 @@ start (the CW-GRPO and DAC studies' one), reported in docs/results/ppo:
     python launch/compare.py --study=dac              # runs/dac -> docs/results/dac
     # SynthWorld v2 from the research backbone (launch/backbone.py first), 150 steps a run
     python launch/compare.py --study=research         # runs/research -> docs/results/research
+    # DAC there (its GRPO runs are the research study's): the DAC agent's eval before RL
+    # (alpha*), then GRPO, GRPO-LoRA, DAC and DAC at alpha*/3, alpha*, 3 alpha*
+    python launch/compare.py --study=dac_research     # runs/research -> docs/results/dac_research
 
 The sweep (its layout under --root, resumable runs claimed with file locks, the report) and its
 flags: agentjax/studies/sweep.py. Each study's methods, sizes and report (what it runs and what

@@ -4,6 +4,7 @@ figures) from run folders."""
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 import shutil
@@ -576,12 +577,20 @@ def test_dac_report_against_a_direct_computation(tmp_path):
   assert t["threshold"]["alpha_star_paper"] == pytest.approx(0.3)
   assert t["threshold"]["alpha_star"] == pytest.approx(0.4)
   assert t["alpha"][0]["predicted"] == "answer"
-  assert dac_study.alpha_sweep(0.3) == {
-      "dac_astar0.33": ("dac", {"dac.alpha": 0.1, "dac.generator_group": "question"}),
-      "dac_astar1": ("dac", {"dac.alpha": 0.3, "dac.generator_group": "question"}),
-      "dac_astar3": ("dac", {"dac.alpha": 0.9, "dac.generator_group": "question"})}
-  with pytest.raises(ValueError, match="alpha"):
-    dac_study.alpha_sweep(float("inf"))
+  # The research study's alpha arms: alpha* (0.4 here) / 3, alpha*, 3 alpha*, resolved from
+  # that eval; without one, or where it predicts no threshold, an error names the eval.
+  arms = {m: o["dac.alpha"] for m, (_, o) in dac_study.DAC_RESEARCH_METHODS.items()
+          if "dac.alpha" in o}
+  assert {m: dac_study.resolve_alpha_star(v, start, "x") for m, v in arms.items()} == {
+      "dac_astar0.33": pytest.approx(0.4 / 3, abs=1e-6), "dac_astar1": 0.4, "dac_astar3": 1.2}
+  with pytest.raises(FileNotFoundError, match="x: no eval of the DAC agent before RL"):
+    dac_study.resolve_alpha_star(arms["dac_astar1"], None, "x")
+  with pytest.raises(ValueError, match="x: the eval before RL has no"):
+    dac_study.resolve_alpha_star(arms["dac_astar1"],
+                                 {s: split(s, np.ones(4), True) for s in ("dev", "test")}, "x")
+  no_answer = {"dev": dict(start["dev"], insufficient_share=0.0)}
+  with pytest.raises(ValueError, match="not a positive number"):
+    dac_study.resolve_alpha_star(arms["dac_astar1"], no_answer, "x")
   dac, grpo = t["methods"]["dac"], t["methods"]["grpo_full"]
   runs = [truth["dac", s] for s in "01"]
   test = [f.mean() for f, _, _ in runs]
@@ -660,6 +669,39 @@ def test_research_sweep_needs_the_backbone_and_builds_the_v2_world(tmp_path):
   with pytest.raises(SystemExit, match="launch/backbone.py"):
     sweep.run_one(str(tmp_path), "backbone/sft/0", 150, study="research")
   assert sweep.STUDIES["research"].world == "v2" and sweep.STUDIES["research"].steps == 150
+
+
+def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_before_rl(tmp_path):
+  """The research DAC study: the research protocol, both roles from the backbone (no generator
+  warm start), GRPO identical to the research study's arm; its alpha arms read alpha* from
+  {root}/backbone/dac_start/0 (an error naming that file until it exists), then differ from dac
+  only in dac.alpha, which a run's result records resolved."""
+  root = str(tmp_path)
+  study = sweep.STUDIES["dac_research"]
+  assert study.stages == ("sft", "dac_start") and study.root == sweep.STUDIES["research"].root
+  flat = lambda c: sweep._flat(c.to_dict())  # noqa: E731
+  assert flat(sweep.rl_config(root, "backbone", "grpo", 1, 150, study="dac_research")) == flat(
+      sweep.rl_config(root, "backbone", "grpo", 1, 150, study="research"))
+  dac = sweep.rl_config(root, "backbone", "dac", 1, 150, study="dac_research")
+  config_lib.validate(dac)
+  assert dac.trainer == "dac" and dac.model.lora.init == "" and dac.dac.generator_group == "question"
+  assert dac.model.hf_path == f"{root}/backbone/sft/hf_export" and dac.train.steps == 150
+  assert dac.dac.abstain_text == "insufficient evidence" and dac.retrieval.topk == 3
+  start = os.path.join(root, "backbone", "dac_start", "seed0", "result.json")
+  assert sweep.result_path(root, "backbone/dac_start/0") == start
+  with pytest.raises(FileNotFoundError, match=re.escape(start)):
+    sweep.rl_config(root, "backbone", "dac_astar1", 1, 150, study="dac_research")
+  os.makedirs(os.path.dirname(start))
+  # P(S = 0) 0.5, c_G 0.6, c0 0: alpha* = 0.6
+  json.dump({"dev": {"insufficient_share": 0.5, "accuracy_sufficient": 0.6,
+                     "accuracy_insufficient": 0.0}}, open(start, "w"))
+  for method, alpha in (("dac_astar0.33", 0.2), ("dac_astar1", 0.6), ("dac_astar3", 1.8)):
+    config = sweep.rl_config(root, "backbone", method, 1, 150, study="dac_research")
+    config_lib.validate(config)
+    assert {k for k, v in flat(config).items() if v != flat(dac)[k]} == {"dac.alpha"}
+    assert config.dac.alpha == pytest.approx(alpha, abs=1e-6)
+    assert sweep.resolved_overrides(root, "backbone", "dac_research", method) == {
+        "dac.alpha": pytest.approx(alpha, abs=1e-6)}
 
 
 def test_paired_pooled_against_a_direct_computation():

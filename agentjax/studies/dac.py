@@ -13,6 +13,7 @@ results.json, f1_vs_step.png, sufficiency_vs_step.png, abstain_vs_step.png.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -217,7 +218,8 @@ AUG_KEYS = ("accuracy_clean", "accuracy_augmented", "accuracy_drop", "abstain_ra
             "abstain_rate_augmented", "n_augmented_sufficient", "consistency")
 
 
-# The alpha sweep around the warm start's threshold (issue 33): alpha* / 3, alpha*, 3 alpha*.
+# The alpha sweep around the DAC agent's threshold before RL (issue 33): alpha* / 3, alpha*,
+# 3 alpha* (DAC_RESEARCH_METHODS' dac_astar arms).
 ALPHA_FACTORS = (1 / 3, 1.0, 3.0)
 
 
@@ -237,14 +239,42 @@ def threshold_prediction(start_split: dict, penalty: float = 0.0) -> dict | None
           "alpha_star_paper": abstention_threshold(p0, c1)}
 
 
-def alpha_sweep(alpha_star: float, factors=ALPHA_FACTORS) -> dict[str, tuple[str, dict]]:
-  """DAC arms at alpha* times each factor (generator grouped by question, the default where alpha
-  acts): {"dac_astar0.33": ("dac", {"dac.alpha": ...}), ...}."""
-  if not 0 < alpha_star < float("inf"):
-    raise ValueError(f"alpha* must be a positive number to sweep around, got {alpha_star}")
-  return {f"dac_astar{f:.2g}": ("dac", {"dac.alpha": round(alpha_star * f, 6),
-                                        "dac.generator_group": "question"})
-          for f in factors}
+@dataclasses.dataclass(frozen=True)
+class AlphaStar:
+  """A study override's value that is only known once the DAC agent before RL is evaluated:
+  alpha* (threshold_prediction on its dev eval, {root}/{size}/dac_start/0) times `factor`.
+  sweep.rl_config resolves it (resolve_alpha_star) when a run starts."""
+  factor: float
+
+
+def resolve_alpha_star(value: AlphaStar, start: dict | None, where: str) -> float:
+  """value.factor x alpha* of the DAC agent's eval before RL (`start`: its result.json, read
+  from `where`); a clear error when that eval is missing or predicts no threshold."""
+  if start is None:
+    raise FileNotFoundError(f"{where}: no eval of the DAC agent before RL, so alpha* is unknown; "
+                            "run the study's dac_start stage first")
+  threshold = threshold_prediction(start["dev"])
+  if threshold is None:
+    raise ValueError(f"{where}: the eval before RL has no P(S = 0), c_G and c0 (recorded before "
+                     "they existed): delete it to evaluate again")
+  star = threshold["alpha_star"]
+  if not 0 < star < float("inf"):
+    raise ValueError(f"{where}: alpha* = {star} is not a positive number to sweep around")
+  return round(star * value.factor, 6)
+
+
+# DAC on SynthWorld v2 from the research backbone (issue 33 §1; configs/dac.py:research): the
+# backbone learned the generator's reading (its corpus' evidence rows), so both roles start from
+# it, with no generator warm start. GRPO is the research study's own arm (the same runs under
+# {root}/backbone/grpo when both studies share a root); the alpha arms sit at alpha* / 3, alpha*
+# and 3 alpha*, alpha* measured on the DAC agent before RL (the searcher's own evidence).
+DAC_RESEARCH_REFERENCE = "grpo"
+DAC_RESEARCH_METHODS = {
+    "grpo": ("grpo", {}),
+    "grpo_lora": ("grpo", dict(LORA_METHODS["lora_r32"][1])),
+    "dac": ("dac", {}),
+    **{f"dac_astar{f:.2g}": ("dac", {"dac.alpha": AlphaStar(f)}) for f in ALPHA_FACTORS},
+}
 
 
 def _ms(xs: list) -> tuple[float, float] | None:
@@ -283,7 +313,7 @@ def _dac_train_accuracy(curve: list[dict]) -> dict[str, float | None]:
 
 
 def summarize_dac(study: dict, dac_start: dict | None = None,
-                  reference: str = DAC_REFERENCE) -> dict:
+                  reference: str = DAC_REFERENCE, alphas=DAC_ALPHAS) -> dict:
   """Per size and method of DAC's study: mean ± sample std over seeds of dev and test F1 / EM
   (an abstention is wrong), coverage, accuracy when answered, abstention rate, precision and
   recall against S = 0; training figures over the last WINDOW steps (F1, the sufficiency rate of
@@ -291,7 +321,7 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
   minus first WINDOW); the generator's training accuracy on clean / augmented sufficient sets;
   the augmentation check of each DAC run (augmentation_summary); each method against `reference`
   seed by seed (paired per-question test F1 difference ± its standard error, training F1
-  paired by step); and the alpha ablation (DAC_ALPHAS). dac_start: the DAC agent's eval before
+  paired by step); and the alpha ablation (`alphas`: (method, alpha) pairs). dac_start: the DAC agent's eval before
   RL ({"dev", "test"}), reported as is."""
   from agentjax.data.demo_world import paired_gain
   table = {}
@@ -339,7 +369,7 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
                 [paired_by_step(r, ref[r["seed"]], "sufficiency_rate") for r in paired
                  if all("sufficiency_rate" in m for m in r["curve"] + ref[r["seed"]]["curve"])]))
       t["methods"][method] = row
-    for method, alpha in DAC_ALPHAS:
+    for method, alpha in alphas:
       if method in t["methods"]:
         r = t["methods"][method]
         star = (t.get("threshold") or {}).get("alpha_star")
@@ -352,6 +382,7 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
                                                 "dev_accuracy_answered", "test_abstain_rate",
                                                 "test_abstain_precision", "test_abstain_recall",
                                                 "test_f1", "train_abstain_rate")}})
+    t["reference"] = reference
     table[size] = t
   return table
 
@@ -433,11 +464,12 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
           f"{pm(r['step_s'], 1)} | {pm(r['minutes'], 1)} |")
     vs = {m: r["vs_reference"] for m, r in t["methods"].items() if "vs_reference" in r}
     if vs:
-      lines += ["", f"Against {DAC_REFERENCE} (monolithic, full fine-tuning), seed by seed (same "
+      ref = t.get("reference", DAC_REFERENCE)
+      lines += ["", f"Against {ref} (monolithic, full fine-tuning), seed by seed (same "
                 "seed: same training questions at every step; test: the same 500 questions, "
                 "paired per question, ± its standard error):", "",
                 "| method | seeds | Δ test F1 per seed, points | seeds ahead | training F1 − "
-                f"{DAC_REFERENCE} (paired by step) | sufficiency rate − {DAC_REFERENCE} (paired "
+                f"{ref} (paired by step) | sufficiency rate − {ref} (paired "
                 "by step) |", "| --- " * 6 + "|"]
       for m, v in vs.items():
         cells = ", ".join(f"{d:+.1f} ± {e:.1f}" for d, e in
@@ -496,21 +528,25 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
 
 
 # (metric key, file name, label, methods plotted: None = every method that logs the key)
-DAC_PANELS = (("f1", "f1_vs_step", "training F1", None),
-              ("sufficiency_rate", "sufficiency_vs_step", "sufficiency rate of retrieved docs",
-               ("grpo_full", "grpo_lora", "dac", "dac_sufficient_only", "dac_no_aug")),
-              ("dac/abstain_rate", "abstain_vs_step", "training abstention rate",
-               tuple(m for m, _ in DAC_ALPHAS)))
+def dac_panels(alphas=DAC_ALPHAS, sufficiency=("grpo_full", "grpo_lora", "dac",
+                                                "dac_sufficient_only", "dac_no_aug")) -> tuple:
+  """plot_dac's panels: F1 of every method, the sufficiency rate of `sufficiency`'s methods
+  (None: every method), the abstention rate of the alpha arms."""
+  return (("f1", "f1_vs_step", "training F1", None),
+          ("sufficiency_rate", "sufficiency_vs_step", "sufficiency rate of retrieved docs",
+           sufficiency),
+          ("dac/abstain_rate", "abstain_vs_step", "training abstention rate",
+           tuple(m for m, _ in alphas)))
 
 
-def plot_dac(study: dict, out: str) -> list[str]:
-  """DAC_PANELS vs step ({WINDOW}-step moving averages over full windows): the mean over seeds as
+def plot_dac(study: dict, out: str, panels: tuple | None = None) -> list[str]:
+  """`panels` (default dac_panels(): the demo DAC study's) vs step ({WINDOW}-step moving averages over full windows): the mean over seeds as
   a line, the min-max over seeds as a band; a method whose runs do not log the key is left out."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   paths = []
-  for key, name, label, methods in DAC_PANELS:
+  for key, name, label, methods in panels or dac_panels():
     fig, axes = plt.subplots(1, len(study), figsize=(7 * len(study), 4.5), squeeze=False)
     for ax, (size, s) in zip(axes[0], study.items()):
       for method, rs in s["runs"].items():

@@ -32,9 +32,12 @@ from typing import Sequence
 from absl import app, flags
 
 from agentjax.studies.cw_grpo import CW_METHODS, CW_PANELS, PAPER_CLAIMS, markdown_cw, summarize_cw
-from agentjax.studies.dac import (DAC_METHODS, augmentation_summary, augmented_dev_rows,
-                                  check_generator_start, dac_split, generator_init, markdown_dac,
-                                  plot_dac, run_generator_sft, summarize_dac)
+from agentjax.studies.dac import (DAC_METHODS, DAC_REFERENCE, DAC_RESEARCH_METHODS,
+                                  DAC_RESEARCH_REFERENCE, AlphaStar, augmentation_summary,
+                                  augmented_dev_rows, check_generator_start, dac_split,
+                                  dac_panels, generator_init, markdown_dac, plot_dac,
+                                  resolve_alpha_star,
+                                  run_generator_sft, summarize_dac)
 from agentjax.studies.igpo import IGPO_PANELS, METHODS, markdown, summarize
 from agentjax.studies.lora import (LORA_LR, LORA_METHODS, LORA_PANELS, LORA_RANK, markdown_lora,
                                    summarize_lora)
@@ -61,6 +64,11 @@ class Study:
   preset: str = "demo"  # the configs' preset every run starts from
   world: str = "demo"  # the SynthWorld preset under {root}/synthworld (demo_world.WORLDS)
   steps: int = 20  # RL steps of every run
+  # What runs before the RL runs of a size, in order ({size}/{stage}/0 each): the SFT start, and
+  # for DAC the generator's warm start (generator_sft) and the DAC agent's eval before RL
+  # (dac_start, whose alpha* the research DAC study's alpha arms read).
+  stages: tuple = ("sft",)
+  reference: str = ""  # the arm every other is paired with in the report ("" = the report's own)
 
 
 STUDIES = {
@@ -68,11 +76,19 @@ STUDIES = {
     "cw_grpo": Study(CW_METHODS, "runs/cw_grpo", "docs/results/cw_grpo", ("base",), False,
                      "runs/demo"),
     "lora": Study(LORA_METHODS, "runs/lora", "docs/results/lora", ("wide",), True, ""),
-    "dac": Study(DAC_METHODS, "runs/dac", "docs/results/dac", ("base",), False, "runs/cw_grpo"),
+    "dac": Study(DAC_METHODS, "runs/dac", "docs/results/dac", ("base",), False, "runs/cw_grpo",
+                 stages=("sft", GENERATOR_SFT, DAC_START), reference=DAC_REFERENCE),
     # SynthWorld v2 and the research backbone ({root}/backbone/sft/hf_export, made by
     # launch/backbone.py), the run protocol of agentjax/studies/research.py.
     "research": Study(RESEARCH_METHODS, "runs/research", "docs/results/research", ("backbone",),
                       True, "", preset="research", world="v2", steps=RESEARCH_STEPS),
+    # DAC on the research backbone (issue 33 §1; agentjax/studies/dac.py DAC_RESEARCH_METHODS):
+    # the same root and protocol as "research" (its GRPO runs are this study's reference), both
+    # roles from the backbone, alpha arms around the alpha* of the DAC agent before RL.
+    "dac_research": Study(DAC_RESEARCH_METHODS, "runs/research", "docs/results/dac_research",
+                          ("backbone",), True, "", preset="research", world="v2",
+                          steps=RESEARCH_STEPS, stages=("sft", DAC_START),
+                          reference=DAC_RESEARCH_REFERENCE),
     # GRPO and IGPO with train.async_steps 0, 1, 2 (agentjax/studies/async_study.py).
     "async": Study(ASYNC_METHODS, "runs/async", "docs/results/async", ("base",), False,
                    "runs/demo"),
@@ -84,7 +100,9 @@ _STUDY = flags.DEFINE_enum("study", "igpo", list(STUDIES), "igpo: IGPO vs GRPO (
                           "lora: IGPO with LoRA vs full fine-tuning (docs/results/lora); "
                           "dac: DAC's two LoRA roles vs monolithic GRPO (docs/results/dac); "
                           "research: the methods on SynthWorld v2 from the research backbone "
-                          "(docs/results/research); async: GRPO and IGPO with train.async_steps "
+                          "(docs/results/research); dac_research: DAC there, its alpha arms "
+                          "around the alpha* measured before RL (docs/results/dac_research); "
+                          "async: GRPO and IGPO with train.async_steps "
                           "0, 1, 2 (docs/results/async).")
 _ROOT = flags.DEFINE_string("root", "", "Folder of the world and every run (default: the study's, "
                             "runs/compare or runs/cw_grpo).")
@@ -171,9 +189,10 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
   config.rl.probe_all = STUDIES[study].probe_all
   if eval_size:  # smoke tests only: the first eval_size questions of each split
     config.data.eval_size = eval_size
-  if config.trainer == "dac":  # the generator adapter starts from this size's warm start
+  if config.trainer == "dac" and GENERATOR_SFT in STUDIES[study].stages:
+    # the generator adapter starts from this size's warm start
     config.model.lora.init = f"generator={generator_init(root, size)}"
-  for key, value in overrides.items():
+  for key, value in resolved_overrides(root, size, study, method).items():
     *parents, leaf = key.split(".")
     node = config
     for name in parents:
@@ -182,6 +201,17 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
       raise KeyError(f"method {method!r}: config has no field {key!r}")
     node[leaf] = value
   return config
+
+
+def resolved_overrides(root: str, size: str, study: str, method: str) -> dict:
+  """The method's overrides in `study` with every AlphaStar replaced by its value (alpha* of
+  {root}/{size}/dac_start/0 times its factor)."""
+  overrides = dict(STUDIES[study].methods[method][1])
+  for key, value in overrides.items():
+    if isinstance(value, AlphaStar):
+      start = result_path(root, f"{size}/{DAC_START}/0")
+      overrides[key] = resolve_alpha_star(value, read_json(start), start)
+  return overrides
 
 
 def _eval_split(config, root: str, split: str, **source) -> dict:
@@ -228,7 +258,7 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
     return
   workdir = os.path.join(root, size, method, f"seed{seed}")
   config = rl_config(root, size, method, int(seed), steps, study, eval_size)
-  if config.trainer == "dac":
+  if config.trainer == "dac" and GENERATOR_SFT in STUDIES[study].stages:
     check_generator_start(config, root, size)
   t0 = time.time()
   train(config, workdir)
@@ -243,7 +273,7 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
   result["minutes"] = (time.time() - t0) / 60  # of this invocation (less after a resume)
   result["steps"] = steps
   result["judge"] = judge_identity(config.judge)  # backend, model, prompt hash, study noise
-  result["overrides"] = STUDIES[study].methods[method][1]
+  result["overrides"] = resolved_overrides(root, size, study, method)
   # Linux reports ru_maxrss in KiB: the peak of this whole process (load, training, both evals),
   # read before train_state_bytes builds a second state.
   result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -429,9 +459,9 @@ def _run_all() -> None:
   say(build_demo_world(os.path.join(root, "synthworld"), topk=topk, world=_study().world))
   free_cores(_WORKERS.value)
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
-    # DAC's study: the generator's warm start after the SFT, and the DAC agent's eval before RL
-    # beside the RL runs (stage "rl" runs only sizes whose earlier stages are done).
-    stages = ("sft", GENERATOR_SFT, "rl") if study == "dac" else ("sft", "rl")
+    # The study's stages before RL (Study.stages: the SFT start, DAC's generator warm start and
+    # its eval before RL), each once per size; stage "rl" runs only sizes whose stages are done.
+    stages = STUDIES[study].stages + ("rl",)
     for i, stage in enumerate(stages):
       if stage != "rl":
         ready = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
@@ -448,8 +478,6 @@ def _run_all() -> None:
           rank = lambda x: (x.split("/")[2] != first,  # noqa: E731
                             x.split("/")[1] not in _PRIORITY.value)
           specs = sorted(specs, key=rank)  # stable: seed by seed within each group
-        if study == "dac":
-          specs = [f"{s}/{DAC_START}/0" for s in sizes] + specs
       specs = [x for x in specs if not os.path.exists(result_path(root, x))]
       say(f"{len(specs)} run(s): {' '.join(specs)}")
       for spec, rc, secs in pool.map(_spawn, specs):
@@ -459,6 +487,26 @@ def _run_all() -> None:
         say(f"  {spec}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {secs / 60:.1f} min")
         if rc:
           say(f"    log: {os.path.join(root, spec.replace('/', '_') + '.log')}")
+
+
+def _dac_alphas(root: str, size: str) -> tuple:
+  """(method, alpha) of the study's DAC arms that set dac.alpha (AlphaStar resolved; skipped
+  while the eval before RL is missing) and of its arm "dac" (the preset's alpha)."""
+  import importlib
+  spec, pairs = _study(), []
+  for method, (module, overrides) in spec.methods.items():
+    if module != "dac":
+      continue
+    if "dac.alpha" not in overrides:
+      if method == "dac":
+        pairs.append((method, importlib.import_module("configs.dac").get_config(
+            spec.preset).dac.alpha))
+      continue
+    try:
+      pairs.append((method, resolved_overrides(root, size, _STUDY.value, method)["dac.alpha"]))
+    except (FileNotFoundError, ValueError):
+      continue
+  return tuple(sorted(pairs, key=lambda p: p[1]))
 
 
 def hardware() -> str:
@@ -492,20 +540,27 @@ def report() -> None:
              "lora": {"rank": LORA_RANK, "alpha": float(LORA_RANK), "lr": LORA_LR},
              "seed_band": "min-max over seeds", "table": table}
     panels, title = LORA_PANELS, "{size} model, IGPO (mean over seeds; band: min-max)"
-  elif _STUDY.value == "dac":
+  elif _STUDY.value in ("dac", "dac_research"):
+    spec = _study()
     dac_start = {size: read_json(result_path(root, f"{size}/{DAC_START}/0")) for size in study}
-    table = {size: summarize_dac({size: s}, dac_start[size])[size] for size, s in study.items()}
+    alphas = {size: _dac_alphas(root, size) for size in study}
+    table = {size: summarize_dac({size: s}, dac_start[size], spec.reference, alphas[size])[size]
+             for size, s in study.items()}
     text = markdown_dac(table, steps, hardware())
-    saved = {"study": "dac", "steps": steps, "hardware": hardware(),
-             "methods": {m: {"config": f"configs/{c}.py:demo", "overrides": o}
-                         for m, (c, o) in DAC_METHODS.items()},
-             "generator_sft": {size: read_json(result_path(root, f"{size}/{GENERATOR_SFT}/0"))
-                               for size in study},
-             "seed_band": "min-max over seeds", "table": table}
+    saved = {"study": _STUDY.value, "steps": steps, "hardware": hardware(),
+             "methods": {m: {"config": f"configs/{c}.py:{spec.preset}",
+                             "overrides": {k: repr(v) if isinstance(v, AlphaStar) else v
+                                           for k, v in o.items()}}
+                         for m, (c, o) in spec.methods.items()},
+             "alphas": alphas, "seed_band": "min-max over seeds", "table": table}
+    if GENERATOR_SFT in spec.stages:
+      saved["generator_sft"] = {size: read_json(result_path(root, f"{size}/{GENERATOR_SFT}/0"))
+                                for size in study}
     with open(os.path.join(out, "results.md"), "w") as f:
       f.write(text)
     write_json(os.path.join(out, "results.json"), no_nan(saved))
-    paths = plot_dac(study, out)
+    sufficiency = None if _STUDY.value == "dac_research" else dac_panels()[1][3]
+    paths = plot_dac(study, out, dac_panels(next(iter(alphas.values())), sufficiency))
     say(text)
     say(f"written: {os.path.join(out, 'results.md')}, results.json, "
          + ", ".join(os.path.basename(p) for p in paths))
