@@ -33,6 +33,11 @@ Presets:
   agent       the guided agent's eval settings on the demo: the demo SFT agent (sample it at the
               code's 0.7 with launch/eval.py --temperature=0.7), the rubric generator greedy,
               verify 0.6, one retry.
+  research_collect, research_rubric_sft, research, research_agent
+              the same four on SynthWorld v2 from the research backbone (configs/base.py
+              research: top 3, 6 turns, a 1536-token context, where verify has room to retry;
+              the backbone saw rubric suffixes in its SFT), under runs/research/coreact
+              (`python launch/coreact_study.py --family=research`).
   qwen3-14b   the code's 14B trainer: 32 prompts x 8, lr 2e-6 constant after 10 warm-up steps,
               KL 0.005 low_var_kl, clip 0.2, no entropy bonus, temperature 1.0, prompt 8192 /
               response 2048, 2 epochs (train.steps: set it to 2 x rows / 32 of your branch set;
@@ -52,10 +57,21 @@ import copy
 
 from configs import base
 
-PRESETS = ("demo", "collect", "rubric_sft", "agent", "qwen3-14b", "qwen3-8b")
+# The demo's four presets, and the same four on SynthWorld v2 from the research backbone
+# (research_*: "research" is the GRPO preset, as "demo" is the demo's).
+DEMO_PRESETS = ("demo", "collect", "rubric_sft", "agent")
+RESEARCH_PRESETS = ("research", "research_collect", "research_rubric_sft", "research_agent")
+PRESETS = DEMO_PRESETS + RESEARCH_PRESETS + ("qwen3-14b", "qwen3-8b")
 DEMO_DIR = f"{base.DEMO_ROOT}/coreact"
-RUBRIC_DEMOS = f"{DEMO_DIR}/rubric_demos.jsonl"
-RUBRIC_START = f"{DEMO_DIR}/rubric_sft/hf_export"  # the warm-started generator
+RESEARCH_DIR = f"{base.RESEARCH_ROOT}/coreact"
+
+
+def family(arg: str) -> tuple[str, str]:
+  """(base preset, role) of a CPU preset: "research_collect" -> ("research", "collect"),
+  "research" -> ("research", "demo"), "agent" -> ("demo", "agent")."""
+  if arg in RESEARCH_PRESETS:
+    return "research", ("demo" if arg == "research" else arg.removeprefix("research_"))
+  return "demo", arg
 
 
 def _rubric_rollout(c, max_new_tokens: int, max_total_tokens: int) -> None:
@@ -79,31 +95,33 @@ def _rubric_rollout(c, max_new_tokens: int, max_total_tokens: int) -> None:
 def get_config(arg: str = "demo"):
   if arg not in PRESETS:
     raise ValueError(f"unknown preset {arg!r}; known: {list(PRESETS)}")
-  demo = arg in ("demo", "collect", "rubric_sft", "agent")
-  config = base.get_config("demo" if demo else "qwen3-8b")
+  demo = arg in DEMO_PRESETS + RESEARCH_PRESETS
+  world, role = family(arg) if demo else ("qwen3-8b", arg)
+  folder = RESEARCH_DIR if world == "research" else DEMO_DIR
+  config = base.get_config(world)
   config.preset = arg
   c = config
   if demo:
-    c.coreact.generator_path = f"{DEMO_DIR}/rubric/hf_export"
+    c.coreact.generator_path = f"{folder}/rubric/hf_export"
     c.coreact.generator_max_new_tokens = 96
     c.coreact.generator_max_total_tokens = 1024
-  if arg in ("collect", "agent"):
+  if role in ("collect", "agent"):
     # The agent: the demo SFT policy (base's demo model) with its rollout settings. Collection
     # samples at coreact.candidate_temperatures; eval is greedy unless launch/eval.py is given
     # --temperature (the code's search agent: 0.7).
     c.coreact.collect_questions = 200
     return config
-  if arg == "rubric_sft":
+  if role == "rubric_sft":
     # Full fine-tuning, not a LoRA adapter: the demo model never saw a digit or a bracket
     # ("1. [0.20]"), and its tied embeddings of those byte tokens are untrained; an adapter
     # cannot train them, so a LoRA-tuned generator writes rubrics greedily but sampled ones at
     # temperature 1 (GRPO's rollouts) come out as byte garbage that never parses (measured:
     # docs/results/coreact). The generator is then its own model, started from the agent's.
-    base.warm_start_sft(c, "rubric", RUBRIC_DEMOS, steps=200, max_len=1024)
+    base.warm_start_sft(c, "rubric", f"{folder}/rubric_demos.jsonl", steps=200, max_len=1024)
     return config
-  if arg == "demo":
+  if role == "demo":
     _rubric_rollout(c, max_new_tokens=96, max_total_tokens=1024)
-    c.model.hf_path = RUBRIC_START
+    c.model.hf_path = f"{folder}/rubric_sft/hf_export"
     c.optimizer.lr = 1e-4              # ours (the demo RL presets' 3e-5, x3 for a 40-step run)
     c.optimizer.warmup_steps = 2
     c.optimizer.final_lr_ratio = 1.0   # constant after warm-up, as the code's trainers
@@ -156,8 +174,10 @@ def agent_config(config):
   stage runs from configs/coreact.py:demo.)"""
   if config.trainer != "rubric":
     return config
-  demo = config.preset in ("demo", "collect", "rubric_sft", "agent")
-  agent = get_config("agent") if demo else base.get_config("qwen3-8b")
+  if config.preset in DEMO_PRESETS + RESEARCH_PRESETS:
+    agent = get_config("research_agent" if family(config.preset)[0] == "research" else "agent")
+  else:
+    agent = base.get_config("qwen3-8b")
   with agent.unlocked():
     for section in SHARED_SECTIONS:
       agent[section] = copy.deepcopy(config[section])

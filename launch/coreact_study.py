@@ -4,6 +4,11 @@ rubric generator's warm start and its GRPO under three ranking rewards, and rubr
     python launch/coreact_study.py                    # every stage, then the report
     python launch/coreact_study.py --stage=grpo       # one stage (its inputs must exist)
     python launch/coreact_study.py --stage=report     # tables + plots from the finished runs
+    # SynthWorld v2 and the research backbone (launch/backbone.py first; issue 33 §2), branch
+    # values from policy continuations (graded) instead of the oracle's chain rule
+    python launch/coreact_study.py --family=research --world=runs/research \
+        --root=runs/research/coreact --out=docs/results/coreact_research \
+        --judge_backend=montecarlo
 
 Everything runs from the `make demo` world, BM25 index and SFT agent (--world=runs/demo:
 synthworld/, tfds/, bm25_index/, sft/hf_export) into --root (runs/coreact), each run a subprocess
@@ -42,7 +47,8 @@ import os
 from absl import app, flags
 
 from agentjax.studies import sweep  # the sweep's flags: --root --out --seeds --steps --workers ...
-from agentjax.studies.coreact import REWARDS, STAGES, VARIANTS, Settings, jobs, report, schedule
+from agentjax.studies.coreact import (FAMILIES, REWARDS, STAGES, VARIANTS, Settings, jobs,
+                                      report, schedule)
 
 FLAGS = flags.FLAGS
 
@@ -50,6 +56,12 @@ _STAGE = flags.DEFINE_enum("stage", "all", ("all",) + STAGES, "Which stage to ru
                            "stage whose inputs are ready, then the report).")
 _WORLD = flags.DEFINE_string("world", "runs/demo", "The `make demo` folder: synthworld/, tfds/, "
                              "bm25_index/ and the SFT agent sft/hf_export.")
+_FAMILY = flags.DEFINE_enum("family", "demo", FAMILIES, "demo: the `make demo` world and agent "
+                            "(configs/coreact.py's demo presets); research: SynthWorld v2 and "
+                            "the research backbone in --world (launch/backbone.py's --root), "
+                            "the research_* presets.")
+_JUDGE = flags.DEFINE_string("judge_backend", "", "The collection's branch values "
+                             "(coreact.judge_backend: oracle | montecarlo; empty: the preset's).")
 _TRAIN_Q = flags.DEFINE_integer("train_questions", 150, "SynthWorld train questions collected.")
 _DEV_Q = flags.DEFINE_integer("dev_questions", 50, "SynthWorld dev questions collected (the "
                               "held-out branch points).")
@@ -74,7 +86,8 @@ def settings() -> Settings:
                   collect_seed=_COLLECT_SEED.value, eval_size=FLAGS.eval_size,
                   rewards=tuple(_REWARDS.value), variants=tuple(_VARIANTS.value),
                   best_of_n=_BEST_OF_N.value,
-                  grpo_temperature=_GRPO_T.value if _GRPO_T.value > 0 else None)
+                  grpo_temperature=_GRPO_T.value if _GRPO_T.value > 0 else None,
+                  family=_FAMILY.value, judge_backend=_JUDGE.value)
 
 
 def main(_):

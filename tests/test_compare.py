@@ -702,6 +702,20 @@ def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_befo
     assert config.dac.alpha == pytest.approx(alpha, abs=1e-6)
     assert sweep.resolved_overrides(root, "backbone", "dac_research", method) == {
         "dac.alpha": pytest.approx(alpha, abs=1e-6)}
+  # The report's alpha arms: each at the alpha its runs recorded (here 0.25, not this start's
+  # 0.6 x 3), the others resolved from the start, "dac" at the preset's 0.3; sorted by alpha.
+  runs = {"dac_astar3": [{"overrides": {"dac.alpha": 0.25}}] * 2}
+  assert sweep.dac_alphas(root, "backbone", runs, "dac_research") == (
+      ("dac_astar0.33", pytest.approx(0.2, abs=1e-6)), ("dac_astar3", 0.25), ("dac", 0.3),
+      ("dac_astar1", pytest.approx(0.6, abs=1e-6)))
+  with pytest.raises(ValueError, match="different dac.alpha"):
+    sweep.dac_alphas(root, "backbone", {"dac_astar1": [{"overrides": {"dac.alpha": 0.1}},
+                                                        {"overrides": {"dac.alpha": 0.2}}]},
+                     "dac_research")
+  os.remove(start)  # without the eval before RL: only the arms that ran, and "dac"
+  assert sweep.dac_alphas(root, "backbone", runs, "dac_research") == (
+      ("dac_astar3", 0.25), ("dac", 0.3))
+  assert sweep.STUDIES["dac"].alphas == dac_study.DAC_ALPHAS  # the demo study's fixed table
 
 
 def test_paired_pooled_against_a_direct_computation():

@@ -194,6 +194,42 @@ def test_jobs_point_every_run_at_the_study_root(study):
           node = node[part]
 
 
+def test_research_family_runs_the_research_presets_on_the_backbone(study):
+  """--family=research: every run takes configs/coreact.py's research_* preset of its role, the
+  world's v2 layout (the backbone's tokenizer and export under backbone/), the collection's
+  branch values from --judge_backend; every override is a field of its preset, and the agent's
+  preset (agent_config) is the research agent's: top 3, 6 turns, 1536 tokens."""
+  import configs.coreact as coreact_configs
+  s = dataclasses.replace(_settings(study), family="research", judge_backend="montecarlo")
+  jobs = {j.spec: j for j in study.jobs(s)}
+  want = {"collect/dev": "research_collect", "sft/demos": "research_rubric_sft",
+          "sft/rubric": "research_rubric_sft", "grpo/listwise/0": "research",
+          "guided/react/1": "research_agent"}
+  for spec, preset in want.items():
+    assert f"--config=configs/coreact.py:{preset}" in jobs[spec].cmd, spec
+  assert "--config.coreact.judge_backend=montecarlo" in jobs["collect/train"].cmd
+  assert not any("judge_backend" in a for a in jobs["grpo/listwise/0"].cmd)
+  assert "--config.model.tokenizer_path=/w/backbone/tokenizer" in jobs["sft/rubric"].cmd
+  assert "--config.model.hf_path=/w/backbone/sft/hf_export" in jobs["sft/rubric"].cmd
+  assert "--hf_path=/w/backbone/sft/hf_export" in jobs["guided/react/0"].cmd
+  assert "--config.model.hf_path=/r/rubric_sft/hf_export" in jobs["grpo/top1/1"].cmd
+  for j in jobs.values():
+    preset = next(a for a in j.cmd if a.startswith("--config=")).split(":")[1]
+    config = coreact_configs.get_config(preset)
+    for a in j.cmd:
+      if a.startswith("--config."):
+        node = config
+        for part in a[len("--config."):].split("=", 1)[0].split("."):
+          assert part in node, f"{j.spec}: {a}"
+          node = node[part]
+  agent = coreact_configs.agent_config(coreact_configs.get_config("research"))
+  assert agent.preset == "research_agent"
+  assert (agent.retrieval.topk, agent.rollout.max_turns, agent.rollout.max_total_tokens) == (
+      3, 6, 1536)
+  with pytest.raises(ValueError, match="family"):
+    study.jobs(dataclasses.replace(s, family="v3"))
+
+
 @flagsaver.flagsaver(pin_cores=False)
 def test_schedule_runs_in_dependency_order_and_skips_what_is_done(study, tmp_path):
   root = str(tmp_path)

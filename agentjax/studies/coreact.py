@@ -70,6 +70,10 @@ class Settings:
   variants: tuple[str, ...] = tuple(VARIANTS)
   best_of_n: int = 4
   grpo_temperature: float | None = None  # None: the preset's (configs/coreact.py:demo, 1.0)
+  # "demo": the `make demo` world and agent (configs/coreact.py's demo presets); "research":
+  # SynthWorld v2 and the research backbone under `world` (its research_* presets).
+  family: str = "demo"
+  judge_backend: str = ""  # the collection's branch values (coreact.judge_backend; "": preset's)
 
 
 def paths(root: str) -> dict[str, str]:
@@ -106,14 +110,36 @@ def _overrides(d: Mapping[str, Any]) -> list[str]:
   return [f"--config.{k}={v}" for k, v in d.items()]
 
 
+FAMILIES = ("demo", "research")
+
+
+def _check_family(s: Settings) -> None:
+  if s.family not in FAMILIES:
+    raise ValueError(f"Settings.family must be one of {FAMILIES}, got {s.family!r}")
+
+
+def preset(s: Settings, role: str) -> str:
+  """configs/coreact.py's preset of a role (collect, rubric_sft, demo: the GRPO one, agent) in
+  the study's family."""
+  _check_family(s)
+  if s.family == "demo":
+    return role
+  return "research" if role == "demo" else f"research_{role}"
+
+
 def _world(s: Settings) -> dict[str, str]:
-  """The config fields that put a demo config on --world (configs/base.py's DEMO_ROOT layout)."""
+  """The config fields that put a config on --world: configs/base.py's DEMO_ROOT layout (a
+  `make demo` folder) or its RESEARCH_ROOT layout (launch/backbone.py's: the tokenizer and the
+  export under backbone/)."""
+  _check_family(s)
   w = s.world
+  agent = {"demo": {"model.tokenizer_path": f"{w}/synthworld/tokenizer",
+                    "model.hf_path": f"{w}/sft/hf_export"},
+           "research": {"model.tokenizer_path": f"{w}/backbone/tokenizer",
+                        "model.hf_path": f"{w}/backbone/sft/hf_export"}}[s.family]
   return {"data.manual_dir": f"{w}/synthworld", "data.data_dir": f"{w}/tfds",
           "retrieval.corpus_path": f"{w}/synthworld/corpus.jsonl",
-          "retrieval.index_dir": f"{w}/bm25_index",
-          "model.tokenizer_path": f"{w}/synthworld/tokenizer",
-          "model.hf_path": f"{w}/sft/hf_export",
+          "retrieval.index_dir": f"{w}/bm25_index", **agent,
           "coreact.entities_path": f"{w}/synthworld/entities.jsonl"}
 
 
@@ -125,16 +151,18 @@ def jobs(s: Settings) -> list[Job]:
   branches = {"coreact.branches_train": p["train"], "coreact.branches_dev": p["dev"]}
   world = _world(s)
   out: list[Job] = []
+  config = lambda role: f"--config=configs/coreact.py:{preset(s, role)}"  # noqa: E731
+  values = {"coreact.judge_backend": s.judge_backend} if s.judge_backend else {}
   for split, n in (("train", s.train_questions), ("dev", s.dev_questions)):
     out.append(Job(f"collect/{split}", "collect", (
-        py, launch("collect_branches.py"), "--config=configs/coreact.py:collect",
+        py, launch("collect_branches.py"), config("collect"),
         f"--split={split}", f"--out={p[split]}", f"--questions={n}",
-        f"--seed={s.collect_seed}", *_overrides(world)), (p[split],)))
+        f"--seed={s.collect_seed}", *_overrides({**world, **values})), (p[split],)))
   out.append(Job("sft/demos", "sft", (
-      py, launch("coreact_demos.py"), "--config=configs/coreact.py:rubric_sft",
+      py, launch("coreact_demos.py"), config("rubric_sft"),
       *_overrides({**world, **branches, "sft.demos": p["demos"]})), (p["demos"],), (p["train"],)))
   out.append(Job("sft/rubric", "sft", (
-      py, launch("train.py"), "--config=configs/coreact.py:rubric_sft", f"--workdir={p['sft']}",
+      py, launch("train.py"), config("rubric_sft"), f"--workdir={p['sft']}",
       *_overrides({**world, **branches, "sft.demos": p["demos"]})),
       (os.path.join(p["untrained"], "config.json"),), (p["demos"], p["dev"])))
   grpo = []
@@ -145,7 +173,7 @@ def jobs(s: Settings) -> list[Job]:
     for seed in s.seeds:
       wd = grpo_dir(s.root, name, seed)
       grpo.append(Job(f"grpo/{name}/{seed}", "grpo", (
-          py, launch("train.py"), "--config=configs/coreact.py:demo", f"--workdir={wd}",
+          py, launch("train.py"), config("demo"), f"--workdir={wd}",
           # The generator is its own model, fully fine-tuned from its warm start's export
           # (configs/coreact.py:rubric_sft says why not a LoRA adapter).
           *_overrides({**world, **branches, "seed": seed, "coreact.rank_reward": reward,
@@ -158,7 +186,7 @@ def jobs(s: Settings) -> list[Job]:
   for seed in s.seeds:
     for variant in s.variants:
       agent, generator, extra = VARIANTS[variant]
-      cmd = [py, launch("eval.py"), "--config=configs/coreact.py:agent",
+      cmd = [py, launch("eval.py"), config("agent"),
              f"--hf_path={world['model.hf_path']}", f"--agent={agent}",
              f"--temperature={AGENT_TEMPERATURE:g}",
              f"--output={guided_path(s.root, variant, seed)}"]

@@ -313,7 +313,8 @@ def _dac_train_accuracy(curve: list[dict]) -> dict[str, float | None]:
 
 
 def summarize_dac(study: dict, dac_start: dict | None = None,
-                  reference: str = DAC_REFERENCE, alphas=DAC_ALPHAS) -> dict:
+                  reference: str = DAC_REFERENCE, alphas=DAC_ALPHAS,
+                  generator_start: str = "the warm start") -> dict:
   """Per size and method of DAC's study: mean ± sample std over seeds of dev and test F1 / EM
   (an abstention is wrong), coverage, accuracy when answered, abstention rate, precision and
   recall against S = 0; training figures over the last WINDOW steps (F1, the sufficiency rate of
@@ -382,7 +383,7 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
                                                 "dev_accuracy_answered", "test_abstain_rate",
                                                 "test_abstain_precision", "test_abstain_recall",
                                                 "test_f1", "train_abstain_rate")}})
-    t["reference"] = reference
+    t["reference"], t["generator_start"] = reference, generator_start
     table[size] = t
   return table
 
@@ -411,14 +412,14 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
     if "dac_start" in t:
       d = t["dac_start"]
       lines.append(
-          "DAC before RL (searcher = the SFT model, its adapter at B = 0; generator = the warm "
-          f"start): dev F1 {d['dev']['f1']:.3f} (coverage {d['dev']['coverage']:.3f}, abstention "
+          "DAC before RL (searcher = the SFT model, its adapter at B = 0; generator = "
+          f"{t.get('generator_start', 'the warm start')}): dev F1 {d['dev']['f1']:.3f} (coverage {d['dev']['coverage']:.3f}, abstention "
           f"{d['dev']['abstain_rate']:.3f}, precision {d['dev']['abstain_precision']:.3f} "
           f"against P(S = 0) = {_num(d['dev']['insufficient'])}"
           f", recall {d['dev']['abstain_recall']:.3f}); test F1 {d['test']['f1']:.3f} (coverage "
           f"{d['test']['coverage']:.3f}, abstention {d['test']['abstain_rate']:.3f}).")
     lines += ["", f"{steps} RL steps; mean ± sample std over seeds; whole dev and test splits "
-              "(500 questions each), greedy. An abstention counts as wrong in F1 and EM. Coverage: "
+              "(the SFT start's questions), greedy. An abstention counts as wrong in F1 and EM. Coverage: "
               "share of questions answered (not abstained, not invalid); accuracy when answered: "
               "EM > 0 among those. Abstention precision P(S = 0 | abstained) and recall "
               "P(abstained | S = 0), S the sufficiency of the evidence the generator was shown.",
@@ -466,7 +467,7 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
     if vs:
       ref = t.get("reference", DAC_REFERENCE)
       lines += ["", f"Against {ref} (monolithic, full fine-tuning), seed by seed (same "
-                "seed: same training questions at every step; test: the same 500 questions, "
+                "seed: same training questions at every step; test: the same questions, "
                 "paired per question, ± its standard error):", "",
                 "| method | seeds | Δ test F1 per seed, points | seeds ahead | training F1 − "
                 f"{ref} (paired by step) | sufficiency rate − {ref} (paired "

@@ -32,7 +32,7 @@ from typing import Sequence
 from absl import app, flags
 
 from agentjax.studies.cw_grpo import CW_METHODS, CW_PANELS, PAPER_CLAIMS, markdown_cw, summarize_cw
-from agentjax.studies.dac import (DAC_METHODS, DAC_REFERENCE, DAC_RESEARCH_METHODS,
+from agentjax.studies.dac import (DAC_ALPHAS, DAC_METHODS, DAC_REFERENCE, DAC_RESEARCH_METHODS,
                                   DAC_RESEARCH_REFERENCE, AlphaStar, augmentation_summary,
                                   augmented_dev_rows, check_generator_start, dac_split,
                                   dac_panels, generator_init, markdown_dac, plot_dac,
@@ -69,6 +69,9 @@ class Study:
   # (dac_start, whose alpha* the research DAC study's alpha arms read).
   stages: tuple = ("sft",)
   reference: str = ""  # the arm every other is paired with in the report ("" = the report's own)
+  # DAC reports: the alpha ablation's (method, alpha) arms; empty: every DAC arm with its alpha
+  # as its runs recorded it (dac_alphas)
+  alphas: tuple = ()
 
 
 STUDIES = {
@@ -77,7 +80,8 @@ STUDIES = {
                      "runs/demo"),
     "lora": Study(LORA_METHODS, "runs/lora", "docs/results/lora", ("wide",), True, ""),
     "dac": Study(DAC_METHODS, "runs/dac", "docs/results/dac", ("base",), False, "runs/cw_grpo",
-                 stages=("sft", GENERATOR_SFT, DAC_START), reference=DAC_REFERENCE),
+                 stages=("sft", GENERATOR_SFT, DAC_START), reference=DAC_REFERENCE,
+                 alphas=DAC_ALPHAS),
     # SynthWorld v2 and the research backbone ({root}/backbone/sft/hf_export, made by
     # launch/backbone.py), the run protocol of agentjax/studies/research.py.
     "research": Study(RESEARCH_METHODS, "runs/research", "docs/results/research", ("backbone",),
@@ -471,7 +475,9 @@ def _run_all() -> None:
         sizes = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
                                             for x in stages[:-1])]
         for s in set(_sizes()) - set(sizes):
-          say(f"size {s}: its SFT start is not ready (held by another process?); skipped")
+          missing = [x for x in stages[:-1] if not os.path.exists(result_path(root, f"{s}/{x}/0"))]
+          say(f"size {s}: its {', '.join(missing)} stage is not done (failed, or held by another "
+              "process?); its RL runs are skipped")
         specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _methods()]
         if _PRIORITY.value:
           first = _SEEDS.value[0]
@@ -489,23 +495,29 @@ def _run_all() -> None:
           say(f"    log: {os.path.join(root, spec.replace('/', '_') + '.log')}")
 
 
-def _dac_alphas(root: str, size: str) -> tuple:
-  """(method, alpha) of the study's DAC arms that set dac.alpha (AlphaStar resolved; skipped
-  while the eval before RL is missing) and of its arm "dac" (the preset's alpha)."""
+def dac_alphas(root: str, size: str, runs: dict, study: str) -> tuple:
+  """(method, alpha) of the study's DAC arms that set dac.alpha and of its arm "dac" (the
+  preset's alpha), sorted by alpha. An arm's alpha is the one its runs recorded (result.json's
+  overrides: an AlphaStar resolved when the run started; the seeds must agree); an arm without
+  runs resolves it now, and is left out while the eval before RL is missing."""
   import importlib
-  spec, pairs = _study(), []
+  spec, pairs = STUDIES[study], []
   for method, (module, overrides) in spec.methods.items():
-    if module != "dac":
+    if module != "dac" or ("dac.alpha" not in overrides and method != "dac"):
       continue
     if "dac.alpha" not in overrides:
-      if method == "dac":
-        pairs.append((method, importlib.import_module("configs.dac").get_config(
-            spec.preset).dac.alpha))
-      continue
-    try:
-      pairs.append((method, resolved_overrides(root, size, _STUDY.value, method)["dac.alpha"]))
-    except (FileNotFoundError, ValueError):
-      continue
+      alpha = importlib.import_module("configs.dac").get_config(spec.preset).dac.alpha
+    elif runs.get(method):
+      recorded = {r["overrides"]["dac.alpha"] for r in runs[method]}
+      if len(recorded) != 1:
+        raise ValueError(f"{method}: its seeds ran with different dac.alpha {sorted(recorded)}")
+      alpha = recorded.pop()
+    else:
+      try:
+        alpha = resolved_overrides(root, size, study, method)["dac.alpha"]
+      except (FileNotFoundError, ValueError):
+        continue
+    pairs.append((method, alpha))
   return tuple(sorted(pairs, key=lambda p: p[1]))
 
 
@@ -543,9 +555,12 @@ def report() -> None:
   elif _STUDY.value in ("dac", "dac_research"):
     spec = _study()
     dac_start = {size: read_json(result_path(root, f"{size}/{DAC_START}/0")) for size in study}
-    alphas = {size: _dac_alphas(root, size) for size in study}
-    table = {size: summarize_dac({size: s}, dac_start[size], spec.reference, alphas[size])[size]
-             for size, s in study.items()}
+    alphas = {size: spec.alphas or dac_alphas(root, size, s["runs"], _STUDY.value)
+              for size, s in study.items()}
+    generator = ("the warm start" if GENERATOR_SFT in spec.stages else
+                 "the SFT model, its adapter at B = 0")
+    table = {size: summarize_dac({size: s}, dac_start[size], spec.reference, alphas[size],
+                                 generator)[size] for size, s in study.items()}
     text = markdown_dac(table, steps, hardware())
     saved = {"study": _STUDY.value, "steps": steps, "hardware": hardware(),
              "methods": {m: {"config": f"configs/{c}.py:{spec.preset}",

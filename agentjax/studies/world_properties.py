@@ -107,10 +107,15 @@ def fallback_reasons(retrieval: np.ndarray, thinking: np.ndarray, judged: np.nda
           else float("nan")}
 
 
+# JudgePass's metrics that are counts (or seconds) of a step: summed over the chunks. Its other
+# metrics (judge_metrics') are computed again on the concatenated bits.
+JUDGE_COUNTS = ("calls", "calls_paper_rule", "calls_saved", "trajectories", "failures", "seconds")
+
+
 def pad_concat(parts: Sequence[np.ndarray]) -> np.ndarray:
   """[sum B_i, max T_i]: [B_i, T_i] arrays padded on the right with zeros (False) and stacked.
-  The chunks' turn axes differ (trim cuts each to its own longest row); every reader of the
-  result reads a row only below its num_turns, so the padding is never read."""
+  The chunks' turn axes may differ (today they do not: trim cuts the token axis only); every
+  reader of the result reads a row only below its num_turns, so the padding is never read."""
   width = max(p.shape[1] for p in parts)
   return np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1]))) for p in parts])
 
@@ -122,8 +127,8 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
   CW-GRPO settings run it.
 
   The questions are rolled out, judged and scored `chunk_questions` at a time (whole groups per
-  chunk): one batch of all 200 x 8 rollouts holds a KV cache of tens of GB (it was killed for
-  memory on a 24 GB machine). Every property is computed on the concatenated rows, so the result
+  chunk): one batch of 200 questions x the group size holds a KV cache of tens of GB (it was
+  killed for memory on a 24 GB machine). Every property is computed on the concatenated rows, so the result
   does not depend on the chunking except through the sampling keys (one per chunk).
   """
   import jax
@@ -150,7 +155,8 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
   engine = RolloutEngine(cfg, tokenizer, make_search_backend(c), rollout_config(c), mesh=mesh)
   judge = JudgePass(build_judge(c.judge, mesh=mesh), c.judge)
   modes = ("prob", "log_prob")
-  rows, turns, num_turns, em, bits, calls = [], [], [], [], [], 0.0
+  rows, turns, num_turns, em, bits = [], [], [], [], []
+  counts = dict.fromkeys(JUDGE_COUNTS, 0.0)  # summed over chunks
   pairs = {mode: ([], []) for mode in modes}
   values = []  # [B_chunk, T_chunk + 1] ground-truth log-prob values per chunk (log_prob mode)
   for i, lo in enumerate(range(0, len(records), chunk_questions)):
@@ -166,7 +172,8 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
     part_turns = np.asarray(batch.num_turns)
     scores = judge(batch.turns, part_turns, batch.group_ids, part_em, part_rows,
                    num_t=batch.turn_ends.shape[1] - 1, rng=np.random.default_rng([seed, 1, i]))
-    calls += scores.metrics.get("judge/calls", 0.0)
+    for k in counts:
+      counts[k] += float(scores.metrics.get(f"judge/{k}", 0.0))
     bits.append((np.asarray(scores.retrieval), np.asarray(scores.thinking),
                  np.asarray(scores.judged, bool)))
     probes = build_probes(engine.encode, golds, template=ANSWER_TEMPLATES[c.rollout.protocol])
@@ -201,7 +208,7 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
                         if not all(hits) else float("nan")}
   judge_all = {f"judge/{k}": float(v) for k, v in
                judge_metrics(retrieval, thinking, judged, num_turns, answer_round).items()}
-  judge_all["judge/calls"] = float(calls)
+  judge_all.update({f"judge/{k}": v for k, v in counts.items()})
   return {"hf_path": hf_path, "questions": len(records), "trajectories": len(rows),
           "group_size": int(c.rollout.group_size), "chunk_questions": int(chunk_questions),
           "em": float(em.mean()),
