@@ -789,3 +789,31 @@ def test_async_report_against_a_direct_computation(tmp_path):
   assert "| grpo_a1 | 2 |" in text and "1.25x" in text
   paths = async_study.plot_f1_vs_time({"base": {"runs": runs}}, str(tmp_path))
   assert open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_async_report_cli_writes_its_files_and_last_line(tmp_path):
+  """launch/compare.py --study=async --report_only: results.md, results.json, the plots, and a
+  last line of JSON with every arm's test F1 (the async table has no "methods" level: its last
+  line raised a KeyError after writing the files, 2026-11-26)."""
+  root = str(tmp_path / "runs")
+  _write_study(root, np.random.default_rng(5))
+  for old, new in (("grpo", "grpo_a0"), ("igpo", "grpo_a1")):
+    os.rename(os.path.join(root, "base", old), os.path.join(root, "base", new))
+    for seed in ("0", "1"):
+      path = os.path.join(root, "base", new, f"seed{seed}", "metrics.jsonl")
+      rows = [json.loads(line) for line in open(path)]
+      with open(path, "w") as f:
+        f.writelines(json.dumps(dict(r, step_s=2.0) if "f1" in r else r) + "\n" for r in rows)
+  out = tmp_path / "results"
+  proc = subprocess.run(
+      [sys.executable, "launch/compare.py", "--study=async", "--report_only", f"--root={root}",
+       f"--out={out}", "--methods=grpo_a0,grpo_a1", "--seeds=0,1", "--steps=12",
+       "--hardware=test CPU"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 0, proc.stderr[-3000:]
+  assert {"results.md", "results.json", "f1_vs_time.png"} <= set(os.listdir(out))
+  saved = json.loads((out / "results.json").read_text())
+  last = json.loads(proc.stdout.strip().splitlines()[-1])
+  assert last["compare"]["base"] == {
+      arm: pytest.approx(saved["table"]["base"][arm]["test_f1"][0], abs=1e-4)
+      for arm in ("grpo_a0", "grpo_a1")}
+

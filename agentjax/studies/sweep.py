@@ -609,7 +609,7 @@ def report() -> None:
   say(f"written: {os.path.join(out, 'results.md')}, results.json, "
        + ", ".join(os.path.basename(p) for p in paths))
   say(json.dumps({"compare": {size: {m: round(r["test_f1"][0], 4)
-                                      for m, r in t["methods"].items()}
+                                      for m, r in t.get("methods", t).items()}
                                for size, t in table.items()}}))
 
 
