@@ -482,7 +482,7 @@ def references(s: Settings, rows: Mapping[str, Sequence[Mapping[str, Any]]]
   from agentjax.coreact.rubric import RewardSettings
   from agentjax.coreact.task import RubricRewards, rubric_agreement
   from agentjax.rl import ranking
-  config = coreact_configs.get_config("demo")
+  config = coreact_configs.get_config(preset(s, "demo"))  # the study's GRPO preset
   rewards = RubricRewards(ExecutorApplier.from_path(_world(s)["coreact.entities_path"]),
                           RewardSettings.from_config(config.coreact))
   keys = ("spearman", "pairwise", "top1", "reward")
