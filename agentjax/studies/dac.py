@@ -322,8 +322,9 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
   minus first WINDOW); the generator's training accuracy on clean / augmented sufficient sets;
   the augmentation check of each DAC run (augmentation_summary); each method against `reference`
   seed by seed (paired per-question test F1 difference ± its standard error, training F1
-  paired by step); and the alpha ablation (`alphas`: (method, alpha) pairs). dac_start: the DAC agent's eval before
-  RL ({"dev", "test"}), reported as is."""
+  paired by step); and the alpha ablation (`alphas`: (method, alpha) pairs). dac_start: the DAC
+  agent's eval before RL ({"dev", "test"}), reported as is; generator_start: what its generator
+  started from, for the report's text."""
   from agentjax.data.demo_world import paired_gain
   table = {}
   for size, s in study.items():
@@ -413,14 +414,15 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
       d = t["dac_start"]
       lines.append(
           "DAC before RL (searcher = the SFT model, its adapter at B = 0; generator = "
-          f"{t.get('generator_start', 'the warm start')}): dev F1 {d['dev']['f1']:.3f} (coverage {d['dev']['coverage']:.3f}, abstention "
+          f"{t.get('generator_start', 'the warm start')}): dev F1 {d['dev']['f1']:.3f} "
+          f"(coverage {d['dev']['coverage']:.3f}, abstention "
           f"{d['dev']['abstain_rate']:.3f}, precision {d['dev']['abstain_precision']:.3f} "
           f"against P(S = 0) = {_num(d['dev']['insufficient'])}"
           f", recall {d['dev']['abstain_recall']:.3f}); test F1 {d['test']['f1']:.3f} (coverage "
           f"{d['test']['coverage']:.3f}, abstention {d['test']['abstain_rate']:.3f}).")
     lines += ["", f"{steps} RL steps; mean ± sample std over seeds; whole dev and test splits "
-              "(the SFT start's questions), greedy. An abstention counts as wrong in F1 and EM. Coverage: "
-              "share of questions answered (not abstained, not invalid); accuracy when answered: "
+              "(the SFT start's questions), greedy. An abstention counts as wrong in F1 and EM. "
+              "Coverage: share of questions answered (not abstained, not invalid); accuracy when answered: "
               "EM > 0 among those. Abstention precision P(S = 0 | abstained) and recall "
               "P(abstained | S = 0), S the sufficiency of the evidence the generator was shown.",
               "", "| method | seeds | dev F1 | dev EM | test F1 | test EM | test F1 gain vs SFT "
@@ -541,8 +543,8 @@ def dac_panels(alphas=DAC_ALPHAS, sufficiency=("grpo_full", "grpo_lora", "dac",
 
 
 def plot_dac(study: dict, out: str, panels: tuple | None = None) -> list[str]:
-  """`panels` (default dac_panels(): the demo DAC study's) vs step ({WINDOW}-step moving averages over full windows): the mean over seeds as
-  a line, the min-max over seeds as a band; a method whose runs do not log the key is left out."""
+  """`panels` (default dac_panels(): the demo DAC study's) vs step ({WINDOW}-step moving
+  averages over full windows): the mean over seeds as a line, the min-max over seeds as a band; a method whose runs do not log the key is left out."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

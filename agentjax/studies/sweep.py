@@ -36,8 +36,7 @@ from agentjax.studies.dac import (DAC_ALPHAS, DAC_METHODS, DAC_REFERENCE, DAC_RE
                                   DAC_RESEARCH_REFERENCE, AlphaStar, augmentation_summary,
                                   augmented_dev_rows, check_generator_start, dac_split,
                                   dac_panels, generator_init, markdown_dac, plot_dac,
-                                  resolve_alpha_star,
-                                  run_generator_sft, summarize_dac)
+                                  resolve_alpha_star, run_generator_sft, summarize_dac)
 from agentjax.studies.igpo import IGPO_PANELS, METHODS, markdown, summarize
 from agentjax.studies.lora import (LORA_LR, LORA_METHODS, LORA_PANELS, LORA_RANK, markdown_lora,
                                    summarize_lora)
@@ -178,7 +177,7 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
   with DAC, the generator adapter from the size's warm start, generator_config). eval_size:
   questions of each eval split (0: the whole split)."""
   import importlib
-  module, overrides = STUDIES[study].methods[method]
+  module = STUDIES[study].methods[method][0]
   config = importlib.import_module(f"configs.{module}").get_config(STUDIES[study].preset)
   point_at_world(config, root, size)
   config.model.hf_path = os.path.join(root, size, "sft", "hf_export")
@@ -216,6 +215,14 @@ def resolved_overrides(root: str, size: str, study: str, method: str) -> dict:
       start = result_path(root, f"{size}/{DAC_START}/0")
       overrides[key] = resolve_alpha_star(value, read_json(start), start)
   return overrides
+
+
+def _field(config, key: str):
+  """config's value at a dotted key ("dac.alpha")."""
+  node = config
+  for name in key.split("."):
+    node = node[name]
+  return node
 
 
 def _eval_split(config, root: str, split: str, **source) -> dict:
@@ -277,7 +284,8 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
   result["minutes"] = (time.time() - t0) / 60  # of this invocation (less after a resume)
   result["steps"] = steps
   result["judge"] = judge_identity(config.judge)  # backend, model, prompt hash, study noise
-  result["overrides"] = resolved_overrides(root, size, study, method)
+  # What this invocation trained with (an AlphaStar as rl_config resolved it above).
+  result["overrides"] = {key: _field(config, key) for key in STUDIES[study].methods[method][1]}
   # Linux reports ru_maxrss in KiB: the peak of this whole process (load, training, both evals),
   # read before train_state_bytes builds a second state.
   result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -128,8 +128,8 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
 
   The questions are rolled out, judged and scored `chunk_questions` at a time (whole groups per
   chunk): one batch of 200 questions x the group size holds a KV cache of tens of GB (it was
-  killed for memory on a 24 GB machine). Every property is computed on the concatenated rows, so the result
-  does not depend on the chunking except through the sampling keys (one per chunk).
+  killed for memory on a 24 GB machine). Every property is computed on the concatenated rows, so
+  the result does not depend on the chunking except through the sampling keys (one per chunk).
   """
   import jax
 
