@@ -14,7 +14,7 @@ start (the CW-GRPO and DAC studies' one), reported in docs/results/ppo:
     python launch/compare.py --study=cw_grpo          # runs/cw_grpo -> docs/results/cw_grpo
     python launch/compare.py --study=lora             # runs/lora -> docs/results/lora
     python launch/compare.py --study=dac              # runs/dac -> docs/results/dac
-    # SynthWorld v2 from the research backbone (launch/backbone.py first), 150 steps a run
+    # SynthWorld v2 from the research backbone (launch/backbone.py first), 100 steps a run
     python launch/compare.py --study=research         # runs/research -> docs/results/research
     # DAC there (its GRPO runs are the research study's): the DAC agent's eval before RL
     # (alpha*), then GRPO, GRPO-LoRA, DAC and DAC at alpha*/3, alpha*, 3 alpha*

@@ -639,14 +639,17 @@ def test_dac_report_against_a_direct_computation(tmp_path):
 
 @pytest.mark.parametrize("method", list(sweep.STUDIES["research"].methods))
 def test_research_arms_share_the_protocol_and_differ_in_their_method(method):
-  """Every arm: the research preset (v2, the backbone's export, 150 steps, constant lr after
-  warm-up, top-3 BM25, 6 turns, the whole 1000-question dev split), the probes on; only the
+  """Every arm: the research preset (v2, the backbone's export, 100 steps, constant lr after
+  warm-up, top-3 BM25, 6 turns, the whole 1000-question dev split, packed rows, the sweep's
+  shared compilation cache), the probes on; only the
   method's own fields differ from GRPO's, and CW-GRPO's arms take the official EM reward and
   groups of 4 (16 questions, the same 64 trajectories a step)."""
-  config = sweep.rl_config("/r", "backbone", method, seed=1, steps=150, study="research")
+  config = sweep.rl_config("/r", "backbone", method, seed=1, steps=100, study="research")
   config_lib.validate(config)
-  grpo = sweep.rl_config("/r", "backbone", "grpo", seed=1, steps=150, study="research")
-  assert config.model.hf_path == "/r/backbone/sft/hf_export" and config.train.steps == 150
+  grpo = sweep.rl_config("/r", "backbone", "grpo", seed=1, steps=100, study="research")
+  assert config.model.hf_path == "/r/backbone/sft/hf_export" and config.train.steps == 100
+  assert config.rl.pack_tokens == 1536 and config.train.jax_cache_dir == "/r/jax_cache"
+  assert config.rl.ig_probe_tokens == "natural"  # the gold's tokens as the model writes them
   assert config.data.manual_dir == "/r/synthworld" and config.data.eval_size == 0
   assert config.retrieval.topk == 3 and config.rollout.max_turns == 6 and config.rl.probe_all
   assert config.optimizer.final_lr_ratio == 1.0 and config.model.shape.num_layers == 4
@@ -668,7 +671,7 @@ def test_research_arms_share_the_protocol_and_differ_in_their_method(method):
 def test_research_sweep_needs_the_backbone_and_builds_the_v2_world(tmp_path):
   with pytest.raises(SystemExit, match="launch/backbone.py"):
     sweep.run_one(str(tmp_path), "backbone/sft/0", 150, study="research")
-  assert sweep.STUDIES["research"].world == "v2" and sweep.STUDIES["research"].steps == 150
+  assert sweep.STUDIES["research"].world == "v2" and sweep.STUDIES["research"].steps == 100
 
 
 def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_before_rl(tmp_path):
@@ -687,6 +690,8 @@ def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_befo
   assert dac.trainer == "dac" and dac.model.lora.init == "" and dac.dac.generator_group == "question"
   assert dac.model.hf_path == f"{root}/backbone/sft/hf_export" and dac.train.steps == 150
   assert dac.dac.abstain_text == "insufficient evidence" and dac.retrieval.topk == 3
+  # the generator sees every document of a 4-hop chain's searches (at 8, 4-hop F1 was 0)
+  assert dac.dac.max_evidence_docs == 4 * dac.retrieval.topk and dac.rl.pack_tokens == 0
   start = os.path.join(root, "backbone", "dac_start", "seed0", "result.json")
   assert sweep.result_path(root, "backbone/dac_start/0") == start
   with pytest.raises(FileNotFoundError, match=re.escape(start)):

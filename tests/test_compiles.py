@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.compiles import CompileCounter
+from agentjax.compiles import CompileCounter, use_persistent_cache
 
 
 def _fresh_program():
@@ -44,3 +44,20 @@ def test_counts_a_retrace_whether_compiled_or_read_from_the_persistent_cache(tmp
   # The first is compiled (and written); the second is the same HLO, read back: counted as well.
   assert counts == [1, 1], counts
   assert hits == [0, 1], hits
+
+
+def test_use_persistent_cache_sets_a_folder_only_where_none_is_set(tmp_path):
+  """train.jax_cache_dir: "" leaves jax as it is; a folder is used when none is set; a folder
+  already set (JAX_COMPILATION_CACHE_DIR, the suite's shared cache) is kept."""
+  previous = jax.config.jax_compilation_cache_dir
+  try:
+    jax.config.update("jax_compilation_cache_dir", None)
+    assert use_persistent_cache("") is None
+    assert jax.config.jax_compilation_cache_dir is None
+    folder = str(tmp_path / "cache")
+    assert use_persistent_cache(folder) == folder
+    assert jax.config.jax_compilation_cache_dir == folder and (tmp_path / "cache").is_dir()
+    assert use_persistent_cache(str(tmp_path / "other")) == folder  # the first one stays
+    assert not (tmp_path / "other").exists()
+  finally:
+    jax.config.update("jax_compilation_cache_dir", previous)

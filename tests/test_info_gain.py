@@ -167,3 +167,31 @@ def test_sequence_logprobs_matches_full_forward_with_left_padding():
     assert (np.asarray(logp)[b, :start + 1] == 0).all()
     ent_ref = -(np.exp(ref) * ref).sum(-1)[:19 - start]
     np.testing.assert_allclose(np.asarray(ent)[b, start + 1:], ent_ref, atol=1e-4)
+
+
+def test_probe_tokens_natural_keeps_the_gold_as_the_model_writes_it():
+  """rl.ig_probe_tokens: with a tokenizer whose pieces carry their leading space (byte-level
+  BPE's "Ġword"), "natural" gives the filled template's own tokenization, the gold's pieces
+  scored; "split" leaves a lone " " before the gold's space-less pieces (the old probes)."""
+  import re
+  vocab: dict[str, int] = {}
+
+  def encode(text):  # a piece is a word with its leading space, or a lone space
+    return [vocab.setdefault(p, len(vocab) + 1) for p in re.findall(r" ?[^ ]+| ", text)]
+
+  template = "<answer> {gt} </answer>"
+  gold = "Kefurn Robotics"
+  natural = build_probes(encode, [[gold]], template, tokens="natural")
+  filled = encode(template.replace("{gt}", gold))
+  n = len(filled)
+  np.testing.assert_array_equal(natural.tokens[0, 0, :n], filled)
+  assert natural.valid[0, 0].sum() == n
+  np.testing.assert_array_equal(natural.tokens[0, 0][natural.score[0, 0]],
+                                encode(" " + gold))  # " Kefurn", " Robotics"
+  split = build_probes(encode, [[gold]], template, tokens="split")
+  np.testing.assert_array_equal(split.tokens[0, 0][split.score[0, 0]], encode(gold))
+  head = encode("<answer> ")
+  assert split.tokens[0, 0, len(head) - 1] == vocab[" "]  # the lone space
+  assert not np.array_equal(natural.tokens, split.tokens)
+  with pytest.raises(ValueError, match="ig_probe_tokens"):
+    build_probes(encode, [[gold]], template, tokens="joined")

@@ -723,6 +723,25 @@ class StatisticsTest(chex.TestCase):
       assert_close(fn(v, num_turns), np.mean(sums))
     assert_close(fn(np.zeros((2, 3), np.float32), np.ones(2, np.int32)), 0.0)
 
+  @chex.variants(with_jit=True, without_jit=True)
+  def test_gt_logprob_ends(self):
+    """The two ends of the reduction: the mean v[b, 0] and v[b, K] over trajectories that
+    searched (K = num_turns - 1 >= 1); entries past K and answer-only trajectories ignored."""
+    fn = self.variant(adv_lib.gt_logprob_ends)
+    for seed in SEEDS:
+      rng = np.random.default_rng(seed)
+      num_turns = rng.integers(1, 5, size=9).astype(np.int32)
+      num_turns[0] = 1  # an answer-only trajectory: in neither mean
+      v = -rng.uniform(0.1, 5.0, size=(9, 5)).astype(np.float32)
+      rows = [i for i in range(9) if num_turns[i] >= 2]
+      before, after = fn(v, num_turns)
+      assert_close(before, np.mean([v[i, 0] for i in rows]) if rows else 0.0)
+      assert_close(after, np.mean([v[i, num_turns[i] - 1] for i in rows]) if rows else 0.0)
+      assert_close(after - before, adv_lib.gt_entropy_reduction(v, num_turns))
+    before, after = fn(-np.ones((2, 3), np.float32), np.ones(2, np.int32))  # nobody searched
+    assert_close(before, 0.0)
+    assert_close(after, 0.0)
+
 
 # ---------------------------------------------------------------------------------------------
 # All-equal groups and the std estimator (eager calls on one batch shape: few compiles).

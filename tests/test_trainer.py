@@ -418,6 +418,8 @@ def test_probe_all_measures_gt_entropy_without_changing_grpo_training(world_dir,
     assert r0["reward"] == r1["reward"] and r0["turns"] == r1["turns"]
     assert r0["gt_entropy_reduction"] == 0.0 and r0["ig_mean"] == 0.0
     assert np.isfinite(r1["gt_entropy_reduction"])
+    assert r1["gt_entropy_reduction"] == pytest.approx(
+        r1["gt_logprob_after"] - r1["gt_logprob_before"])
   # Where some trajectory searched, the reduction is the mean of its summed information gains
   # (telescoping), so both are zero or both are not.
   assert any(r["ig_mean"] != 0.0 for r in rows1) == any(

@@ -293,6 +293,30 @@ def ig_statistics(ig: Array, num_turns: Array) -> dict[str, Array]:
   return {"ig_mean": mean, "ig_std": std, "ig_count": jnp.sum(valid).astype(_F32)}
 
 
+def gt_logprob_ends(v: Array, num_turns: Array) -> tuple[Array, Array]:
+  """The ground truth's mean per-token log-prob before the searches and after the last one.
+
+  The two ends of gt_entropy_reduction (its definition there): over trajectories with
+  K = num_turns - 1 >= 1 non-answer turns, the means of v[b, 0] (right after the prompt) and of
+  v[b, K] (after the last search). Their difference is the reduction, so a reduction that falls
+  during training can be read as the policy knowing the answer better without searching (the
+  first rises) or its searches helping less (the second falls). 0 and 0 if no trajectory
+  searched.
+
+  Args:
+    v: [B, T + 1] per-boundary ground-truth log-prob values (entries past boundary K ignored).
+    num_turns: [B] int32.
+  Returns:
+    (before, after): scalar float32 each.
+  """
+  v = v.astype(_F32)
+  last = jnp.clip(jnp.asarray(num_turns) - 1, 0, v.shape[1] - 1)
+  v_last = jnp.take_along_axis(v, last[:, None], axis=1)[:, 0]
+  has = jnp.asarray(num_turns) >= 2
+  n = jnp.maximum(jnp.sum(has).astype(_F32), 1.0)
+  return jnp.sum(jnp.where(has, v[:, 0], 0.0)) / n, jnp.sum(jnp.where(has, v_last, 0.0)) / n
+
+
 def gt_entropy_reduction(v: Array, num_turns: Array) -> Array:
   """Mean drop in the ground-truth answer's "entropy" from before turn 0 to after the last search.
 
@@ -310,12 +334,8 @@ def gt_entropy_reduction(v: Array, num_turns: Array) -> Array:
   Returns:
     scalar float32.
   """
-  v = v.astype(_F32)
-  last = jnp.clip(jnp.asarray(num_turns) - 1, 0, v.shape[1] - 1)
-  v_last = jnp.take_along_axis(v, last[:, None], axis=1)[:, 0]
-  has = jnp.asarray(num_turns) >= 2
-  n = jnp.maximum(jnp.sum(has).astype(_F32), 1.0)
-  return jnp.sum(jnp.where(has, v_last - v[:, 0], 0.0)) / n
+  before, after = gt_logprob_ends(v, num_turns)
+  return after - before
 
 
 def outcome_stats(outcome: Array, group_ids: Array, adv: Array, loss_mask: Array,

@@ -6,7 +6,7 @@ The protocol, declared before the runs:
   primary metric  test F1 (1000 test questions, greedy), each method against GRPO, paired by
                   question and pooled over seeds (paired_pooled): the mean difference, its
                   standard error over the seed x question pairs, z and a two-sided p (normal).
-  runs            150 RL steps (configs/base.py `research`: constant lr after 5 warm-up steps,
+  runs            100 RL steps (configs/base.py `research`: constant lr after 5 warm-up steps,
                   8 questions x 8 rollouts, top-3 BM25, 6 turns), 3 seeds (5 for the headline
                   pair: `--seeds=0,1,2,3,4 --methods=grpo,igpo`), every run from the same
                   backbone export, the same settings but its method's, checkpointed every 10
@@ -40,7 +40,12 @@ RESEARCH_METHODS = {
     "cw_grpo_ig": ("cw_grpo", {"algorithm": "cw_grpo_ig"}),
 }
 REFERENCE = "grpo"
-STEPS = 150
+# The floor (100; 150-200 "where the budget allows"): a step of 64 trajectories takes
+# 50-90 s on one core of this CPU (GRPO 50-65, IGPO 75-90: docs/results/research/README.md,
+# "Budget"), so 150 steps x 22 runs (5 seeds of the headline pair) were ~33 hours of two
+# workers, and DAC's and Co-ReAct's studies queue behind them on the same CPU. The lr is
+# constant after warm-up, so a run's first 100 steps are the same at any `steps`.
+STEPS = 100
 
 # Test F1 / accuracy points over GRPO that the papers report (methods spec; the IGPO paper's
 # Table 2 at Qwen2.5-7B averaged over its seven benchmarks, its Table 3 at 3B; CW-GRPO's

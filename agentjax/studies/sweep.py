@@ -120,7 +120,7 @@ _SFT_FROM = flags.DEFINE_string("sft_from", None, "A `make demo` folder (synthwo
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed: data order, rollouts, "
                            "minibatches).")
 _STEPS = flags.DEFINE_integer("steps", 0, "RL steps of every run (0: the study's: 20, "
-                              "research 150).")
+                              "research 100).")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Runs in flight at once (subprocesses).")
 _TARGET = flags.DEFINE_float("target_gain", 0.05, "Steps to target: the first step whose full "
                              "5-step moving average of training F1 is this much above the seed's "
@@ -189,6 +189,7 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
   config.data.eval_size = 0  # the final eval: the whole dev split
   config.train.checkpoint_every = 10
   config.train.export_hf = False
+  config.train.jax_cache_dir = os.path.join(root, "jax_cache")  # every run of the sweep shares it
   config.rl.probe_all = STUDIES[study].probe_all
   if eval_size:  # smoke tests only: the first eval_size questions of each split
     config.data.eval_size = eval_size
@@ -240,9 +241,11 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
   A size whose SFT export exists (a finished SFT, or one reused by _reuse_sft) is not trained.
   DAC's study also has the generator's warm start (size/generator_sft/0) and the eval of the DAC
   agent before RL (size/dac_start/0); its DAC runs add the augmentation check."""
+  from agentjax.compiles import use_persistent_cache
   from agentjax.judge import judge_identity
   from agentjax.train.trainer import train
   size, method, seed = spec.split("/")
+  use_persistent_cache(os.path.join(root, "jax_cache"))  # the evals outside train() too
   if method == GENERATOR_SFT:
     run_generator_sft(root, size, generator_sft_steps)
     return

@@ -39,7 +39,7 @@ from agentjax.models.qwen import param_shardings
 from agentjax.parallel import use_mesh
 from agentjax.parallel.host import DEVICE_TURN, to_host
 from agentjax.rl import build_probes, outcome_rewards
-from agentjax.rl.advantages import gt_entropy_reduction, ig_statistics
+from agentjax.rl.advantages import gt_logprob_ends, ig_statistics
 from agentjax.rl.evidence import evidence_set, sufficient
 from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.rl.offpolicy import mismatch_metrics
@@ -374,7 +374,8 @@ class RLStep:
     # 3. one scoring pass per role: old (and reference) log-probs, IGPO's ground-truth probes
     t0 = time.perf_counter()
     probes = build_probes(self.engine.encode, out.row_golds,
-                          template=ANSWER_TEMPLATES[config.rollout.protocol]) \
+                          template=ANSWER_TEMPLATES[config.rollout.protocol],
+                          tokens=rl.get("ig_probe_tokens", "split")) \
         if self.with_probes else None
     packer, score_plans, pack_stats = None, None, {}
     if self.pack_tokens:  # plan the packed rows of scoring and updates: one transfer of valid
@@ -459,6 +460,9 @@ class RLStep:
     # role's as "<role>/<name>")
     engine = out.engine
     ig = ig_statistics(scored[first].ig, jnp.asarray(batches[first].num_turns))
+    gt_before, gt_after = (map(float, gt_logprob_ends(
+        scored[first].values, jnp.asarray(batches[first].num_turns)))
+        if self.with_probes else (0.0, 0.0))
     valid_tokens = float(to_host(sum(jnp.sum(batches[r].valid) for r in roles)))
     # Real tokens / computed tokens: of the trimmed padded batch, and of what the policy's
     # update computed (its packed rows; the padded batch when rl.pack_tokens is 0).
@@ -482,9 +486,10 @@ class RLStep:
         "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
         "collapse_fraction": float(np.mean([adv_stats[r]["collapse_fraction"] for r in roles])),
         "zero_adv_fraction": float(np.mean([adv_stats[r]["zero_adv_fraction"] for r in roles])),
-        "gt_entropy_reduction": float(gt_entropy_reduction(
-            scored[first].values, jnp.asarray(batches[first].num_turns)))
-        if self.with_probes else 0.0,
+        # the ground truth's log-prob before the searches and after them (issue 32 §4), and
+        # their difference, the reduction IGPO's paper plots
+        "gt_logprob_before": gt_before, "gt_logprob_after": gt_after,
+        "gt_entropy_reduction": gt_after - gt_before,
         "adv_std": float(np.mean([adv_stats[r].get("adv_std", 0.0) for r in roles])),
         "kl": across_roles("kl"), "approx_kl": across_roles("approx_kl"),
         "clip_fraction": across_roles("clip_fraction"), "entropy": across_roles("entropy"),
