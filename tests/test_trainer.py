@@ -154,6 +154,7 @@ def test_unknown_preset_names_the_known_ones():
     ({"train.stale": "drop", "train.async_steps": 2, "train.max_staleness": 1},
      "config.rollout.partial='off': train.stale='drop' needs rollout.partial='continue'"),
     ({"train.max_staleness": -3}, "config.train.max_staleness=-3: must be an int >= 0"),
+    ({"rl.ig_probe_tokens": "joined"}, "config.rl.ig_probe_tokens='joined': must be one of"),
     ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
      "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])

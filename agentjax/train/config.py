@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from agentjax.agent.feed import PARTIAL_MODES
+from agentjax.rl.info_gain import PROBE_TOKENS
 from agentjax.agent.protocol import PROTOCOLS
 from agentjax.agent.rollout import ENGINES
 # One ConfigError for model and run configs (re-exported here), and the model's own lists of
@@ -238,8 +239,8 @@ def _validate_rl(config: Any) -> None:
   if _get(config, "rl.igpo_norm") not in ("joint", "separate"):
     _fail("rl.igpo_norm", _get(config, "rl.igpo_norm"), "must be 'joint' or 'separate'")
   _non_negative(config, "rl.igpo_ig_weight", "rl.igpo_outcome_weight")
-  if config.rl.get("ig_probe_tokens", "split") not in ("natural", "split"):
-    _fail("rl.ig_probe_tokens", config.rl.ig_probe_tokens, "must be 'natural' or 'split'")
+  if config.rl.get("ig_probe_tokens", "split") not in PROBE_TOKENS:  # .get: older configs
+    _fail("rl.ig_probe_tokens", config.rl.ig_probe_tokens, f"must be one of {PROBE_TOKENS}")
   if _get(config, "rl.ig_mode") not in ("log_prob", "prob"):
     _fail("rl.ig_mode", _get(config, "rl.ig_mode"), "must be 'log_prob' or 'prob'")
   if _get(config, "rl.std_estimator") not in STD_ESTIMATORS:
