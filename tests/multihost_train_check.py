@@ -30,6 +30,10 @@ def main():
   # (the backbone fingerprinted and the PEFT folders exported from sharded arrays); ppo: the
   # policy and its critic
   p.add_argument("--algorithm", default="igpo")
+  # > 0: asynchronous RL (train.async_steps), its two threads taking turns on the devices in
+  # process 0's order
+  p.add_argument("--async_steps", type=int, default=0)
+  p.add_argument("--steps", type=int, default=2)  # the stop is after step 1
   args = p.parse_args()
   os.environ["XLA_FLAGS"] = xla_flags(devices=8 // args.num_processes)
   import jax
@@ -44,11 +48,12 @@ def main():
 
   lora = args.algorithm.endswith("_lora")
   config = tiny_config(args.world_dir, args.tokenizer_dir, args.tmp,
-                       algorithm=args.algorithm.removesuffix("_lora"), steps=2)
+                       algorithm=args.algorithm.removesuffix("_lora"), steps=args.steps)
   config.rl.prompts_per_step = 4   # 8 trajectories: one per device on the data axis
   config.rl.minibatch_size = 8
   config.train.eval_every = 0
   config.train.export_hf = False
+  config.train.async_steps = args.async_steps
   if lora:
     config.model.lora.adapters = "policy,other"
     config.model.lora.rank = 4
@@ -58,7 +63,7 @@ def main():
   first = train(config, args.workdir, stop_after=1)
   assert first["step"] == 1
   second = train(config, args.workdir)   # restores step 1 from the checkpoint
-  assert second["step"] == 2
+  assert second["step"] == args.steps
   params = to_host(second["params"])
   if second["critic_params"] is not None:  # ppo: the critic too (its own subtree)
     params = dict(params, critic=to_host(second["critic_params"]))

@@ -143,12 +143,148 @@ def test_a_failed_production_raises_in_the_trainer_and_close_stops_the_worker():
     RolloutPipeline(fake, lambda j: [j], 0)
 
 
-def test_several_processes_are_refused(monkeypatch):
-  """Two threads' programs interleave in each process's own order; collectives across
-  processes need one order: refused naming the field."""
+def test_several_processes_refuse_what_would_make_their_trajectories_differ(monkeypatch):
+  """On several processes the pipeline runs (its turns in process 0's order: the next test, and
+  tests/test_multihost.py), but partial rollouts (a rollout reads published parameters when they
+  happen to be there) and the split placement are refused, naming the field."""
   monkeypatch.setattr(jax, "process_count", lambda: 2)
-  with pytest.raises(ValueError, match="train.async_steps=1.*one process"):
-    RolloutPipeline(FakeStep(), lambda j: [j], 1)
+  with pytest.raises(ValueError, match="rollout.partial='continue'.*one process"):
+    RolloutPipeline(FakeStep(), lambda j: [j], 1, partial="continue")
+  split = FakeStep()
+  split.sampler_mesh = object()
+  with pytest.raises(ValueError, match="mesh.sampler_devices.*one process"):
+    RolloutPipeline(split, lambda j: [j], 1)
+
+
+class _FakeKV:
+  """jax.distributed's key-value client, in one process: blocking_key_value_get waits."""
+
+  def __init__(self):
+    self.values, self.cond = {}, threading.Condition()
+
+  def key_value_set(self, key, value):
+    with self.cond:
+      assert key not in self.values, key  # a turn is published once
+      self.values[key] = value
+      self.cond.notify_all()
+
+  def blocking_key_value_get(self, key, timeout_in_ms):
+    with self.cond:
+      if not self.cond.wait_for(lambda: key in self.values, timeout_in_ms / 1000):
+        raise TimeoutError(key)
+      return self.values[key]
+
+
+def test_ordered_device_turns_come_in_process_zeros_order_on_every_process():
+  """DeviceTurn.ordered: two "processes" (two DeviceTurn objects sharing one key-value store),
+  each with the same two threads (an updater: three held segments; a producer: one hold with
+  three host waits, a collective inside the second, as PrimarySearch's broadcast): every
+  segment's order on process 1 is process 0's, although their threads are timed differently
+  (process 1's updater sleeps where process 0's producer does, and the other way round)."""
+  import random
+  import time
+
+  from agentjax.parallel.host import DeviceTurn
+  kv = _FakeKV()
+  logs = {0: [], 1: []}
+
+  def run(process, seed):
+    turn = DeviceTurn()
+    rng = random.Random(seed)
+    log = logs[process]
+    nap = lambda: time.sleep(rng.uniform(0, 0.01))  # noqa: E731
+
+    def updater():
+      for i in range(3):
+        nap()
+        with turn.hold():
+          log.append(f"update {i}")
+          nap()
+
+    def producer():
+      with turn.hold():
+        for i in range(3):
+          log.append(f"decode {i}")
+          nap()
+          with turn.host_wait():
+            nap()
+            if i == 1:
+              with turn.collective():
+                log.append("broadcast")
+          log.append(f"parse {i}")
+      log.append("produced")
+
+    with turn.ordered(kv, "test/turns", leader=process == 0):
+      threads = [threading.Thread(target=f, name=name)
+                 for f, name in ((updater, "updater"), (producer, "producer"))]
+      for t in threads:
+        t.start()
+      for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    assert turn._order is None  # left with the block
+
+  for seed in range(5):
+    kv.values.clear()
+    logs[0].clear()
+    logs[1].clear()
+    processes = [threading.Thread(target=run, args=(p, 2 * seed + p)) for p in (0, 1)]
+    for t in processes:
+      t.start()
+    for t in processes:
+      t.join(120)
+    # "produced" is appended after the last turn ends: where it lands is not a turn's order.
+    held = {p: [e for e in logs[p] if e != "produced"] for p in (0, 1)}
+    assert len(held[0]) == 3 + 3 + 3 + 1, held[0]
+    assert held[1] == held[0], (seed, held)
+    # 3 updater holds, the producer's hold, 3 takings-back after its host waits, 1 collective
+    assert len(kv.values) == 8
+
+
+def test_ordered_device_turn_names_the_turn_a_follower_waited_for_in_vain():
+  from agentjax.parallel.host import DeviceTurn, _TurnOrder
+
+  class Silent(_FakeKV):
+    def blocking_key_value_get(self, key, timeout_in_ms):
+      raise TimeoutError("DEADLINE_EXCEEDED")
+
+  turn = DeviceTurn()
+  with turn.ordered(Silent(), "run/turns", leader=False):
+    with pytest.raises(RuntimeError, match="turn 0 of 'run/turns' was not published"):
+      with turn.hold():
+        pass
+  assert _TurnOrder.TIMEOUT_MS >= 60_000
+
+
+def test_a_step_produced_again_by_the_trainer_holding_the_devices_does_not_deadlock():
+  """The trainer's thread holds the devices for its loop (train/trainer.py). A step produced
+  again on it (train.stale="drop") waits for the worker's production in flight, which waits for
+  the devices: it lets them go while it waits (before, each waited on the other for ever)."""
+  import time
+
+  from agentjax.parallel.host import DEVICE_TURN
+  fake = FakeStep()
+  pipeline = RolloutPipeline(fake, lambda j: [j], 1)
+  pipeline.turns = True  # as on a colocated multi-device mesh
+  key, done = jax.random.key(1), threading.Event()
+
+  def trainer():
+    with DEVICE_TURN.hold():
+      worker = threading.Thread(target=pipeline._produce, args=({"w": 0}, [1], key, 1, 0),
+                                daemon=True)
+      worker.start()  # takes the production lock, then waits for the devices
+      while not pipeline._producing.locked():
+        time.sleep(0.001)
+      time.sleep(0.05)
+      assert not fake.produced  # the worker is waiting for the devices
+      pipeline._produce({"w": 1}, [1], key, 1, 1)  # the step produced again
+    done.set()
+
+  t = threading.Thread(target=trainer, daemon=True)
+  t.start()
+  assert done.wait(60), "the trainer and the worker wait on each other"
+  pipeline.close()
+  assert [(p.step, p.params) for p in fake.produced] == [(1, 0), (1, 1)]
 
 
 def test_the_async_benchs_idle_share_counts_time_with_nothing_running():

@@ -21,7 +21,8 @@ from jax.experimental import multihost_utils
 
 def _one(x: Any) -> Any:
   if isinstance(x, jax.Array) and not x.is_fully_addressable and not x.is_fully_replicated:
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    with DEVICE_TURN.collective():  # defined below; a turn of its own in an asynchronous run
+      return np.asarray(multihost_utils.process_allgather(x, tiled=True))
   return jax.device_get(x)
 
 
@@ -36,36 +37,161 @@ class DeviceTurn:
   for its production except its host waits (`host_wait`: the retriever, the judge), so what
   overlaps is the host waits of one with the device work of the other. One device needs none of
   this (no collectives): the pipeline then does not take turns.
+
+  Several processes (a multi-host run): each process's turns must also come in the same order
+  as every other process's, since a program's collectives span them. `ordered(kv, prefix)`
+  makes process 0 the leader: it grants turns as its threads ask and writes the n-th holder's
+  thread name to the key-value store (jax.distributed's client: `{prefix}/{n}`); every other
+  process grants its n-th turn to the thread of that name, which waits for it. Each thread runs
+  the same host logic on every process (same trajectories, same host waits), so each process's
+  threads dispatch the same programs in the same turns, in the leader's order. A collective
+  called during a host wait (PrimarySearch's and the judge's broadcasts) takes a turn of its own
+  (`collective`).
   """
 
   def __init__(self):
-    self._lock = threading.Lock()
+    self._cond = threading.Condition()
+    self._busy = False
     self._holder = threading.local()
+    self._order: _TurnOrder | None = None
+
+  @contextlib.contextmanager
+  def ordered(self, kv: Any, prefix: str, leader: bool) -> Iterator[None]:
+    """Inside the block, turns follow the leader's order (class docstring). kv: an object with
+    key_value_set(key, value) and blocking_key_value_get(key, timeout_in_ms) (jax.distributed's
+    client: `distributed_kv()`); prefix: a key prefix no other block of this run uses, the same
+    on every process; leader: True on process 0."""
+    if self._order is not None:
+      raise RuntimeError("DeviceTurn.ordered: already ordered (one pipeline at a time)")
+    self._order = _TurnOrder(kv, prefix, leader)
+    try:
+      yield
+    finally:
+      self._order = None
+
+  def _acquire(self) -> None:
+    name = threading.current_thread().name
+    order = self._order
+    if order is None or order.leader:
+      with self._cond:
+        while self._busy:
+          self._cond.wait()
+        self._busy = True
+        n = order.next() if order is not None else 0
+      if order is not None:
+        order.publish(n, name)
+      return
+    while True:  # a follower: the n-th turn goes to the thread the leader gave it to
+      with self._cond:
+        while self._busy:
+          self._cond.wait()
+        n = order.count
+        holder = order.holders.get(n)
+      if holder is None:
+        holder = order.fetch(n)  # blocking, outside the lock: the holder may be releasing
+        with self._cond:
+          order.holders[n] = holder
+          self._cond.notify_all()
+      with self._cond:
+        if order.count != n:
+          continue
+        if holder == name and not self._busy:
+          self._busy = True
+          order.count += 1
+          order.holders.pop(n, None)
+          return
+        while order.count == n and (holder != name or self._busy):
+          self._cond.wait()
+
+  def _release(self) -> None:
+    with self._cond:
+      self._busy = False
+      self._cond.notify_all()
 
   @contextlib.contextmanager
   def hold(self) -> Iterator[None]:
-    """The calling thread holds the devices inside the block."""
-    with self._lock:
-      self._holder.held = True
-      try:
-        yield
-      finally:
-        self._holder.held = False
+    """The calling thread holds the devices inside the block (already held: nothing more)."""
+    if getattr(self._holder, "held", False):
+      yield
+      return
+    self._acquire()
+    self._holder.held = True
+    try:
+      yield
+    finally:
+      self._holder.held = False
+      self._release()
 
   @contextlib.contextmanager
   def host_wait(self) -> Iterator[None]:
-    """Host-only work (nothing dispatched inside): the devices are let go for its duration when
-    the calling thread holds them, and taken back after; otherwise nothing happens."""
+    """Host-only work (nothing dispatched inside, but for `collective` blocks): the devices are
+    let go for its duration when the calling thread holds them, and taken back after; otherwise
+    nothing happens."""
     if not getattr(self._holder, "held", False):
       yield
       return
     self._holder.held = False
-    self._lock.release()
+    self._holder.waiting = True
+    self._release()
     try:
       yield
     finally:
-      self._lock.acquire()
+      self._holder.waiting = False
+      self._acquire()
       self._holder.held = True
+
+  @contextlib.contextmanager
+  def collective(self) -> Iterator[None]:
+    """A cross-process collective (a broadcast, an all-gather) takes a turn for its duration
+    when the calling thread does not hold the devices (inside a host wait, or a thread that
+    never took them): its program must come in the same turn on every process. Nothing happens
+    when the thread holds them."""
+    if getattr(self._holder, "held", False):
+      yield
+      return
+    waiting = getattr(self._holder, "waiting", False)
+    self._holder.waiting = False
+    try:
+      with self.hold():
+        yield
+    finally:
+      self._holder.waiting = waiting
+
+
+class _TurnOrder:
+  """The order of a multi-process DeviceTurn (its `ordered` docstring): the leader's count of
+  turns granted, or a follower's, and the holders it has read ahead."""
+
+  TIMEOUT_MS = 30 * 60 * 1000  # a turn waits as long as a step may (an update, a slow judge)
+
+  def __init__(self, kv: Any, prefix: str, leader: bool):
+    self.kv, self.prefix, self.leader = kv, prefix, leader
+    self.count = 0
+    self.holders: dict[int, str] = {}
+
+  def next(self) -> int:
+    n, self.count = self.count, self.count + 1
+    return n
+
+  def publish(self, n: int, name: str) -> None:
+    self.kv.key_value_set(f"{self.prefix}/{n}", name)
+
+  def fetch(self, n: int) -> str:
+    try:
+      return self.kv.blocking_key_value_get(f"{self.prefix}/{n}", self.TIMEOUT_MS)
+    except Exception as e:  # noqa: BLE001 - name the turn: a bare coordination error says little
+      raise RuntimeError(f"DeviceTurn: turn {n} of {self.prefix!r} was not published by "
+                         f"process 0 within {self.TIMEOUT_MS // 60000} min ({e})") from e
+
+
+def distributed_kv() -> Any:
+  """jax.distributed's key-value client (set after jax.distributed.initialize; every process of
+  a multi-host run has one)."""
+  from jax._src import distributed
+  client = distributed.global_state.client
+  if client is None:
+    raise RuntimeError("no jax.distributed client: call jax.distributed.initialize first")
+  return client
 
 
 DEVICE_TURN = DeviceTurn()
@@ -75,7 +201,8 @@ def any_process(flag: bool) -> bool:
   """True on every process when `flag` is True on any (e.g. a SIGTERM one host received)."""
   if jax.process_count() == 1:
     return bool(flag)
-  return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
+  with DEVICE_TURN.collective():
+    return bool(np.asarray(multihost_utils.process_allgather(np.int32(flag))).any())
 
 
 def broadcast_from_primary(value: Any) -> Any:
@@ -93,13 +220,14 @@ def broadcast_from_primary(value: Any) -> Any:
       payload = json.dumps(value, allow_nan=True).encode()
     except (TypeError, ValueError) as e:
       payload = json.dumps({_ENCODE_ERROR: repr(e)[:300]}).encode()
-  size = int(multihost_utils.broadcast_one_to_all(np.int32(len(payload))))
-  # Padded to a power of two (JSON ignores trailing spaces): broadcast_one_to_all compiles one
-  # program per shape, so a few sizes serve every call.
-  padded = 1 << max(8, (size - 1).bit_length())
-  data = np.full(padded, ord(" "), np.uint8)
-  data[:len(payload)] = np.frombuffer(payload, np.uint8)
-  out = json.loads(np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes().decode())
+  with DEVICE_TURN.collective():  # inside a host wait of an asynchronous run: a turn of its own
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(payload))))
+    # Padded to a power of two (JSON ignores trailing spaces): broadcast_one_to_all compiles one
+    # program per shape, so a few sizes serve every call.
+    padded = 1 << max(8, (size - 1).bit_length())
+    data = np.full(padded, ord(" "), np.uint8)
+    data[:len(payload)] = np.frombuffer(payload, np.uint8)
+    out = json.loads(np.asarray(multihost_utils.broadcast_one_to_all(data)).tobytes().decode())
   if isinstance(out, dict) and _ENCODE_ERROR in out:
     raise ValueError(f"broadcast_from_primary: process 0's value is not JSON: "
                      f"{out[_ENCODE_ERROR]}")

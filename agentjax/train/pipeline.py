@@ -30,7 +30,16 @@ On a colocated mesh of several devices the two threads take turns on the devices
 (parallel.host.DEVICE_TURN: two threads dispatching SPMD programs onto the same devices can
 deadlock in their collectives): the update holds them for all of its step, the producer for its
 production but for its host waits (retriever, judge), so the host waits are what is hidden. One
-device (no collectives) and the split placement overlap freely.
+device (no collectives) and the split placement overlap freely. The trainer's thread holds the
+devices for its whole loop (evals, checkpoints, collectives) but while it waits for a rollout.
+
+Several processes (multi-host): the turns come in process 0's order on every process
+(DeviceTurn.ordered: process 0 writes each turn's thread to jax.distributed's key-value store,
+the others follow it), so each process's programs reach the devices in the same order and
+every process sees the same trajectories; a collective inside a host wait (PrimarySearch's and
+the judge's broadcasts) takes a turn of its own. Partial rollouts and the split placement stay
+one-process only (refused), and close() finishes every submitted rollout rather than cancel
+the ones not yet started (whether one started differs between processes).
 
 Partial rollouts (rollout.partial, agentjax/agent/feed.py): with "continue" or "restart" the
 pipeline publishes the parameters after every update (one copy per update, which the next
@@ -75,9 +84,10 @@ import jax
 import numpy as np
 
 from agentjax.agent.feed import ParamsFeed
-from agentjax.parallel.host import DEVICE_TURN, to_host
+from agentjax.parallel.host import DEVICE_TURN, distributed_kv, to_host
 
 log = logging.getLogger(__name__)
+_PIPELINES = 0  # pipelines made by this process (a multi-process run's turn-key prefix)
 
 STALE_MODES = ("wait", "drop")
 
@@ -98,18 +108,29 @@ class RolloutPipeline:
     if async_steps < 1:
       raise ValueError(f"train.async_steps={async_steps}: a pipeline needs >= 1 (0 is the "
                        "synchronous step)")
-    if jax.process_count() > 1:
-      # Each process would interleave its two threads' programs in its own order, and programs
-      # with cross-process collectives must run in the same order on every process.
-      raise ValueError(f"train.async_steps={async_steps}: asynchronous RL runs on one process "
-                       f"only so far (this run has {jax.process_count()}); use 0")
+    processes = jax.process_count()
+    if processes > 1 and getattr(rl_step, "sampler_mesh", None) is not None:
+      raise ValueError("mesh.sampler_devices (the split placement) runs on one process only so "
+                       f"far (this run has {processes}); use 0 (colocated)")
+    if processes > 1 and partial != "off":
+      # A rollout in flight reads the published parameters when they happen to be there: the
+      # moment differs between processes, and so would their trajectories.
+      raise ValueError(f"rollout.partial={partial!r} runs on one process only so far (this run "
+                       f"has {processes}); use 'off'")
     self.rl_step, self.questions_at, self.k = rl_step, questions_at, int(async_steps)
     self.end = end
     # A colocated multi-device mesh: the two threads take turns on the devices (DEVICE_TURN);
-    # one device, or the split placement's disjoint meshes, need not.
+    # one device, or the split placement's disjoint meshes, need not. Several processes take
+    # turns in process 0's order (DeviceTurn.ordered).
     mesh = getattr(rl_step, "mesh", None)
-    self.turns = getattr(rl_step, "sampler_mesh", None) is None and mesh is not None \
-        and mesh.devices.size > 1
+    self.turns = processes > 1 or (getattr(rl_step, "sampler_mesh", None) is None
+                                   and mesh is not None and mesh.devices.size > 1)
+    self._ordered = contextlib.ExitStack()
+    if processes > 1:
+      global _PIPELINES
+      _PIPELINES += 1  # the same count on every process: each pipeline's turns have own keys
+      self._ordered.enter_context(DEVICE_TURN.ordered(
+          distributed_kv(), f"agentjax/device_turn/{_PIPELINES}", jax.process_index() == 0))
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
     self._futures: dict[int, concurrent.futures.Future] = {}
     # rollout.partial: the feed of the parameters published after each update (None: "off").
@@ -161,7 +182,8 @@ class RolloutPipeline:
         self._futures[j] = self._pool.submit(
             self._produce, snapshot, self.questions_at(j), keys[j - step][1], j, step)
     t0 = time.perf_counter()
-    produced = self._futures.pop(step).result()
+    with DEVICE_TURN.host_wait():  # a caller holding the devices lets the producer have them
+      produced = self._futures.pop(step).result()
     waited = time.perf_counter() - t0
     dropped, reproduced = 0.0, 0.0
     if self.stale == "drop":
@@ -187,9 +209,16 @@ class RolloutPipeline:
     return out
 
   def _produce(self, params, questions, key, j, version):
-    with self._producing, DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
-      produced = self.rl_step.produce(params, questions, key, j, version, **(
-          {} if self.feed is None else {"feed": self.feed}))
+    # A step produced again (drop) runs on the trainer's thread, which may hold the devices:
+    # it lets them go while the worker finishes the production in flight (that needs them).
+    with DEVICE_TURN.host_wait():
+      self._producing.acquire()
+    try:
+      with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
+        produced = self.rl_step.produce(params, questions, key, j, version, **(
+            {} if self.feed is None else {"feed": self.feed}))
+    finally:
+      self._producing.release()
     produced.token_versions = None
     if self.feed is not None:  # tokens of several versions: read them (host, this thread)
       batch = produced.out.batches[self.rl_step.stage.roles[0]]
@@ -226,11 +255,21 @@ class RolloutPipeline:
 
   def close(self) -> None:
     """Drops the rollouts not yet started and waits for the one in flight (its parameters are
-    its own copy; nothing it makes is used)."""
-    for future in self._futures.values():
-      future.cancel()
-    self._futures.clear()
-    self._pool.shutdown(wait=True)
+    its own copy; nothing it makes is used). On several processes every submitted rollout is
+    finished instead: whether one has started differs between processes, and a rollout one
+    process started takes turns the others must take too."""
+    try:
+      if jax.process_count() == 1:
+        for future in self._futures.values():
+          future.cancel()
+      with DEVICE_TURN.host_wait():
+        for future in self._futures.values():
+          if not future.cancelled():
+            future.exception()  # waits; its error (if any) is not this close's
+      self._futures.clear()
+      self._pool.shutdown(wait=True)
+    finally:
+      self._ordered.close()
 
 
 def row_oldest(versions: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -56,7 +56,8 @@ from agentjax.models.qwen import QwenConfig, init_params, param_shardings
 from agentjax.models.qwen.checkpoint import load_hf, recover_export
 from agentjax.models.tokenizer import load_tokenizer
 from agentjax.parallel import make_mesh, split_meshes, use_mesh
-from agentjax.parallel.host import any_process, broadcast_from_primary, primary_first
+from agentjax.parallel.host import (DEVICE_TURN, any_process, broadcast_from_primary,
+                                    primary_first)
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
 from agentjax.sampling import SamplingParams
@@ -405,6 +406,10 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
           partial=config.rollout.get("partial", "off"), stale=config.train.stale,
           max_staleness=config.train.get("max_staleness", -1))
       stack.callback(pipeline.close)  # also when the loop raises: no thread left running
+      if pipeline.turns:
+        # This thread holds the devices for the loop (evals, checkpoints and collectives
+        # included) but while it waits for a rollout (pipeline.step lets them go then).
+        stack.enter_context(DEVICE_TURN.hold())
     while step < steps and not any_process(preempt.requested):
       out = pipeline.step(state, step) if pipeline is not None else \
           rl_step(state, stream.take(position, rl.prompts_per_step), step)
