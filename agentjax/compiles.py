@@ -9,17 +9,20 @@ import jax
 # compilation cache (jax_compilation_cache_dir): a retrace is counted either way.
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _count = 0
+_seconds = 0.0
 _registered = False
 
 
-def _listener(name: str, *_, **__) -> None:
-  global _count
+def _listener(name: str, duration_secs: float = 0.0, *_, **__) -> None:
+  global _count, _seconds
   if name == _COMPILE_EVENT:
     _count += 1
+    _seconds += duration_secs
 
 
 class CompileCounter:
-  """Counts backend compilations from construction on: `CompileCounter().count`."""
+  """Counts backend compilations from construction on: `CompileCounter().count`, and the
+  seconds they took (`.seconds`: where a run's first steps go on a GPU)."""
 
   def __init__(self):
     global _registered
@@ -27,10 +30,15 @@ class CompileCounter:
       jax.monitoring.register_event_duration_secs_listener(_listener)
       _registered = True
     self.start = _count
+    self.start_seconds = _seconds
 
   @property
   def count(self) -> int:
     return _count - self.start
+
+  @property
+  def seconds(self) -> float:
+    return _seconds - self.start_seconds
 
 
 def use_persistent_cache(folder: str) -> str | None:

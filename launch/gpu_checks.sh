@@ -9,6 +9,9 @@
 # Packages the machine lacks travel as wheels in .whl (the device tool's README says how).
 #   bash launch/gpu_checks.sh [fit specs...]   spec: method:preset:devices:programs (e.g.
 #   dac:qwen3-8b:8:rollout,generator_rollout,update)
+#   bash launch/gpu_checks.sh async            issue 34's GPU check instead: launch/bench.py async
+#      at qwen2.5-1.5b's shape in bfloat16 (the scripted mix policy; async_steps 0, 1, 2; the
+#      sampler/trainer mismatch metrics), every step's compiles printed, the log in $OUT.
 set -u
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
@@ -27,6 +30,16 @@ print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version
 'transformers', transformers.__version__, jax.devices())"
 } > "$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
+
+if [ "${1:-}" = async ]; then
+  # XLA's GEMM autotuner off: a fresh machine compiles ~30 programs (decode per live-slot count
+  # and key window, prefill per length, the update per packed shape) and the session's device
+  # time is minutes; cuBLAS's heuristics pick the kernels instead.
+  XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout ${BENCH_TIMEOUT:-480} \
+    python3 launch/bench.py async --mix_model=qwen2.5-1.5b --dtype=bfloat16 \
+    --steps=${ASYNC_STEPS:-4} ${ASYNC_ARGS:-} 2>&1 | grep -v "^[IW][0-9]" | tee "$OUT/bench_async.log"
+  exit 0
+fi
 
 specs=("$@")
 if [ ${#specs[@]} -eq 0 ]; then

@@ -61,3 +61,20 @@ def test_use_persistent_cache_sets_a_folder_only_where_none_is_set(tmp_path):
     assert not (tmp_path / "other").exists()
   finally:
     jax.config.update("jax_compilation_cache_dir", previous)
+
+
+def test_seconds_sum_the_compile_durations_jax_reports():
+  """CompileCounter.seconds is the sum of jax's backend-compile durations since construction
+  (the async bench prints it per step: where a GPU run's first steps go)."""
+  durations = []
+  jax.monitoring.register_event_duration_secs_listener(
+      lambda name, secs, **_: durations.append(secs)
+      if name == "/jax/core/compile/backend_compile_duration" else None)
+  x5, x6 = np.arange(5.0, dtype=np.float32), np.arange(6.0, dtype=np.float32)
+  counter, before = CompileCounter(), len(durations)
+  _fresh_program()(x5).block_until_ready()
+  _fresh_program()(x6).block_until_ready()
+  assert counter.count == 2
+  ours = durations[before:]
+  assert len(ours) == 2 and counter.seconds > 0
+  np.testing.assert_allclose(counter.seconds, sum(ours), rtol=1e-9)

@@ -75,6 +75,9 @@ def define_flags() -> None:
   flags.DEFINE_string("mix_model", "scripted", "rollout_mix: 'scripted' (the tiny scripted Qwen) "
                       "or a preset name (e.g. qwen2.5-1.5b): the same script at that shape's "
                       "compute, in --dtype.")
+  flags.DEFINE_integer("mix_layers", 0, "rollout_mix, async: --mix_model's depth (0: the "
+                       "preset's); e.g. 1 for a CPU dry run of a GPU shape (its programs and "
+                       "compile count are the real depth's, its time is not).")
   flags.DEFINE_bool("no_reference", False, "Skip the transformers reference (e.g. on a GPU host "
                     "without torch); reports throughput and MFU only.")
 
@@ -86,6 +89,17 @@ def median_seconds(fn: Callable[[], object], repeats: int) -> float:
     fn()
     times.append(time.perf_counter() - start)
   return statistics.median(times)
+
+
+def mix_shape():
+  """The QwenConfig the scripted mix policy runs at (--mix_model, --mix_layers, --dtype), or
+  None for the tiny scripted model itself (tests/agent_fixtures.mix_params)."""
+  if FLAGS.mix_model == "scripted":
+    return None
+  from agentjax.models.qwen import QwenConfig
+  depth = {"num_layers": FLAGS.mix_layers} if FLAGS.mix_layers else {}
+  return QwenConfig.preset(FLAGS.mix_model, tie_word_embeddings=False, dtype=FLAGS.dtype,
+                           param_dtype=FLAGS.dtype, **depth)
 
 
 def device_name() -> str:

@@ -8,7 +8,7 @@ import json
 import os
 import time
 
-from agentjax.benchmarks.common import FLAGS, device_name, fixture_modules
+from agentjax.benchmarks.common import FLAGS, device_name, fixture_modules, mix_shape
 
 
 # The rollout metrics rollout_mix reports (per rollout, averaged over the timed ones).
@@ -38,7 +38,6 @@ def bench_rollout_mix() -> dict:
 
   from agentjax.agent import RolloutConfig, RolloutEngine
   from agentjax.compiles import CompileCounter
-  from agentjax.models.qwen import QwenConfig
   from agentjax.retrieval import make_backend
   from agentjax.sampling import SamplingParams
   af, retrieval_fixtures = fixture_modules("agent_fixtures", "retrieval_fixtures")
@@ -50,11 +49,7 @@ def bench_rollout_mix() -> dict:
       os.path.join(root, "corpus.jsonl")), index_dir=os.path.join(root, "index")),
       FLAGS.search_latency_ms / 1000)
   agent = af.ScriptedAgent(tok)
-  shape = None
-  if FLAGS.mix_model != "scripted":
-    shape = QwenConfig.preset(FLAGS.mix_model, tie_word_embeddings=False, dtype=FLAGS.dtype,
-                              param_dtype=FLAGS.dtype)
-  cfg, params = af.mix_params(agent, shape)
+  cfg, params = af.mix_params(agent, mix_shape())
   names = [f"Who founded {retrieval_fixtures.NAMES[i % len(retrieval_fixtures.NAMES)]}?"
            for i in range(questions)]
   base = dict(group_size=group, max_turns=6, max_new_tokens=64, max_obs_tokens=128,
