@@ -50,9 +50,15 @@ def _forward_logp(cfg, params, ids, valid):
   return jax.nn.log_softmax(logits, axis=-1)
 
 
-def reference_values(cfg, params, tokens, turn_ends, num_turns, golds, template, mode, alias_mode):
-  """Independent: for every (trajectory, boundary, alias), one full forward of context + probe."""
+def reference_values(cfg, params, tokens, turn_ends, num_turns, golds, template, mode, alias_mode,
+                     probe_tokens="split"):
+  """Independent: for every (trajectory, boundary, alias), one full forward of context + probe.
+  probe_tokens "natural": the head's trailing spaces are encoded with the gold (and scored)."""
   head, tail = template.split("{gt}")
+  lead = ""
+  if probe_tokens == "natural":
+    lead = head[len(head.rstrip()):]
+    head = head.rstrip()
   b, t = turn_ends.shape[0], turn_ends.shape[1] - 1
   out = np.zeros((b, t))
   for i in range(b):
@@ -61,32 +67,33 @@ def reference_values(cfg, params, tokens, turn_ends, num_turns, golds, template,
       best = -np.inf
       for alias in aliases:
         ctx = list(tokens[i, :turn_ends[i, step]])
-        seq = ctx + encode(head) + encode(alias) + encode(tail)
+        seq = ctx + encode(head) + encode(lead + alias) + encode(tail)
         logp = np.asarray(_row_logprobs(cfg, params, seq))
         start = len(ctx) + len(encode(head))
-        scored = [logp[j - 1, seq[j]] for j in range(start, start + len(encode(alias)))]
+        scored = [logp[j - 1, seq[j]] for j in range(start, start + len(encode(lead + alias)))]
         v = float(np.mean(scored))
         best = max(best, np.exp(v) if mode == "prob" else v)
       out[i, step] = best
   return out
 
 
-@pytest.mark.parametrize("mode,alias_mode,preset", [("log_prob", "first", "tiny"),
-                                                    ("prob", "max", "tiny-qwen3")])
-def test_packed_equals_naive_per_prefix(mode, alias_mode, preset):
+@pytest.mark.parametrize("mode,alias_mode,preset,probe_tokens", [
+    ("log_prob", "first", "tiny", "natural"), ("prob", "max", "tiny-qwen3", "split")])
+def test_packed_equals_naive_per_prefix(mode, alias_mode, preset, probe_tokens):
   cfg = QwenConfig.preset(preset)
   params = jax.tree.map(lambda x: x * 3.0, init_params(cfg, jax.random.key(0)))
   rng = np.random.RandomState(0 if mode == "log_prob" else 1)
   tokens, valid, turn_ends, num_turns = random_batch(rng, cfg)
   golds = [["Orsk", "the city of Orsk"], ["Veltrana"], ["Aldric", "Sir Aldric"]]
   template = "<answer> {gt} </answer>"
-  probes = build_probes(encode, golds, template, alias_mode=alias_mode)
+  probes = build_probes(encode, golds, template, alias_mode=alias_mode, tokens=probe_tokens)
   model = Qwen(cfg)
   out = score_packed(model, params, jnp.asarray(tokens), jnp.asarray(valid), jnp.asarray(turn_ends),
                      jnp.asarray(num_turns), jnp.asarray(probes.tokens), jnp.asarray(probes.score),
                      jnp.asarray(probes.valid), jnp.asarray(probes.alias_valid), mode=mode,
                      with_entropy=True, chunk=32)
-  ref = reference_values(cfg, params, tokens, turn_ends, num_turns, golds, template, mode, alias_mode)
+  ref = reference_values(cfg, params, tokens, turn_ends, num_turns, golds, template, mode, alias_mode,
+                         probe_tokens)
   live = np.arange(4)[None] < num_turns[:, None]
   np.testing.assert_allclose(np.asarray(out.values)[live], ref[live], atol=1e-5)
   assert (np.asarray(out.values)[~live] == 0).all()

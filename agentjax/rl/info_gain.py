@@ -76,7 +76,7 @@ class Probes:
 
 def build_probes(encode: Callable[[str], Sequence[int]], golds: Sequence[Sequence[str] | str],
                  template: str = ANSWER_TEMPLATES["search_r1"], alias_mode: str = "first",
-                 max_aliases: int = 4, max_answer_tokens: int = 64, tokens: str = "split"
+                 max_aliases: int = 4, max_answer_tokens: int = 64, tokens: str = "natural"
                  ) -> Probes:
   """Tokenizes the probe of each trajectory's gold answer(s).
 
