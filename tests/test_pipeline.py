@@ -287,6 +287,25 @@ def test_a_step_produced_again_by_the_trainer_holding_the_devices_does_not_deadl
   assert [(p.step, p.params) for p in fake.produced] == [(1, 0), (1, 1)]
 
 
+def test_an_ordered_leader_whose_publish_fails_lets_the_devices_go():
+  """The coordination service failing under process 0 raises in the thread asking for a turn
+  and leaves the devices free (before, they stayed taken and the other thread waited for ever)."""
+  from agentjax.parallel.host import DeviceTurn
+
+  class Failing(_FakeKV):
+    def key_value_set(self, key, value):
+      raise ConnectionError("coordination service down")
+
+  turn = DeviceTurn()
+  with turn.ordered(Failing(), "run/turns", leader=True):
+    with pytest.raises(ConnectionError):
+      with turn.hold():
+        pass
+  assert not turn._busy
+  with turn.hold():
+    pass
+
+
 def test_the_async_benchs_idle_share_counts_time_with_nothing_running():
   """launch/bench.py async's idle share on hand-made timelines: updates and productions are
   busy, a production's injected host waits are not, overlaps count once."""

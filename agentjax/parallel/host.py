@@ -46,7 +46,10 @@ class DeviceTurn:
   the same host logic on every process (same trajectories, same host waits), so each process's
   threads dispatch the same programs in the same turns, in the leader's order. A collective
   called during a host wait (PrimarySearch's and the judge's broadcasts) takes a turn of its own
-  (`collective`).
+  (`collective`). Turns are matched by thread name, so only threads named alike on every process
+  (the main thread, the pipeline's "rollouts_0") may take them, and a cross-process collective
+  that does not go through `collective` (orbax's, `primary_first`'s) must run where the caller
+  holds the devices (the trainer's loop does).
   """
 
   def __init__(self):
@@ -79,7 +82,11 @@ class DeviceTurn:
         self._busy = True
         n = order.next() if order is not None else 0
       if order is not None:
-        order.publish(n, name)
+        try:
+          order.publish(n, name)
+        except BaseException:
+          self._release()  # a failed publish must not leave the devices taken for ever
+          raise
       return
     while True:  # a follower: the n-th turn goes to the thread the leader gave it to
       with self._cond:
@@ -90,7 +97,8 @@ class DeviceTurn:
       if holder is None:
         holder = order.fetch(n)  # blocking, outside the lock: the holder may be releasing
         with self._cond:
-          order.holders[n] = holder
+          if order.count == n:  # else turn n is taken and gone: nothing to keep
+            order.holders[n] = holder
           self._cond.notify_all()
       with self._cond:
         if order.count != n:
@@ -119,8 +127,11 @@ class DeviceTurn:
     try:
       yield
     finally:
-      self._holder.held = False
-      self._release()
+      # Held no more if a host wait inside failed to take the devices back: then the turn is
+      # another thread's, not this one's to release.
+      if self._holder.held:
+        self._holder.held = False
+        self._release()
 
   @contextlib.contextmanager
   def host_wait(self) -> Iterator[None]:
@@ -131,31 +142,20 @@ class DeviceTurn:
       yield
       return
     self._holder.held = False
-    self._holder.waiting = True
     self._release()
     try:
       yield
     finally:
-      self._holder.waiting = False
       self._acquire()
       self._holder.held = True
 
-  @contextlib.contextmanager
-  def collective(self) -> Iterator[None]:
-    """A cross-process collective (a broadcast, an all-gather) takes a turn for its duration
-    when the calling thread does not hold the devices (inside a host wait, or a thread that
-    never took them): its program must come in the same turn on every process. Nothing happens
-    when the thread holds them."""
-    if getattr(self._holder, "held", False):
-      yield
-      return
-    waiting = getattr(self._holder, "waiting", False)
-    self._holder.waiting = False
-    try:
-      with self.hold():
-        yield
-    finally:
-      self._holder.waiting = waiting
+  def collective(self) -> contextlib.AbstractContextManager:
+    """Around a cross-process collective (a broadcast, an all-gather): it takes a turn for its
+    duration when the calling thread does not hold the devices (inside a host wait, or a thread
+    that never took them), since its program must come in the same turn on every process;
+    nothing happens when the thread holds them. That is `hold` (reentrant), named for the
+    call sites."""
+    return self.hold()
 
 
 class _TurnOrder:

@@ -125,12 +125,6 @@ class RolloutPipeline:
     mesh = getattr(rl_step, "mesh", None)
     self.turns = processes > 1 or (getattr(rl_step, "sampler_mesh", None) is None
                                    and mesh is not None and mesh.devices.size > 1)
-    self._ordered = contextlib.ExitStack()
-    if processes > 1:
-      global _PIPELINES
-      _PIPELINES += 1  # the same count on every process: each pipeline's turns have own keys
-      self._ordered.enter_context(DEVICE_TURN.ordered(
-          distributed_kv(), f"agentjax/device_turn/{_PIPELINES}", jax.process_index() == 0))
     self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollouts")
     self._futures: dict[int, concurrent.futures.Future] = {}
     # rollout.partial: the feed of the parameters published after each update (None: "off").
@@ -151,6 +145,12 @@ class RolloutPipeline:
     self.stale = stale
     self.max_staleness = self.k if max_staleness is None or max_staleness < 0 else \
         int(max_staleness)
+    self._ordered = contextlib.ExitStack()
+    if processes > 1:  # last: a check above that raises leaves no ordered DEVICE_TURN behind
+      global _PIPELINES
+      _PIPELINES += 1  # the same count on every process: each pipeline's turns have own keys
+      self._ordered.enter_context(DEVICE_TURN.ordered(
+          distributed_kv(), f"agentjax/device_turn/{_PIPELINES}", jax.process_index() == 0))
 
   @staticmethod
   def _keys(rng: jax.Array, count: int) -> list[tuple[jax.Array, jax.Array]]:
@@ -164,7 +164,12 @@ class RolloutPipeline:
   def step(self, state: Mapping[str, Any], step: int) -> Any:
     """Step `step` (the state has had `step` updates): submits the steps up to step + k, waits
     for this step's rollouts, and runs its update. Returns RLStep.consume's StepOutput with the
-    async/* metrics."""
+    async/* metrics. Taking turns, it holds the devices but while it waits for the rollouts
+    (already held by the caller, the trainer's loop: the same)."""
+    with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
+      return self._step(state, step)
+
+  def _step(self, state: Mapping[str, Any], step: int) -> Any:
     t_step = time.perf_counter()
     keys = self._keys(state["rng"], self.k + 1)
     last = step + self.k + 1 if self.end is None else min(step + self.k + 1, self.end)
@@ -188,8 +193,7 @@ class RolloutPipeline:
     dropped, reproduced = 0.0, 0.0
     if self.stale == "drop":
       produced, dropped, reproduced = self._drop_stale(produced, state, step, keys[0][1])
-    with DEVICE_TURN.hold() if self.turns else contextlib.nullcontext():
-      out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
+    out = self.rl_step.consume(state, produced, step, keys[0][0], t_step)
     if self.feed is not None and (self.end is None or step + 1 < self.end):
       # The rollouts in flight read these at their next turn or decode call.
       published, publish_s = self.rl_step.to_sampler(out.state["params"])
