@@ -116,6 +116,23 @@ class DeviceTurn:
       self._busy = False
       self._cond.notify_all()
 
+  @staticmethod
+  def _settle() -> None:
+    """Waits for the programs this turn dispatched, before the turn goes to the other thread.
+    XLA:CPU runs dispatched programs on a thread pool as their inputs become ready, not in
+    dispatch order: the other thread's first program could start before this turn's last one
+    ends, and their collectives (gloo across processes, a rendezvous across fake devices) would
+    meet in another order on each process or device (seen: a two-process run hung, each
+    process waiting in a different program). A GPU or TPU runs each device's programs in
+    dispatch order, so only the CPU waits."""
+    if jax.default_backend() != "cpu":
+      return
+    for array in jax.live_arrays():
+      try:
+        array.block_until_ready()
+      except RuntimeError:  # deleted meanwhile (donated, collected): nothing left to wait for
+        pass
+
   @contextlib.contextmanager
   def hold(self) -> Iterator[None]:
     """The calling thread holds the devices inside the block (already held: nothing more)."""
@@ -131,6 +148,7 @@ class DeviceTurn:
       # another thread's, not this one's to release.
       if self._holder.held:
         self._holder.held = False
+        self._settle()
         self._release()
 
   @contextlib.contextmanager
@@ -142,6 +160,7 @@ class DeviceTurn:
       yield
       return
     self._holder.held = False
+    self._settle()
     self._release()
     try:
       yield
