@@ -93,12 +93,12 @@ class DeviceTurn:
         while self._busy:
           self._cond.wait()
         n = order.count
-        holder = order.holders.get(n)
+        holder = order.next_holder
       if holder is None:
         holder = order.fetch(n)  # blocking, outside the lock: the holder may be releasing
         with self._cond:
           if order.count == n:  # else turn n is taken and gone: nothing to keep
-            order.holders[n] = holder
+            order.next_holder = holder
           self._cond.notify_all()
       with self._cond:
         if order.count != n:
@@ -106,7 +106,7 @@ class DeviceTurn:
         if holder == name and not self._busy:
           self._busy = True
           order.count += 1
-          order.holders.pop(n, None)
+          order.next_holder = None
           return
         while order.count == n and (holder != name or self._busy):
           self._cond.wait()
@@ -179,14 +179,14 @@ class DeviceTurn:
 
 class _TurnOrder:
   """The order of a multi-process DeviceTurn (its `ordered` docstring): the leader's count of
-  turns granted, or a follower's, and the holders it has read ahead."""
+  turns granted, or a follower's, and (a follower) the thread turn `count` goes to once read."""
 
   TIMEOUT_MS = 30 * 60 * 1000  # a turn waits as long as a step may (an update, a slow judge)
 
   def __init__(self, kv: Any, prefix: str, leader: bool):
     self.kv, self.prefix, self.leader = kv, prefix, leader
     self.count = 0
-    self.holders: dict[int, str] = {}
+    self.next_holder: str | None = None
 
   def next(self) -> int:
     n, self.count = self.count, self.count + 1
