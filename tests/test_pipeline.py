@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 import types
 from typing import Any
 
@@ -318,6 +319,27 @@ def test_the_async_benchs_idle_share_counts_time_with_nothing_running():
   t.add("consume", 1.5, 3.5)   # an update overlapping half of each wait
   assert idle_share(t, (0.0, 4.0)) == pytest.approx(0.25)
   assert idle_share(t, (2.0, 4.0)) == pytest.approx(0.25)  # [3.5, 4] idle in a 2 s window
+
+
+def test_the_async_benchs_cpu_seconds_count_every_thread():
+  """cores_busy's CPU seconds are the process's: a worker thread's own CPU time (the producer's,
+  XLA's pool) is in them, not only the calling thread's."""
+  from agentjax.benchmarks.async_rl import cpu_seconds
+  own = []
+
+  def burn():
+    t0 = time.thread_time()
+    x = 0
+    for i in range(3_000_000):
+      x += i * i
+    own.append(time.thread_time() - t0)
+
+  before, main_before = cpu_seconds(), time.thread_time()
+  worker = threading.Thread(target=burn)
+  worker.start()
+  worker.join()  # the calling thread sleeps in join: its own CPU time barely moves
+  counted = cpu_seconds() - before
+  assert own[0] > 0 and counted >= own[0] + (time.thread_time() - main_before) - 0.02
 
 
 @pytest.mark.slow  # a jax process with 8 fake devices compiling an RL step: minutes on 2 cores

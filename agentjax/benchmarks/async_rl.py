@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import resource
 import tempfile
 import threading
 import time
@@ -23,6 +24,9 @@ class _Timeline:
   def __init__(self):
     self.lock = threading.Lock()
     self.spans: dict[str, list[tuple[float, float]]] = {"consume": [], "produce": [], "wait": []}
+    # The process's CPU seconds (every thread's: XLA's pool, the producer, the trainer) at the
+    # end of each update: the CPU time of a window of whole steps.
+    self.cpu_at: dict[float, float] = {}
 
   def add(self, kind, t0, t1):
     with self.lock:
@@ -62,6 +66,12 @@ def _measure(window, spans):
   return sum(max(0.0, min(b, w1) - max(a, w0)) for a, b in _union(spans))
 
 
+def cpu_seconds() -> float:
+  """CPU seconds (user + system) this process's threads have run so far."""
+  usage = resource.getrusage(resource.RUSAGE_SELF)
+  return usage.ru_utime + usage.ru_stime
+
+
 def idle_share(timeline: _Timeline, window: tuple[float, float]) -> float:
   """The share of `window` in which the devices had nothing to run: neither an update
   (consume) nor a production outside its injected host waits (the rollout's decode, scoring of
@@ -94,9 +104,13 @@ def bench_async() -> dict:
 
   Last line: {"ratio": steps/h of async_steps=1 over synchronous, "ratio_2": of 2,
   "ratio_split" (with --async_split),
-  "idle_share_before": synchronous, "idle_share": async_steps=1, "idle_share_2", per setting:
-  steps_per_hour, idle_share, staleness per step, wait_s_mean (the trainer's wait for a
-  rollout)}.
+  "idle_share_before": synchronous, "idle_share": async_steps=1, "idle_share_2",
+  "cores_busy_before" / "cores_busy": CPU seconds per second of the synchronous / async_steps=1
+  window (all threads), "ratio_bound": the cores over the synchronous cores_busy (the most any
+  overlap can give when a step's CPU work stays the same), per setting: steps_per_hour,
+  idle_share, cores_busy, staleness per step, wait_s_mean (the trainer's wait for a rollout)}.
+  Every async setting keeps producing past its last timed step (no end), so each timed update
+  has the next rollouts beside it, as in a long run.
   """
   from agentjax.benchmarks.fit import force_devices
   split = FLAGS.async_split
@@ -164,8 +178,11 @@ def bench_async() -> dict:
       max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
       topk=config.retrieval.topk, sampling=SamplingParams(temperature=1.0), lanes=1)
   names = retrieval_fixtures.NAMES
+  # Questions for 2 steps past the last too: an async setting keeps producing the next steps
+  # while its last timed steps update, as a longer run would.
   questions = [{"id": str(i), "question": f"Who founded {names[i % len(names)]}?",
-                "golden_answers": ["Aldric"]} for i in range(steps * config.rl.prompts_per_step)]
+                "golden_answers": ["Aldric"]}
+               for i in range((steps + 2) * config.rl.prompts_per_step)]
   n = config.rl.prompts_per_step
   at = lambda j: questions[j * n:(j + 1) * n]  # noqa: E731
   o = config.optimizer
@@ -180,7 +197,10 @@ def bench_async() -> dict:
       try:
         return method(self, *a, **k)
       finally:
-        timeline.add(kind, t0, time.perf_counter())
+        t1 = time.perf_counter()
+        timeline.add(kind, t0, t1)
+        if kind == "consume":
+          timeline.cpu_at[t1] = cpu_seconds()
     return run
 
   step_lib.build_judge = lambda c, mesh=None: (lambda j: None if j is None else SlowJudge(j))(
@@ -211,11 +231,16 @@ def bench_async() -> dict:
       mesh, rl_step = built[is_split]
       for key in timeline.spans:
         timeline.spans[key].clear()
+      timeline.cpu_at.clear()
       params = jax.device_put(jax.tree.map(np.copy, params0), param_shardings(cfg, mesh))
       state = {"params": params, "opt_state": optimizer.init(params), "rng": jax.random.key(0)}
       rl_step.stage.engine.config = dataclasses.replace(rl_step.stage.engine.config,
                                                         partial=partial)
-      pipeline = RolloutPipeline(rl_step, at, k, end=steps, partial=partial) if k else None
+      # No end: the timed steps all have the next steps' rollouts beside their updates (with
+      # end=steps the last k steps would have none and update alone, which a long run's steps
+      # do not; an end effect that favoured async_steps 2 by one step in six). close() then
+      # drops the productions past the window.
+      pipeline = RolloutPipeline(rl_step, at, k, partial=partial) if k else None
       rows = []
       try:
         for t in range(steps):
@@ -240,6 +265,10 @@ def bench_async() -> dict:
       results[name] = {
           "steps_per_hour": (steps - warm) / (window[1] - window[0]) * 3600,
           "idle_share": idle_share(timeline, window),
+          # CPU seconds per second of the window: how many of the cores the step kept busy
+          # (XLA's pool threads spin a little while they wait for work: an upper bound).
+          "cores_busy": (timeline.cpu_at[window[1]] - timeline.cpu_at[window[0]]) /
+                        (window[1] - window[0]),
           "staleness": [m.get("async/staleness", 0.0) for m in rows],
           # the token-weighted mean (rollout.partial "continue": below the oldest token's)
           "staleness_mean": [round(m.get("async/staleness_mean", 0.0), 3) for m in rows],
@@ -266,6 +295,12 @@ def bench_async() -> dict:
          "idle_share_before": results["0"]["idle_share"], "idle_share": results["1"]["idle_share"],
          "idle_share_2": results["2"]["idle_share"],
          "ratio_2": results["2"]["steps_per_hour"] / base}
+  # What the cores allow: a step does the same work (CPU seconds) in every setting, so with
+  # every core busy it can run at most cores / cores_busy(synchronous) times as many steps.
+  cores = len(os.sched_getaffinity(0))
+  out.update(cores=cores, cores_busy_before=results["0"]["cores_busy"],
+             cores_busy=results["1"]["cores_busy"],
+             ratio_bound=cores / results["0"]["cores_busy"])
   out.update({key: results["0"][key] for key in MISMATCH_KEYS})
   if split:
     out["ratio_split"] = results["1_split"]["steps_per_hour"] / base
