@@ -266,7 +266,7 @@ def bench_async() -> dict:
           "steps_per_hour": (steps - warm) / (window[1] - window[0]) * 3600,
           "idle_share": idle_share(timeline, window),
           # CPU seconds per second of the window: how many of the cores the step kept busy
-          # (XLA's pool threads spin a little while they wait for work: an upper bound).
+          # (XLA's pool threads count while they spin for work too).
           "cores_busy": (timeline.cpu_at[window[1]] - timeline.cpu_at[window[0]]) /
                         (window[1] - window[0]),
           "staleness": [m.get("async/staleness", 0.0) for m in rows],
