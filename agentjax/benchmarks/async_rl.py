@@ -13,6 +13,8 @@ import time
 
 from agentjax.benchmarks.common import FLAGS, device_name, mix_shape
 
+# The most steps an async setting produces ahead of its update (the largest async_steps run).
+AHEAD = 2
 # The mismatch metrics every step logs (agentjax/rl/offpolicy.py), reported per setting.
 MISMATCH_KEYS = ("mismatch/abs_logp_diff", "mismatch/kl", "mismatch/ratio_out_share")
 
@@ -178,11 +180,11 @@ def bench_async() -> dict:
       max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
       topk=config.retrieval.topk, sampling=SamplingParams(temperature=1.0), lanes=1)
   names = retrieval_fixtures.NAMES
-  # Questions for 2 steps past the last too: an async setting keeps producing the next steps
-  # while its last timed steps update, as a longer run would.
+  # Questions for AHEAD steps past the last too: an async setting (async_steps <= AHEAD) keeps
+  # producing the next steps while its last timed steps update, as a longer run would.
   questions = [{"id": str(i), "question": f"Who founded {names[i % len(names)]}?",
                 "golden_answers": ["Aldric"]}
-               for i in range((steps + 2) * config.rl.prompts_per_step)]
+               for i in range((steps + AHEAD) * config.rl.prompts_per_step)]
   n = config.rl.prompts_per_step
   at = lambda j: questions[j * n:(j + 1) * n]  # noqa: E731
   o = config.optimizer
@@ -238,8 +240,9 @@ def bench_async() -> dict:
                                                         partial=partial)
       # No end: the timed steps all have the next steps' rollouts beside their updates (with
       # end=steps the last k steps would have none and update alone, which a long run's steps
-      # do not; an end effect that favoured async_steps 2 by one step in six). close() then
-      # drops the productions past the window.
+      # do not: async_steps 2 then had one more such step in its window than async_steps 1).
+      # close() then drops the productions past the window (search_calls counts them).
+      assert k <= AHEAD, (k, AHEAD)
       pipeline = RolloutPipeline(rl_step, at, k, partial=partial) if k else None
       rows = []
       try:
@@ -295,8 +298,9 @@ def bench_async() -> dict:
          "idle_share_before": results["0"]["idle_share"], "idle_share": results["1"]["idle_share"],
          "idle_share_2": results["2"]["idle_share"],
          "ratio_2": results["2"]["steps_per_hour"] / base}
-  # What the cores allow: a step does the same work (CPU seconds) in every setting, so with
-  # every core busy it can run at most cores / cores_busy(synchronous) times as many steps.
+  # What the cores allow when they are what a step waits for (a CPU run): a step does about
+  # the same work (CPU seconds) in every setting, so with every core busy it can run at most
+  # cores / cores_busy(synchronous) times as many steps. On an accelerator this says nothing.
   cores = len(os.sched_getaffinity(0))
   out.update(cores=cores, cores_busy_before=results["0"]["cores_busy"],
              cores_busy=results["1"]["cores_busy"],
