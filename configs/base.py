@@ -556,52 +556,60 @@ def _demo(c):
 
 
 def _research(c):
-  """SynthWorld v2 and the research backbone (issue 32), on a CPU: the demo's settings but for
-  what the world and the protocol change. The backbone (launch/backbone.py) is a from-scratch
-  Qwen2 of 4 layers, hidden 256 (3,674,368 parameters with its 2048-token BPE), warm-started by
-  configs/sft.py:research on the mixed corpus of agentjax/studies/backbone.py, and exported
-  once to {RESEARCH_ROOT}/backbone/sft/hf_export, which every study starts from.
+  """SynthWorld v2 and the research backbone (issue 32; resized by issue 45 to a protocol that
+  finishes on a 2-core CPU), on a CPU: the demo's settings but for what the world and the
+  protocol change. The backbone is a from-scratch Qwen2 of 4 layers, hidden 128 (1,050,240
+  parameters with its 2048-token BPE), warm-started by configs/sft.py:research on the mixed
+  corpus of agentjax/studies/backbone.py. It ships in the repository (backbones/research_v2:
+  the final export and an early one, with the command that rebuilds them; launch/backbone.py)
+  and every study starts from it.
 
-  Ours, not a paper's: top 3 passages per search (distractors then compete with the passage
-  that holds the fact); 6 turns (a 4-hop question needs 5 with its answer); a constant lr after
-  5 warm-up steps and 100 steps (the run protocol: a decayed lr freezes a short run's end);
-  1000 dev questions for eval."""
+  Ours, not a paper's: top 2 passages per search (a distractor still sits in the top 2 of 95% of
+  hop queries; the needed passage is missing from it for 1.7%: synthworld_v2.md); 6 turns (a
+  4-hop question needs 5 with its answer) in 1024 tokens; a constant lr after 5 warm-up steps
+  (a decayed lr freezes a short run's end), lr 1e-4, 30 steps; 500 eval questions.
+  The issue-32 backbone (hidden 256, top 3, 1536 tokens, 3.3 h of SFT) is
+  `--config.model.shape.hidden_size=256 --config.model.shape.intermediate_size=768
+  --config.model.shape.head_dim=64 --config.retrieval.topk=3` (docs/results/backbone.md)."""
   _demo(c)
   root = RESEARCH_ROOT
   c.model.hf_path = f"{root}/backbone/sft/hf_export"
   c.model.preset = "tiny"
-  c.model.shape.hidden_size = 256
-  c.model.shape.intermediate_size = 768
+  c.model.shape.hidden_size = 128
+  c.model.shape.intermediate_size = 384
   c.model.shape.num_layers = 4
   c.model.shape.num_heads = 4
   c.model.shape.num_kv_heads = 2
-  c.model.shape.head_dim = 64
+  c.model.shape.head_dim = 32
   c.model.tokenizer_path = f"{root}/backbone/tokenizer"
   c.data.manual_dir = f"{root}/synthworld"
   c.data.data_dir = f"{root}/tfds"
-  c.data.eval_size = 1000
+  c.data.eval_size = 500
   c.retrieval.corpus_path = f"{root}/synthworld/corpus.jsonl"
   c.retrieval.index_dir = f"{root}/bm25_index"
-  c.retrieval.topk = 3
+  c.retrieval.topk = 2
   c.rollout.max_turns = 6
-  c.rollout.max_obs_tokens = 256
-  c.rollout.max_total_tokens = 1536
+  c.rollout.max_obs_tokens = 192
+  c.rollout.max_total_tokens = 1024
   # Padding-free scoring and updates: a padded batch here was 0.47-0.70 real tokens (1-4 hop
-  # trajectories), packed rows of 1536 0.85-0.93, with the same losses; over a GRPO run's first
-  # 6 steps scoring took 0.74 and updates 0.83 of the padded time, compiles included
-  # (docs/results/research/README.md, "Step time").
-  c.rl.pack_tokens = 1536
+  # trajectories), packed rows 0.85-0.93, with the same losses; over a GRPO run's first 6 steps
+  # scoring took 0.74 and updates 0.83 of the padded time, compiles included
+  # (docs/results/research/README.md, "Step time": measured at 1536 tokens and top 3).
+  c.rl.pack_tokens = 1024
   c.rl.ig_probe_tokens = "natural"  # the gold's tokens as the model writes them (base.py)
+  # 1e-4 (the demo's 3e-5 x 3.3) for 30 steps: about the movement issue 32's 100 steps at 3e-5
+  # had (a pilot of 8 IGPO steps from the early start, seed 100: no instability).
+  c.optimizer.lr = 1e-4
   c.optimizer.warmup_steps = 5
   c.optimizer.final_lr_ratio = 1.0
-  c.train.steps = 100
+  c.train.steps = 30
   c.train.checkpoint_every = 10
   c.sft.demos = f"{root}/backbone/demos.jsonl"
   c.sft.corpus_path = f"{root}/synthworld/corpus.jsonl"
   c.sft.protocols = "answer_only"  # the corpus' evidence rows (DAC's generator prompt)
-  c.sft.steps = 3000  # ~3.9 s a step on a 2-core CPU: ~3.3 hours, resumable
+  c.sft.steps = 4000  # launch/backbone.py: a 2000-step schedule, then on to 4000 (~1.7 s a step)
   c.sft.max_len = 1024
-  c.sft.lr = 1e-3
+  c.sft.lr = 2e-3
   c.sft.micro_batches = 4
   c.sft.length_buckets = (256, 512)
 

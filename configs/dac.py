@@ -89,12 +89,11 @@ def get_config(arg: str = "demo"):
     # (gate: accuracy 0.785 on sufficient sets, abstention 0.999 on insufficient ones).
     c.optimizer.lr = LORA_LR
     c.rl.pack_tokens = 0  # DAC's two roles score and update padded rows (train/config.py)
-    # Every document of the longest chain: 4 hops x top 3. At the default 8 the last hop's
-    # passage of a 4-hop question was cut (4-hop F1 0.00 before RL, dev F1 0.492); at 12 the
-    # generator reads sets longer than the backbone's SFT evidence rows (cut at 8), and before
-    # RL: dev F1 0.561, 4-hop 0.48, 3-hop 0.63 -> 0.54, abstention on sufficient sets 0.20 ->
-    # ~0.30 (docs/results/dac_research/README.md).
-    c.dac.max_evidence_docs = 12
+    # Every document of the longest chain: 4 hops x top k (top 3 on the issue-32 backbone: at 8
+    # the last hop's passage of a 4-hop question was cut, 4-hop F1 0.00 before RL, dev F1 0.492;
+    # at 12 dev F1 0.561, docs/results/dac_research/README.md). With top 2 (the backbone of
+    # issue 45) that is 8, the SFT corpus' own bound.
+    c.dac.max_evidence_docs = 4 * c.retrieval.topk
     c.dac.generator_samples = 2  # the demo's: a step about twice a monolithic one on a CPU
     c.dac.generator_max_new_tokens = 32
     c.dac.generator_max_total_tokens = 768  # the corpus' evidence rows: 431 tokens at most

@@ -21,4 +21,7 @@ def get_config(arg: str = "demo"):
     config.model.hf_path = ""  # from scratch: shape from model.preset, vocab from the tokenizer
   if arg == "research":
     config.optimizer.final_lr_ratio = 0.1
+    # Every checkpoint kept (20 of ~13 MB): the sparse-reward regime of the research study starts
+    # from an early one (launch/backbone.py --stages=early).
+    config.train.keep_checkpoints = 100
   return config

@@ -15,12 +15,22 @@ export ({root}/backbone/sft/hf_export); it is built once, never per study.
 3. gate: greedy on dev: the search agent's F1 per hop count (goal 1-hop >= 0.8), the reading of
    evidence sets (accuracy when sufficient, abstention when not) and the rubric-following rate;
    written to {root}/backbone/gate.json, the last line printed is the same JSON.
-4. properties (not in the default stages): v2's properties on the backbone's sampled rollouts
+4. early: the SFT checkpoint at --early_step exported as {root}/backbone/sft/early_export (the
+   sparse-reward regime's start: a weaker policy, many all-zero groups).
+5. ship: both exports copied into the repository ({repo}/backbones/research_v2/final and
+   early) with manifest.json: the world's and corpus' settings, the SFT config, the gate, the
+   sha256 of every shipped file and of the world's files (the studies check them).
+6. properties (not in the default stages): v2's properties on the backbone's sampled rollouts
    before any RL (agentjax/studies/world_properties.py: search rounds per correct trajectory,
    the oracle judge's contribution share and Gini, IG vs "retrieved a new gold document" for
    both IG readings, the ground truth's entropy reduction) -> {root}/backbone/properties.json.
 
     python launch/backbone.py --stages=properties
+
+The backbone every research study starts from is the shipped one (backbones/research_v2, issue
+45); rebuilding it (about an hour on a 2-core CPU) and shipping it again:
+
+    python launch/backbone.py --stages=build,sft,early,gate,ship
 """
 
 from __future__ import annotations
@@ -35,9 +45,20 @@ from ml_collections import config_flags
 
 _ROOT = flags.DEFINE_string("root", "runs/research", "Folder of the world, corpus and backbone.")
 _SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:research", "SFT config.")
-_STAGES = flags.DEFINE_list("stages", ["build", "sft", "gate"], "Stages to run, in order.")
+_STAGES = flags.DEFINE_list("stages", ["build", "sft", "early", "gate"],
+                            "Stages to run, in order: build, sft, early, gate, ship, properties.")
+_SCHEDULES = flags.DEFINE_list(
+    "sft_schedules", ["2000", "4000"], "The SFT's learning-rate schedules, in steps, run one "
+    "after the other in one workdir: each resumes where the one before stopped, with the lr of "
+    "its own length (warm-up 5%, decay to 0.1x). The backbone: 2000 steps, then on to 4000 (at "
+    "2000 its 1-hop dev F1 was 0.36, far from the gate; that model is the early start). Each "
+    "schedule's export but the last is kept as hf_export_<steps>.")
+_EARLY = flags.DEFINE_integer("early_step", 2000, "The SFT checkpoint exported as the "
+                              "sparse-reward start (stage early).")
+_DEST = flags.DEFINE_string("dest", "", "Where stage ship writes (default: "
+                            "backbones/research_v2 in this repository).")
 _VOCAB = flags.DEFINE_integer("vocab_size", 2048, "BPE vocabulary.")
-_N = flags.DEFINE_integer("gate_n", 1000, "Dev questions of the gate.")
+_N = flags.DEFINE_integer("gate_n", 500, "Dev questions of the gate.")
 _PROPS_N = flags.DEFINE_integer("properties_n", 200, "Dev questions whose sampled rollouts "
                                 "(x the group size) measure the world's properties.")
 _PROPS_CHUNK = flags.DEFINE_integer("properties_chunk", 25, "Questions rolled out at a time "
@@ -74,6 +95,17 @@ def main(_):
             f"corpus {built['corpus']} {built['counts']}, tokenizer {built['tokenizer']} "
             f"({time.time() - t0:.0f} s)", flush=True)
     elif stage == "sft":
+      import shutil
+      *earlier, last = [int(n) for n in _SCHEDULES.value]
+      for n in earlier:
+        kept = os.path.join(sft_dir, f"hf_export_{n}")
+        if os.path.exists(os.path.join(kept, "config.json")):
+          continue  # that schedule is done; its export was moved aside
+        config.sft.steps = n
+        train(config, sft_dir)
+        shutil.move(export, kept)  # the next schedule resumes from the checkpoints
+        print(f"[sft] schedule of {n} steps done: {kept}", flush=True)
+      config.sft.steps = last
       out = train(config, sft_dir)
       print(f"[sft] {out.get('step', config.sft.steps)} steps, export {out['hf_export']} "
             f"({time.time() - t0:.0f} s)" + (f": loss {out['final_loss']:.3f}, token accuracy "
@@ -85,6 +117,31 @@ def main(_):
       with open(os.path.join(root, "backbone", "gate.json"), "w") as f:
         json.dump(result, f, indent=2)
       print(json.dumps(result), flush=True)
+    elif stage == "early":
+      out = backbone.export_step(config, sft_dir, _EARLY.value,
+                                 os.path.join(sft_dir, "early_export"))
+      print(f"[early] SFT step {_EARLY.value} exported: {out} ({time.time() - t0:.0f} s)",
+            flush=True)
+    elif stage == "ship":
+      repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+      dest = _DEST.value or os.path.join(repo, backbone.SHIPPED)
+      with open(os.path.join(root, "backbone", "gate.json")) as f:
+        gate = json.load(f)
+      with open(os.path.join(root, "synthworld", "demo_settings.json")) as f:
+        world = json.load(f)
+      with open(config.sft.demos + ".settings.json") as f:
+        corpus = json.load(f)
+      record = {"world_settings": world, "corpus_settings": corpus, "gate": gate,
+                "starts": {"final": {"sft_step": config.sft.steps},
+                           "early": {"sft_step": _EARLY.value}},
+                "rebuild": "python launch/backbone.py --stages=build,sft,early,gate,ship "
+                           f"--early_step={_EARLY.value}"}
+      manifest = backbone.ship({"final": export, "early": os.path.join(sft_dir, "early_export")},
+                               dest, world_dir=os.path.join(root, "synthworld"),
+                               sft_dir=sft_dir, record=record)
+      print(f"[ship] {dest}: {len(manifest['files'])} files "
+            f"({sum(os.path.getsize(os.path.join(dest, n)) for n in manifest['files']) / 2**20:.1f}"
+            f" MiB) ({time.time() - t0:.0f} s)", flush=True)
     elif stage == "properties":
       from agentjax.studies import world_properties
       from configs import cw_grpo
@@ -97,7 +154,8 @@ def main(_):
         json.dump(result, f, indent=2)
       print(json.dumps(result), flush=True)
     else:
-      raise app.UsageError(f"unknown stage {stage!r}: build, sft, gate or properties")
+      raise app.UsageError(f"unknown stage {stage!r}: build, sft, early, gate, ship or "
+                           "properties")
 
 
 if __name__ == "__main__":

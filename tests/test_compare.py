@@ -639,39 +639,51 @@ def test_dac_report_against_a_direct_computation(tmp_path):
 
 @pytest.mark.parametrize("method", list(sweep.STUDIES["research"].methods))
 def test_research_arms_share_the_protocol_and_differ_in_their_method(method):
-  """Every arm: the research preset (v2, the backbone's export, 100 steps, constant lr after
-  warm-up, top-3 BM25, 6 turns, the whole 1000-question dev split, packed rows, the sweep's
-  shared compilation cache), the probes on; only the
-  method's own fields differ from GRPO's, and CW-GRPO's arms take the official EM reward and
-  groups of 4 (16 questions, the same 64 trajectories a step)."""
-  config = sweep.rl_config("/r", "backbone", method, seed=1, steps=100, study="research")
+  """Every arm of both regimes: the research preset (v2, the shipped backbone's start, constant
+  lr after warm-up, top-2 BM25, 6 turns, 500 eval questions, packed rows, the sweep's shared
+  compilation cache), the probes on; only the method's own fields differ from GRPO's, and
+  CW-GRPO's arms take the official EM reward and groups of 4 (16 questions, the same 64
+  trajectories a step)."""
+  for regime, start in (("backbone", "final"), ("backbone_early", "early")):
+    config = sweep.rl_config("/r", regime, method, seed=1, steps=30, study="research")
+    assert config.model.hf_path == os.path.join(ROOT, "backbones", "research_v2", start)
   config_lib.validate(config)
-  grpo = sweep.rl_config("/r", "backbone", "grpo", seed=1, steps=100, study="research")
-  assert config.model.hf_path == "/r/backbone/sft/hf_export" and config.train.steps == 100
-  assert config.rl.pack_tokens == 1536 and config.train.jax_cache_dir == "/r/jax_cache"
+  grpo = sweep.rl_config("/r", "backbone_early", "grpo", seed=1, steps=30, study="research")
+  assert config.train.steps == 30 and config.optimizer.lr == 1e-4
+  assert config.rl.pack_tokens == 1024 and config.train.jax_cache_dir == "/r/jax_cache"
   assert config.rl.ig_probe_tokens == "natural"  # the gold's tokens as the model writes them
-  assert config.data.manual_dir == "/r/synthworld" and config.data.eval_size == 0
-  assert config.retrieval.topk == 3 and config.rollout.max_turns == 6 and config.rl.probe_all
+  assert config.data.manual_dir == "/r/synthworld" and config.data.eval_size == 500
+  assert config.retrieval.topk == 2 and config.rollout.max_turns == 6 and config.rl.probe_all
   assert config.optimizer.final_lr_ratio == 1.0 and config.model.shape.num_layers == 4
   own = {"algorithm", "rl.igpo_norm", "rl.std_estimator", "rl.std_eps", "critic.lr",
          "ppo.ig_weight", "judge.backend", "cw.gamma", "cw.inf_threshold", "cw.all_zero_fallback",
-         "rl.reward_metric", "rollout.group_size", "rl.prompts_per_step"}
+         "rl.reward_metric", "rollout.group_size", "rl.prompts_per_step", "preset"}
   flat = lambda c: {k: v for k, v in sweep._flat(c.to_dict()).items()  # noqa: E731
-                    if k not in own}
+                    if k not in own and not k.startswith("a2tgpo.")}
   assert flat(config) == flat(grpo)
   want = {"grpo": ("grpo", 8, "f1"), "igpo": ("igpo", 8, "f1"),
           "igpo_separate": ("igpo", 8, "f1"), "cw_grpo": ("cw_grpo", 4, "em"),
-          "ppo_ig": ("ppo", 8, "f1"), "cw_grpo_ig": ("cw_grpo_ig", 4, "em")}[method]
+          "ppo_ig": ("ppo", 8, "f1"), "cw_grpo_ig": ("cw_grpo_ig", 4, "em"),
+          "a2tgpo": ("a2tgpo", 8, "f1")}[method]
   assert (config.algorithm, config.rollout.group_size, config.rl.reward_metric) == want
   assert config.rollout.group_size * config.rl.prompts_per_step == 64
   assert config.rl.igpo_norm == ("separate" if method == "igpo_separate" else "joint")
   assert config.ppo.ig_weight == (1.0 if method == "ppo_ig" else 0.0)
 
 
-def test_research_sweep_needs_the_backbone_and_builds_the_v2_world(tmp_path):
-  with pytest.raises(SystemExit, match="launch/backbone.py"):
-    sweep.run_one(str(tmp_path), "backbone/sft/0", 150, study="research")
-  assert sweep.STUDIES["research"].world == "v2" and sweep.STUDIES["research"].steps == 100
+def test_research_sweep_checks_the_shipped_backbone_against_the_world(tmp_path):
+  """A start's stage first checks the shipped backbone's files and the world under --root
+  against the manifest: a world that is not the backbone's is refused, naming the file."""
+  world = tmp_path / "synthworld"
+  world.mkdir()
+  with pytest.raises(ValueError, match=re.escape(str(world / "corpus.jsonl")) + ": missing"):
+    sweep.run_one(str(tmp_path), "backbone/sft/0", 40, study="research")
+  from agentjax.studies.backbone import WORLD_FILES
+  for name in WORLD_FILES:
+    (world / name).write_text("{}\n")
+  with pytest.raises(ValueError, match="not the one the backbone was trained on"):
+    sweep.run_one(str(tmp_path), "backbone/sft/0", 40, study="research")
+  assert sweep.STUDIES["research"].world == "v2"
 
 
 def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_before_rl(tmp_path):
@@ -688,8 +700,9 @@ def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_befo
   dac = sweep.rl_config(root, "backbone", "dac", 1, 150, study="dac_research")
   config_lib.validate(dac)
   assert dac.trainer == "dac" and dac.model.lora.init == "" and dac.dac.generator_group == "question"
-  assert dac.model.hf_path == f"{root}/backbone/sft/hf_export" and dac.train.steps == 150
-  assert dac.dac.abstain_text == "insufficient evidence" and dac.retrieval.topk == 3
+  assert dac.model.hf_path == os.path.join(ROOT, "backbones", "research_v2", "final")
+  assert dac.train.steps == 150
+  assert dac.dac.abstain_text == "insufficient evidence" and dac.retrieval.topk == 2
   # the generator sees every document of a 4-hop chain's searches (at 8, 4-hop F1 was 0)
   assert dac.dac.max_evidence_docs == 4 * dac.retrieval.topk and dac.rl.pack_tokens == 0
   start = os.path.join(root, "backbone", "dac_start", "seed0", "result.json")

@@ -198,7 +198,7 @@ def test_research_family_runs_the_research_presets_on_the_backbone(study):
   """--family=research: every run takes configs/coreact.py's research_* preset of its role, the
   world's v2 layout (the backbone's tokenizer and export under backbone/), the collection's
   branch values from --judge_backend; every override is a field of its preset, and the agent's
-  preset (agent_config) is the research agent's: top 3, 6 turns, 1536 tokens."""
+  preset (agent_config) is the research agent's: top 2, 6 turns, 1024 tokens."""
   import configs.coreact as coreact_configs
   s = dataclasses.replace(_settings(study), family="research", judge_backend="montecarlo")
   jobs = {j.spec: j for j in study.jobs(s)}
@@ -225,7 +225,7 @@ def test_research_family_runs_the_research_presets_on_the_backbone(study):
   agent = coreact_configs.agent_config(coreact_configs.get_config("research"))
   assert agent.preset == "research_agent"
   assert (agent.retrieval.topk, agent.rollout.max_turns, agent.rollout.max_total_tokens) == (
-      3, 6, 1536)
+      2, 6, 1024)
   with pytest.raises(ValueError, match="family"):
     study.jobs(dataclasses.replace(s, family="v3"))
 

@@ -425,6 +425,13 @@ def test_probe_all_measures_gt_entropy_without_changing_grpo_training(world_dir,
   # (telescoping), so both are zero or both are not.
   assert any(r["ig_mean"] != 0.0 for r in rows1) == any(
       r["gt_entropy_reduction"] != 0.0 for r in rows1)
+  # SynthWorld questions carry a gold chain: with the probes, each step logs IG against "this
+  # turn retrieved a new gold document" as sums over the same non-answer turns ig_mean averages.
+  assert not any("ig_gold/turns" in r for r in rows0)
+  for r in rows1:
+    assert 0 <= r["ig_gold/new_gold"] <= r["ig_gold/turns"]
+    if r["ig_gold/turns"]:
+      assert r["ig_gold/sum_ig"] / r["ig_gold/turns"] == pytest.approx(r["ig_mean"], abs=1e-5)
 
 
 # ------------------------------------------------------------------------------ faults

@@ -43,6 +43,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
+import numpy as np
+
 from agentjax.agent.protocol import ANSWER, SEARCH, normalize_text
 from agentjax.agent.trajectories import TurnRecord
 from agentjax.judge.base import JudgeRequest, Verdict, register_judge
@@ -100,6 +102,60 @@ def resolve(hop_of: Mapping[str, int], resolved: list[bool],
       resolved[h] = True
       new.append(h)
   return new
+
+
+def new_gold_per_turn(question: Mapping[str, Any], turns: Sequence[Any]) -> np.ndarray:
+  """[len(turns)] bool: turn t's retrieved documents include the gold document of a hop no
+  earlier turn resolved (`resolve`, by title). All False without a gold chain."""
+  gold, error = gold_chain(question)
+  out = np.zeros(len(turns), bool)
+  if error is not None:
+    return out
+  hop_of, resolved = hop_index(gold), [False] * len(gold)
+  for t, turn in enumerate(turns):
+    out[t] = bool(resolve(hop_of, resolved, getattr(turn, "documents", ()) or ()))
+  return out
+
+
+def ig_pairs(ig: np.ndarray, num_turns: np.ndarray, questions: Sequence[Mapping[str, Any]],
+             turns: Sequence[Sequence[Any]]) -> tuple[list[float], list[bool]]:
+  """(IG, new gold) of every non-answer turn k < num_turns[b] - 1 of every row (the turns IGPO
+  gives an information gain). ig: [B, T]; questions and turns: B each."""
+  gains, hits = [], []
+  for b, q in enumerate(questions):
+    new = new_gold_per_turn(q, turns[b])
+    for k in range(int(num_turns[b]) - 1):
+      gains.append(float(ig[b, k]))
+      hits.append(bool(new[k]))
+  return gains, hits
+
+
+# A step's IG-vs-new-gold pairs as sums, pooled over steps and seeds by ig_gold_summary (a
+# per-step correlation of a few dozen turns would be mostly noise).
+IG_GOLD_SUMS = ("ig_gold/turns", "ig_gold/new_gold", "ig_gold/sum_ig", "ig_gold/sum_ig_sq",
+                "ig_gold/sum_ig_new_gold")
+
+
+def ig_gold_sums(gains: Sequence[float], hits: Sequence[bool]) -> dict[str, float]:
+  """The sufficient statistics of Pearson's r between IG and the new-gold bit (IG_GOLD_SUMS)."""
+  x, y = np.asarray(gains, np.float64), np.asarray(hits, np.float64)
+  return dict(zip(IG_GOLD_SUMS, map(float, (x.size, y.sum(), x.sum(), (x * x).sum(),
+                                            (x * y).sum()))))
+
+
+def ig_gold_summary(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
+  """Pooled over `rows` (steps' metrics holding IG_GOLD_SUMS): {"turns", "new_gold_share", "r"
+  (point-biserial: Pearson's r of IG with the bit), "ig_new_gold", "ig_other" (mean IG of each
+  kind of turn)}; nan where undefined (no turns, one kind only, constant IG)."""
+  n, k, sx, sxx, sxy = (float(sum(r.get(key, 0.0) for r in rows)) for key in IG_GOLD_SUMS)
+  nan = float("nan")
+  if n == 0:
+    return {"turns": 0.0, "new_gold_share": nan, "r": nan, "ig_new_gold": nan, "ig_other": nan}
+  var_x, var_y = n * sxx - sx * sx, n * k - k * k  # n^2 times the population variances
+  cov = n * sxy - sx * k
+  r = cov / np.sqrt(var_x * var_y) if var_x > 1e-12 * max(n * sxx, 1e-300) and var_y > 0 else nan
+  return {"turns": n, "new_gold_share": k / n, "r": float(r),
+          "ig_new_gold": sxy / k if k else nan, "ig_other": (sx - sxy) / (n - k) if n > k else nan}
 
 
 def _mentions(query: str, name: str) -> bool:

@@ -281,8 +281,120 @@ def gate(config: Any, hf_path: str, *, world: str = "v2", stop_early_rate: float
   return out
 
 
+# ------------------------------------------------------------------ the shipped backbone (issue 45)
+
+# Where the backbone lives in the repository (relative to its root): one Hugging Face folder per
+# start (final: the finished SFT; early: an early SFT checkpoint, the sparse-reward regime's
+# start) and manifest.json (the world's and corpus' settings, the SFT config, the gate, the
+# sha256 of every shipped file and of the world's files the backbone was trained on).
+SHIPPED = "backbones/research_v2"
+STARTS = ("final", "early")
+# The world's files a study reads (retrieval corpus, questions, entities): rebuilt from the
+# world's preset (launch/backbone.py --stages=build, 20 s) and checked against the manifest.
+WORLD_FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "entities.jsonl")
+
+
+def file_sha256(path: str) -> str:
+  import hashlib
+  h = hashlib.sha256()
+  with open(path, "rb") as f:
+    for block in iter(lambda: f.read(1 << 20), b""):
+      h.update(block)
+  return h.hexdigest()
+
+
+def export_step(config: Any, sft_dir: str, step: int, out: str) -> str:
+  """The SFT run's checkpoint at `step` ({sft_dir}/checkpoints/<step>) exported as a Hugging Face
+  folder at `out` (an earlier model than the run's final export: the sparse-reward start).
+  config: the SFT config the run trained with (its model shape and optimizer give the stored
+  state's structure). Returns the absolute path."""
+  import jax
+
+  from agentjax.models.qwen.checkpoint import save_hf
+  from agentjax.parallel import make_mesh, use_mesh
+  from agentjax.train.builders import TrainTarget, load_model, make_checkpointer
+  from agentjax.train.checkpoint import abstract_state
+  from agentjax.train.optim import make_optimizer
+  s, o = config.sft, config.optimizer
+  mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+  cfg, params, tokenizer = load_model(config, mesh)  # from scratch: the shapes only
+  target = TrainTarget.build(config, cfg, params, mesh)
+  optimizer = make_optimizer(s.lr, max(1, s.steps // 20), s.steps, o.weight_decay,
+                             o.clip_norm or None, o.final_lr_ratio, o.b2)
+  ckpt = make_checkpointer(config, sft_dir, target)
+  with use_mesh(mesh):
+    state = {"params": params, "opt_state": jax.eval_shape(optimizer.init, params)}
+    restored = ckpt.restore_or_none(abstract_state(state), step=step)
+  ckpt.close()
+  if restored is None:
+    raise FileNotFoundError(f"no checkpoint in {sft_dir}/checkpoints")
+  return save_hf(out, cfg, restored[0]["params"], tokenizer)
+
+
+def world_hashes(world_dir: str) -> dict[str, str]:
+  """{file: sha256} of the world's files a study reads (WORLD_FILES)."""
+  return {name: file_sha256(os.path.join(world_dir, name)) for name in WORLD_FILES}
+
+
+def ship(exports: Mapping[str, str], dest: str, *, world_dir: str, sft_dir: str,
+         record: Mapping[str, Any]) -> dict[str, Any]:
+  """Copies each export ({start: HF folder}) into {dest}/{start}/ and writes {dest}/manifest.json:
+  `record` (settings, gate, starts' measurements: whatever the caller knows), the SFT run's
+  recorded config, the world's file hashes and every shipped file's sha256. Each start's folder
+  is written beside its target and swapped in whole. Returns the manifest."""
+  import shutil
+  manifest = dict(record)
+  with open(os.path.join(sft_dir, "config.json")) as f:
+    manifest["sft_config"] = json.load(f)
+  manifest["world_sha256"] = world_hashes(world_dir)
+  manifest["files"] = {}
+  os.makedirs(dest, exist_ok=True)
+  for start, src in exports.items():
+    tmp, final = os.path.join(dest, f".{start}.tmp"), os.path.join(dest, start)
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if os.path.isdir(final):
+      shutil.rmtree(final)
+    os.replace(tmp, final)
+    for name in sorted(os.listdir(final)):
+      manifest["files"][f"{start}/{name}"] = file_sha256(os.path.join(final, name))
+  tmp = os.path.join(dest, "manifest.json.tmp")
+  with open(tmp, "w") as f:
+    json.dump(manifest, f, indent=1, sort_keys=True)
+  os.replace(tmp, os.path.join(dest, "manifest.json"))
+  return manifest
+
+
+def check_shipped(dest: str, world_dir: str | None = None) -> dict[str, Any]:
+  """The manifest of the backbone at `dest`, after checking every shipped file's sha256 and, given
+  world_dir, that the world there is the one the backbone was trained on (its files' hashes).
+  Raises ValueError naming the first file that differs or is missing."""
+  path = os.path.join(dest, "manifest.json")
+  if not os.path.exists(path):
+    raise ValueError(f"{path}: no manifest; the backbone is rebuilt and shipped by "
+                     "python launch/backbone.py --stages=build,sft,early,gate,ship")
+  with open(path) as f:
+    manifest = json.load(f)
+  checks = [(os.path.join(dest, name), digest) for name, digest in manifest["files"].items()]
+  if world_dir is not None:
+    checks += [(os.path.join(world_dir, name), digest)
+               for name, digest in manifest["world_sha256"].items()]
+  for file, digest in checks:
+    if not os.path.exists(file):
+      raise ValueError(f"{file}: missing (manifest {path})")
+    got = file_sha256(file)
+    if got != digest:
+      raise ValueError(f"{file}: sha256 {got[:12]}... differs from {digest[:12]}... in {path}"
+                       + ("" if file.startswith(dest) else ": this world is not the one the "
+                          "backbone was trained on (rebuild it: launch/backbone.py "
+                          "--stages=build)"))
+  return manifest
+
+
 GATE = {"f1_1hop": 0.8}
 
 
-__all__ = ["GATE", "KINDS", "backbone_demos", "backbone_texts", "build", "dev_rows",
-           "evidence_accuracy", "gate", "kind_counts", "rubric_following"]
+__all__ = ["GATE", "KINDS", "SHIPPED", "STARTS", "WORLD_FILES", "backbone_demos",
+           "backbone_texts", "build", "check_shipped", "dev_rows", "evidence_accuracy",
+           "export_step", "file_sha256", "gate", "kind_counts", "rubric_following", "ship",
+           "world_hashes"]

@@ -11,9 +11,11 @@ import os
 SIZES = {
     "base": {},  # the demo preset's shape
     "wide": dict(hidden_size=256, intermediate_size=768, num_heads=8, num_kv_heads=4),
-    # The research backbone (the research preset's shape; its export {root}/backbone/sft/
-    # hf_export is made by launch/backbone.py, never by a study).
+    # The research backbone (the research preset's shape), shipped in the repository
+    # (backbones/research_v2/final; launch/backbone.py makes it, never a study), and its early
+    # SFT checkpoint (backbones/research_v2/early): the research study's two regimes.
     "backbone": {},
+    "backbone_early": {},
 }
 
 

@@ -27,7 +27,7 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 from absl import app, flags
 
@@ -45,7 +45,11 @@ from agentjax.studies.async_study import (ASYNC_METHODS, markdown_async, plot_f1
                                           summarize_async)
 from agentjax.studies.research import RESEARCH_METHODS, markdown_research, summarize_research
 from agentjax.studies.research import PAPER_CLAIMS as RESEARCH_CLAIMS
+from agentjax.studies.research import EVAL_QUESTIONS as RESEARCH_EVAL
+from agentjax.studies.research import REGIMES as RESEARCH_REGIMES
+from agentjax.studies.research import plan as research_plan
 from agentjax.studies.research import STEPS as RESEARCH_STEPS
+from agentjax.studies import records
 from agentjax.studies.runs import (DAC_START, GENERATOR_SFT, SIZES, SPLITS, point_at_world,
                                    read_json, result_path, sft_config, split_result, write_json)
 
@@ -71,6 +75,16 @@ class Study:
   # DAC reports: the alpha ablation's (method, alpha) arms; empty: every DAC arm with its alpha
   # as its runs recorded it (dac_alphas)
   alphas: tuple = ()
+  # {size: start}: sizes whose RL runs start from the backbone shipped in the repository
+  # (backbones/research_v2/<start>, checked against its manifest) instead of {root}/{size}/sft.
+  starts: tuple = ()
+  # Each finished run's compact record under {out}/runs (agentjax/studies/records.py): a run with
+  # a record is not run again, and the report reads the records alone.
+  records: bool = False
+  eval_questions: int = 0  # questions of each final eval split (0: the whole split)
+  # The RL runs' order, and which seeds each arm takes: specs -> specs (None: seed by seed).
+  plan: Any = None
+  seeds: tuple = ()  # the seeds when --seeds is not given (empty: 0, 1, 2)
 
 
 STUDIES = {
@@ -83,15 +97,20 @@ STUDIES = {
                  alphas=DAC_ALPHAS),
     # SynthWorld v2 and the research backbone ({root}/backbone/sft/hf_export, made by
     # launch/backbone.py), the run protocol of agentjax/studies/research.py.
-    "research": Study(RESEARCH_METHODS, "runs/research", "docs/results/research", ("backbone",),
-                      True, "", preset="research", world="v2", steps=RESEARCH_STEPS),
+    # Two regimes (sizes): the full backbone and its early SFT checkpoint (sparse rewards).
+    "research": Study(RESEARCH_METHODS, "runs/research", "docs/results/research",
+                      tuple(RESEARCH_REGIMES), True, "", preset="research", world="v2",
+                      steps=RESEARCH_STEPS, starts=tuple(RESEARCH_REGIMES.items()),
+                      records=True, eval_questions=RESEARCH_EVAL, plan=research_plan,
+                      seeds=("0", "1", "2", "3", "4")),
     # DAC on the research backbone (issue 33 §1; agentjax/studies/dac.py DAC_RESEARCH_METHODS):
     # the same root and protocol as "research" (its GRPO runs are this study's reference), both
     # roles from the backbone, alpha arms around the alpha* of the DAC agent before RL.
     "dac_research": Study(DAC_RESEARCH_METHODS, "runs/research", "docs/results/dac_research",
                           ("backbone",), True, "", preset="research", world="v2",
                           steps=RESEARCH_STEPS, stages=("sft", DAC_START),
-                          reference=DAC_RESEARCH_REFERENCE),
+                          reference=DAC_RESEARCH_REFERENCE, starts=(("backbone", "final"),),
+                          eval_questions=RESEARCH_EVAL),
     # GRPO and IGPO with train.async_steps 0, 1, 2 (agentjax/studies/async_study.py).
     "async": Study(ASYNC_METHODS, "runs/async", "docs/results/async", ("base",), False,
                    "runs/demo"),
@@ -118,7 +137,7 @@ _SFT_FROM = flags.DEFINE_string("sft_from", None, "A `make demo` folder (synthwo
                                 "copied into --root when its SFT settings are this study's "
                                 "(default: the study's; \"\" = train the SFT here).")
 _SEEDS = flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds (config.seed: data order, rollouts, "
-                           "minibatches).")
+                           "minibatches; default: the study's, research 0-4, else 0, 1, 2).")
 _STEPS = flags.DEFINE_integer("steps", 0, "RL steps of every run (0: the study's: 20, "
                               "research 100).")
 _WORKERS = flags.DEFINE_integer("workers", 2, "Runs in flight at once (subprocesses).")
@@ -142,12 +161,22 @@ _PRIORITY = flags.DEFINE_list("priority_methods", [], "Run order: every method's
                               "then these methods' other seeds, then the rest (default: seed by "
                               "seed). For a sweep that may not finish: the main comparison gets "
                               "its seeds first.")
+_COMMIT = flags.DEFINE_bool("commit_records", False, "Studies that keep records: git-commit each "
+                             "run's record as soon as it is written (only that file: other "
+                             "changes of the checkout stay out of the commit).")
 _HARDWARE = flags.DEFINE_string("hardware", "", "Where the runs ran, for the report (default: "
                                 "this machine's CPU and core count).")
 
 
 def _study() -> Study:
   return STUDIES[_STUDY.value]
+
+
+def _seeds() -> list[str]:
+  """--seeds when given, else the study's (Study.seeds), else 0, 1, 2."""
+  if flags.FLAGS["seeds"].present or not _study().seeds:
+    return _SEEDS.value
+  return list(_study().seeds)
 
 
 def _steps() -> int:
@@ -180,13 +209,13 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
   module = STUDIES[study].methods[method][0]
   config = importlib.import_module(f"configs.{module}").get_config(STUDIES[study].preset)
   point_at_world(config, root, size)
-  config.model.hf_path = os.path.join(root, size, "sft", "hf_export")
+  config.model.hf_path = start_path(root, size, study)
   config.model.tokenizer_path = ""
   config.seed = seed
   config.train.steps = steps
   config.train.eval_every = 0
   config.train.eval_at_start = False  # the SFT export is evaluated once per size (start.json)
-  config.data.eval_size = 0  # the final eval: the whole dev split
+  config.data.eval_size = STUDIES[study].eval_questions  # the final eval (0: the whole split)
   config.train.checkpoint_every = 10
   config.train.export_hf = False
   config.train.jax_cache_dir = os.path.join(root, "jax_cache")  # every run of the sweep shares it
@@ -205,6 +234,19 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
       raise KeyError(f"method {method!r}: config has no field {key!r}")
     node[leaf] = value
   return config
+
+
+def start_path(root: str, size: str, study: str) -> str:
+  """The Hugging Face folder a size's RL runs start from: the shipped backbone's start
+  (Study.starts) or the size's SFT export under `root`."""
+  start = dict(STUDIES[study].starts).get(size)
+  if start is None:
+    return os.path.join(root, size, "sft", "hf_export")
+  from agentjax.studies.backbone import SHIPPED
+  return os.path.join(REPO, SHIPPED, start)
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def resolved_overrides(root: str, size: str, study: str, method: str) -> dict:
@@ -256,6 +298,21 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
     result["minutes"] = (time.time() - t0) / 60
     os.makedirs(os.path.dirname(result_path(root, spec)), exist_ok=True)
     write_json(result_path(root, spec), result)
+    return
+  if method == "sft" and dict(STUDIES[study].starts).get(size):
+    # A shipped start: its files and the world under root checked against its manifest, then
+    # its eval and the measurements before RL (research.start_measurements).
+    from agentjax.studies.backbone import check_shipped
+    from agentjax.studies.research import start_measurements
+    rl = rl_config(root, size, next(iter(STUDIES[study].methods)), 0,
+                   steps, study, eval_size)
+    check_shipped(os.path.dirname(rl.model.hf_path), os.path.join(root, "synthworld"))
+    t0 = time.time()
+    start = {split: _eval_split(rl, root, split, hf_path=rl.model.hf_path) for split in SPLITS}
+    start["measurements"] = start_measurements(rl, rl.model.hf_path)
+    start["hf_path"] = os.path.relpath(rl.model.hf_path, REPO)
+    start["minutes"] = (time.time() - t0) / 60
+    write_json(result_path(root, spec), start)
     return
   if method == "sft":
     if not os.path.exists(os.path.join(root, size, "sft", "hf_export", "config.json")):
@@ -479,31 +536,60 @@ def _run_all() -> None:
     stages = STUDIES[study].stages + ("rl",)
     for i, stage in enumerate(stages):
       if stage != "rl":
-        ready = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
-                                            for x in stages[:i])]
+        ready = [s for s in _sizes() if all(stage_done(f"{s}/{x}/0") for x in stages[:i])]
         specs = [f"{s}/{stage}/0" for s in ready]
       else:  # only sizes whose SFT start is ready (another process may still be training one)
-        sizes = [s for s in _sizes() if all(os.path.exists(result_path(root, f"{s}/{x}/0"))
-                                            for x in stages[:-1])]
+        sizes = [s for s in _sizes() if all(stage_done(f"{s}/{x}/0") for x in stages[:-1])]
         for s in set(_sizes()) - set(sizes):
-          missing = [x for x in stages[:-1] if not os.path.exists(result_path(root, f"{s}/{x}/0"))]
+          missing = [x for x in stages[:-1] if not stage_done(f"{s}/{x}/0")]
           say(f"size {s}: its {', '.join(missing)} stage is not done (failed, or held by another "
               "process?); its RL runs are skipped")
-        specs = [f"{s}/{m}/{k}" for k in _SEEDS.value for s in sizes for m in _methods()]
-        if _PRIORITY.value:
-          first = _SEEDS.value[0]
+        specs = [f"{s}/{m}/{k}" for k in _seeds() for s in sizes for m in _methods()]
+        if _study().plan is not None and not _PRIORITY.value:
+          specs = _study().plan(specs)  # the study's declared order (and seeds per arm)
+        elif _PRIORITY.value:
+          first = _seeds()[0]
           rank = lambda x: (x.split("/")[2] != first,  # noqa: E731
                             x.split("/")[1] not in _PRIORITY.value)
           specs = sorted(specs, key=rank)  # stable: seed by seed within each group
-      specs = [x for x in specs if not os.path.exists(result_path(root, x))]
+      specs = [x for x in specs if not stage_done(x)]
       say(f"{len(specs)} run(s): {' '.join(specs)}")
       for spec, rc, secs in pool.map(_spawn, specs):
         if rc is None:
           say(f"  {spec}: done or taken by another compare.py process")
-          continue
-        say(f"  {spec}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {secs / 60:.1f} min")
-        if rc:
-          say(f"    log: {os.path.join(root, spec.replace('/', '_') + '.log')}")
+        else:
+          say(f"  {spec}: {'ok' if rc == 0 else f'FAILED (exit {rc})'} in {secs / 60:.1f} min")
+          if rc:
+            say(f"    log: {os.path.join(root, spec.replace('/', '_') + '.log')}")
+        keep_record(spec)
+
+
+def stage_done(spec: str) -> bool:
+  """A finished run or stage: its result under --root, or its record in the repository."""
+  return os.path.exists(result_path(root_dir(), spec)) or has_record(spec)
+
+
+def has_record(spec: str) -> bool:
+  """Whether the study keeps records and `spec`'s is in the repository (a finished run)."""
+  return _study().records and os.path.exists(records.record_path(out_dir(), spec))
+
+
+def keep_record(spec: str) -> None:
+  """For a study with records: the record of `spec` written from its finished result under --root
+  (when it has one and no record yet), and committed with --commit_records. The code version is
+  this process's checkout's (the runs' subprocesses run the same files)."""
+  root = root_dir()
+  if not _study().records or has_record(spec) or not os.path.exists(result_path(root, spec)):
+    return
+  size, method, seed = spec.split("/")
+  workdir = None if method == "sft" else os.path.dirname(result_path(root, spec))
+  code = records.code_version(REPO)
+  path = records.write_record(out_dir(), spec, read_json(result_path(root, spec)), workdir, code)
+  say(f"  {spec}: record {path}")
+  if _COMMIT.value:
+    dirty = " (uncommitted changes)" if code.get("dirty") else ""
+    records.commit_record(path, f"{_STUDY.value} study: record of {spec} (code "
+                          f"{(code.get('commit') or 'unknown')[:10]}{dirty})")
 
 
 def dac_alphas(root: str, size: str, runs: dict, study: str) -> tuple:
@@ -545,9 +631,11 @@ def hardware() -> str:
 def report() -> None:
   root, out = root_dir(), out_dir()
   steps = _steps()
-  study = collect(root, _sizes(), _methods(), _SEEDS.value, steps)
+  study = (records.collect_records(out, _sizes(), _methods(), _seeds(), steps, say)
+           if _study().records else collect(root, _sizes(), _methods(), _seeds(), steps))
   if not study:
-    raise SystemExit(f"no finished size under {root} (run without --report_only first)")
+    raise SystemExit(f"no finished size under {out if _study().records else root} (run without "
+                     "--report_only first)")
   os.makedirs(out, exist_ok=True)
   if _STUDY.value == "cw_grpo":
     table = summarize_cw(study)

@@ -23,6 +23,8 @@ the first `questions` dev questions:
   cw_fallback            how often CW-GRPO's all-zero fallback fires on correct trajectories
                          and why (fallback_reasons: nothing retrieved, or retrieved without the
                          thinking bit), and the share of correct trajectories with no round
+  collapse               the share of a question's groups whose outcome rewards are all equal
+                         (GRPO's zero-advantage groups: advantage collapse), under F1 and EM
 """
 
 from __future__ import annotations
@@ -34,20 +36,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from agentjax.agent.protocol import SEARCH
-from agentjax.judge.oracle import gold_chain, hop_index, resolve
-
-
-def new_gold_per_turn(question: Mapping[str, Any], turns: Sequence[Any]) -> np.ndarray:
-  """[len(turns)] bool: turn t's retrieved documents include the gold document of a hop no
-  earlier turn resolved (judge.oracle.resolve, by title). All False without a gold chain."""
-  gold, error = gold_chain(question)
-  out = np.zeros(len(turns), bool)
-  if error is not None:
-    return out
-  hop_of, resolved = hop_index(gold), [False] * len(gold)
-  for t, turn in enumerate(turns):
-    out[t] = bool(resolve(hop_of, resolved, getattr(turn, "documents", ()) or ()))
-  return out
+from agentjax.judge.oracle import ig_pairs, new_gold_per_turn  # noqa: F401 (re-exported)
 
 
 def correlation(x: Sequence[float], y: Sequence[float]) -> float:
@@ -56,19 +45,6 @@ def correlation(x: Sequence[float], y: Sequence[float]) -> float:
   if len(x) < 2 or x.std() == 0 or y.std() == 0:
     return float("nan")
   return float(np.corrcoef(x, y)[0, 1])
-
-
-def ig_pairs(ig: np.ndarray, num_turns: np.ndarray, questions: Sequence[Mapping[str, Any]],
-             turns: Sequence[Sequence[Any]]) -> tuple[list[float], list[bool]]:
-  """(IG, new gold) of every non-answer turn k < num_turns[b] - 1 of every row (the turns IGPO
-  gives an information gain)."""
-  gains, hits = [], []
-  for b, q in enumerate(questions):
-    new = new_gold_per_turn(q, turns[b])
-    for k in range(int(num_turns[b]) - 1):
-      gains.append(float(ig[b, k]))
-      hits.append(bool(new[k]))
-  return gains, hits
 
 
 def rounds_per_correct(turns: Sequence[Sequence[Any]], correct: np.ndarray) -> float:
@@ -110,6 +86,15 @@ def fallback_reasons(retrieval: np.ndarray, thinking: np.ndarray, judged: np.nda
 # JudgePass's metrics that are counts (or seconds) of a step: summed over the chunks. Its other
 # metrics (judge_metrics') are computed again on the concatenated bits.
 JUDGE_COUNTS = ("calls", "calls_paper_rule", "calls_saved", "trajectories", "failures", "seconds")
+
+
+def equal_groups(rewards: np.ndarray, group_ids: np.ndarray, tol: float = 1e-6) -> tuple[int, int]:
+  """(groups whose rewards all lie within tol of each other, groups) of one batch: the groups
+  GRPO gives a zero advantage (a singleton group counts as equal)."""
+  rewards, group_ids = np.asarray(rewards, np.float64), np.asarray(group_ids)
+  groups = np.unique(group_ids)
+  equal = sum(int(np.ptp(rewards[group_ids == g]) <= tol) for g in groups)
+  return equal, len(groups)
 
 
 def pad_concat(parts: Sequence[np.ndarray]) -> np.ndarray:
@@ -159,6 +144,7 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
   counts = dict.fromkeys(JUDGE_COUNTS, 0.0)  # summed over chunks
   pairs = {mode: ([], []) for mode in modes}
   values = []  # [B_chunk, T_chunk + 1] ground-truth log-prob values per chunk (log_prob mode)
+  collapse = {"f1": [0, 0], "em": [0, 0]}  # [equal groups, groups], summed over chunks
   for i, lo in enumerate(range(0, len(records), chunk_questions)):
     part = records[lo:lo + chunk_questions]
     with use_mesh(mesh):
@@ -169,6 +155,10 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
     golds = [r["golden_answers"] for r in part_rows]
     answers = [a if ok else None for a, ok in zip(batch.answers, batch.answered)]
     part_em = outcome_rewards(answers, golds, metric="em")
+    for metric, reward in (("f1", outcome_rewards(answers, golds, metric="f1")), ("em", part_em)):
+      equal, groups = equal_groups(reward, np.asarray(batch.group_ids))
+      collapse[metric][0] += equal
+      collapse[metric][1] += groups
     part_turns = np.asarray(batch.num_turns)
     scores = judge(batch.turns, part_turns, batch.group_ids, part_em, part_rows,
                    num_t=batch.turn_ends.shape[1] - 1, rng=np.random.default_rng([seed, 1, i]))
@@ -220,9 +210,11 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
           "judge_3_4_hop": {k: float(v) for k, v in deep_metrics.items()},
           "cw_fallback": fallback_reasons(retrieval, thinking, judged, num_turns, correct),
           "ig_vs_new_gold": ig_vs_gold,
+          "collapse": {metric: n / max(total, 1) for metric, (n, total) in collapse.items()},
           "gt_entropy_reduction": float(gt_entropy_reduction(pad_concat(values), num_turns)),
           "goals": {"rounds_per_correct": ">= 2", "contribution_share": "< 0.7"}}
 
 
-__all__ = ["correlation", "fallback_reasons", "ig_pairs", "measure", "new_gold_per_turn",
+__all__ = ["correlation", "equal_groups", "fallback_reasons", "ig_pairs", "measure",
+           "new_gold_per_turn",
            "pad_concat", "rounds_per_correct"]

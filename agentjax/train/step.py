@@ -33,6 +33,7 @@ import optax
 from agentjax.agent import RolloutEngine
 from agentjax.agent.rollouts import Rollouts
 from agentjax.judge import build_judge
+from agentjax.judge.oracle import gold_chain, ig_gold_sums, ig_pairs
 from agentjax.judge.stage import JudgePass
 from agentjax.methods import get_method
 from agentjax.models.qwen import param_shardings
@@ -521,6 +522,12 @@ class RLStep:
       metrics["critic/skipped_updates"] = float(sum(int(m["skipped"]) for m in critic_metrics))
       metrics["critic/policy_frozen"] = float(not train_policy)
     metrics.update(method.metrics(adv_stats[first]))  # e.g. CW-GRPO's fallback
+    if self.with_probes and any(gold_chain(q)[1] is None for q in out.row_questions):
+      # Questions with a gold chain (SynthWorld): IG of each non-answer turn against "it
+      # retrieved a new gold document", as sums the study pools over steps (ig_gold_summary).
+      metrics.update(ig_gold_sums(*ig_pairs(np.asarray(to_host(scored[first].ig)),
+                                            np.asarray(batches[first].num_turns),
+                                            out.row_questions, batches[first].turns)))
     # The sampler's log-probs against the trainer's scoring pass (agentjax/rl/offpolicy.py):
     # ~0 on CPU in float32; what bf16 kernels or stale parameters open up.
     gaps = to_host([mismatch_metrics(batches[r].logprobs, scored[r].old_logp,

@@ -1,0 +1,148 @@
+"""A finished run's compact record, kept in the repository (issue 45 §2): a lost machine loses only
+the runs in flight, and a study's report rebuilds from the repository alone.
+
+    path = write_record(out, "backbone/igpo/3", result, workdir, code)
+    # path: {out}/runs/backbone/igpo/seed3.json.gz
+    study = collect_records(out, sizes, methods, seeds, steps)  # what reporting.collect returns
+
+A record (gzip JSON, tens of KB) holds the run's spec, the commit of the code that ran it (and
+whether its tree had uncommitted changes), the config it recorded (config.json), every step's
+metrics (metrics.jsonl) and its result.json (the final dev and test evals, per question). A
+size's start (its eval before RL and the start measurements) is {out}/runs/{size}/start.json.gz.
+A sweep that finds a run's record does not run it again (agentjax/studies/sweep.py), and with
+--commit_records commits each record as soon as it is written (commit_record).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import time
+from typing import Any, Mapping
+
+RECORDS = "runs"  # the records' folder under a study's out folder
+MAX_RECORD_BYTES = 1 << 20  # the issue's bound on a run's compressed record
+
+
+def record_path(out: str, spec: str) -> str:
+  """{out}/runs/{size}/{method}/seed{k}.json.gz, or {out}/runs/{size}/start.json.gz for the
+  size's start (method "sft")."""
+  size, method, seed = spec.split("/")
+  if method == "sft":
+    return os.path.join(out, RECORDS, size, "start.json.gz")
+  return os.path.join(out, RECORDS, size, method, f"seed{seed}.json.gz")
+
+
+def code_version(folder: str) -> dict[str, Any]:
+  """{"commit": HEAD of the git checkout holding `folder`, "dirty": whether its tracked files
+  differ from HEAD}; {"commit": None} outside a checkout (a record then says it does not know)."""
+  def git(*args: str) -> str:
+    return subprocess.run(["git", "-C", folder, *args], check=True, capture_output=True,
+                          text=True).stdout.strip()
+  try:
+    return {"commit": git("rev-parse", "HEAD"),
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
+  except (OSError, subprocess.CalledProcessError):
+    return {"commit": None, "dirty": None}
+
+
+def _dump(path: str, obj: Any) -> int:
+  """gzip JSON written beside `path` and renamed over it (a killed writer leaves no partial
+  record); mtime 0 so that the same record gives the same bytes. Returns the compressed size."""
+  os.makedirs(os.path.dirname(path), exist_ok=True)
+  data = gzip.compress(json.dumps(obj, sort_keys=True).encode(), mtime=0)
+  tmp = f"{path}.tmp{os.getpid()}"
+  with open(tmp, "wb") as f:
+    f.write(data)
+  os.replace(tmp, path)
+  return len(data)
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+  """The record at `path`, or None when there is none. A corrupt record raises ValueError naming
+  the file (it is evidence: never silently skipped or overwritten)."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with gzip.open(path, "rt") as f:
+      return json.load(f)
+  except (OSError, EOFError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path}: not a readable run record ({type(e).__name__}: {e}); move it "
+                     "aside and run the spec again") from None
+
+
+def write_record(out: str, spec: str, result: Mapping[str, Any], workdir: str | None,
+                 code: Mapping[str, Any]) -> str:
+  """Writes the record of a finished run (`result`: its result.json; `workdir`: its RL workdir,
+  whose config.json and metrics.jsonl it keeps; None for a size's start). Refuses to write one
+  over MAX_RECORD_BYTES compressed. Returns the path."""
+  record: dict[str, Any] = {"spec": spec, "code": dict(code), "result": dict(result),
+                            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+  if workdir is not None:
+    with open(os.path.join(workdir, "config.json")) as f:
+      record["config"] = json.load(f)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      record["metrics"] = [json.loads(line) for line in f if line.strip()]
+  path = record_path(out, spec)
+  size = _dump(path, record)
+  if size > MAX_RECORD_BYTES:
+    os.remove(path)
+    raise ValueError(f"{spec}: its record is {size} bytes compressed, over {MAX_RECORD_BYTES}")
+  return path
+
+
+def commit_record(path: str, message: str, attempts: int = 5) -> bool:
+  """`git add` and `git commit --only` of one record in the checkout holding it: other staged or
+  unstaged changes of that checkout stay out of the commit. Retries while another git process
+  holds the index lock. Returns whether a commit was made (False when the record was already
+  committed as it is)."""
+  folder = os.path.dirname(os.path.abspath(path))
+  for attempt in range(attempts):
+    try:
+      subprocess.run(["git", "-C", folder, "add", "--", path], check=True, capture_output=True,
+                     text=True)
+      done = subprocess.run(["git", "-C", folder, "commit", "-q", "-m", message, "--only", "--",
+                             path], capture_output=True, text=True)
+      if done.returncode == 0:
+        return True
+      if "nothing to commit" in done.stdout + done.stderr or "no changes added" in (
+          done.stdout + done.stderr):
+        return False
+      raise subprocess.CalledProcessError(done.returncode, "git commit", done.stdout, done.stderr)
+    except subprocess.CalledProcessError as e:
+      if "index.lock" not in (e.stderr or "") or attempt == attempts - 1:
+        raise RuntimeError(f"committing {path} failed: {e.stderr or e.stdout}") from None
+      time.sleep(2.0 * (attempt + 1))
+  return False
+
+
+def collect_records(out: str, sizes, methods, seeds, steps: int, say=print) -> dict:
+  """reporting.collect's structure from the records under {out}/runs alone: {size: {"start",
+  "runs": {method: [result + {"seed", "curve", "code"}]}}}; sizes without a start record are left
+  out, and runs of another step count are left out with a line saying so."""
+  study = {}
+  for size in sizes:
+    start = read_record(record_path(out, f"{size}/sft/0"))
+    if start is None:
+      continue
+    runs = {}
+    for method in methods:
+      for seed in seeds:
+        rec = read_record(record_path(out, f"{size}/{method}/{seed}"))
+        if rec is None:
+          continue
+        curve = [m for m in rec["metrics"] if "reward" in m]
+        if rec["result"].get("steps", len(curve)) != steps:
+          say(f"{record_path(out, f'{size}/{method}/{seed}')}: a run of "
+              f"{rec['result'].get('steps', len(curve))} steps, not {steps}; left out")
+          continue
+        runs.setdefault(method, []).append(dict(rec["result"], seed=seed, curve=curve,
+                                                code=rec["code"]))
+    study[size] = {"start": start["result"], "runs": runs}
+  return study
+
+
+__all__ = ["MAX_RECORD_BYTES", "RECORDS", "code_version", "collect_records", "commit_record",
+           "read_record", "record_path", "write_record"]
