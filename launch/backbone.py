@@ -101,8 +101,14 @@ def main(_):
         kept = os.path.join(sft_dir, f"hf_export_{n}")
         if os.path.exists(os.path.join(kept, "config.json")):
           continue  # that schedule is done; its export was moved aside
+        if os.path.exists(export):
+          raise SystemExit(f"{export} exists but {kept} does not: an SFT run of other schedules "
+                           "(move it aside to train these)")
         config.sft.steps = n
-        train(config, sft_dir)
+        out = train(config, sft_dir)
+        if out.get("hf_export") is None or out.get("step") != n:
+          raise SystemExit(f"[sft] the {n}-step schedule stopped at step {out.get('step')} "
+                           "(preempted?): run the same command to resume it")
         shutil.move(export, kept)  # the next schedule resumes from the checkpoints
         print(f"[sft] schedule of {n} steps done: {kept}", flush=True)
       config.sft.steps = last

@@ -118,7 +118,7 @@ def test_a_record_over_the_bound_is_refused(tmp_path, monkeypatch):
   assert not os.listdir(os.path.join(tmp_path, "runs", "backbone"))
 
 
-def test_commit_record_commits_that_file_alone(tmp_path):
+def test_commit_record_commits_that_file_alone(tmp_path, monkeypatch):
   repo = tmp_path / "repo"
   repo.mkdir()
   git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True,  # noqa: E731
@@ -140,6 +140,12 @@ def test_commit_record_commits_that_file_alone(tmp_path):
       "results/runs/backbone/start.json.gz"]
   assert "M  code.py" in git("status", "--porcelain")  # still staged, not committed
   assert not records.commit_record(path, "again")  # unchanged: nothing to commit
+  # A path relative to the working directory (the sweep's default --out is one).
+  monkeypatch.chdir(repo)
+  rel = os.path.relpath(records.write_record("results", "backbone/grpo/0", {"test": {}}, None, {}))
+  assert records.commit_record(rel, "relative")
+  assert git("show", "--name-only", "--format=", "HEAD").split() == [
+      "results/runs/backbone/grpo/seed0.json.gz"]
   with gzip.open(path, "rt") as f:
     assert json.load(f)["result"] == {"dev": {"f1": 0.5}}
 
@@ -226,3 +232,51 @@ def test_the_plan_runs_the_headline_pair_first_and_seeds_per_arm():
                                                  "a2tgpo"}
   assert {s.split("/")[0] for s in got[26:38]} == {"backbone_early"}  # the rest: sparse first
   assert max(int(s.split("/")[2]) for s in got[20:]) == 2
+
+
+def test_paired_by_seed_against_scipy():
+  """The seed-level test: per-seed mean differences, Student's t on S - 1 degrees of freedom."""
+  from scipy import stats
+  from agentjax.studies.research import paired_by_seed
+  rng = np.random.default_rng(5)
+  ref = {s: {f"q{i}": float(rng.random()) for i in range(30)} for s in "01234"}
+  other = {s: {q: v + 0.03 + 0.2 * float(rng.standard_normal()) for q, v in qs.items()}
+           for s, qs in ref.items()}
+  del other["3"]["q2"]  # a question one run lacks: out of that seed's mean
+  other["9"] = {"q0": 1.0}  # a seed without a reference run: out
+  means = [np.mean([other[s][q] - ref[s][q] for q in ref[s] if q in other[s]]) for s in "01234"]
+  want = stats.ttest_1samp(means, 0.0)
+  got = paired_by_seed(ref, other)
+  assert got["seeds"] == 5 and got["mean"] == pytest.approx(np.mean(means))
+  assert got["t"] == pytest.approx(want.statistic) and got["p"] == pytest.approx(want.pvalue,
+                                                                                 rel=1e-4)
+  assert got["stderr"] == pytest.approx(np.std(means, ddof=1) / np.sqrt(5))
+  assert paired_by_seed(ref, ref)["p"] == 1.0  # identical runs
+  shifted = {s: {q: v + 0.1 for q, v in qs.items()} for s, qs in ref.items()}
+  assert paired_by_seed(ref, shifted)["p"] == 0.0  # the same nonzero difference every seed
+  assert math.isnan(paired_by_seed({"0": ref["0"]}, {"0": other["0"]})["p"])  # one seed
+  assert paired_by_seed({"0": {}}, {"1": {}})["seeds"] == 0
+
+
+def test_a_finished_run_without_a_record_gets_one_with_the_code_it_ran(tmp_path):
+  """keep_record, as the sweep calls it before choosing what to run: a result under --root
+  without a record (its orchestrator was killed) gets its record, with the code version the run
+  recorded when it started; a spec without a result is left alone."""
+  from absl import flags
+  from agentjax.studies import sweep
+  root, out = tmp_path / "root", tmp_path / "out"
+  wd = root / "backbone" / "grpo" / "seed0"
+  wd.mkdir(parents=True)
+  (wd / "config.json").write_text("{}")
+  (wd / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
+  code = {"commit": "0123456789abcdef", "dirty": False}
+  (wd / "result.json").write_text(json.dumps({"test": {"f1": 0.5}, "code": code}))
+  flags.FLAGS(["compare", "--study=research", f"--root={root}", f"--out={out}"])
+  try:
+    sweep.keep_record("backbone/grpo/0")
+    sweep.keep_record("backbone/igpo/0")  # not finished: nothing
+  finally:
+    flags.FLAGS.unparse_flags()
+  rec = records.read_record(records.record_path(str(out), "backbone/grpo/0"))
+  assert rec["code"] == code and rec["metrics"] == [{"step": 1, "reward": 0.5}]
+  assert not os.path.exists(records.record_path(str(out), "backbone/igpo/0"))

@@ -50,7 +50,8 @@ def code_version(folder: str) -> dict[str, Any]:
 
 def _dump(path: str, obj: Any) -> int:
   """gzip JSON written beside `path` and renamed over it (a killed writer leaves no partial
-  record); mtime 0 so that the same record gives the same bytes. Returns the compressed size."""
+  record); the gzip header's mtime is 0 (the record says when it was written). Returns the
+  compressed size."""
   os.makedirs(os.path.dirname(path), exist_ok=True)
   data = gzip.compress(json.dumps(obj, sort_keys=True).encode(), mtime=0)
   tmp = f"{path}.tmp{os.getpid()}"
@@ -98,7 +99,8 @@ def commit_record(path: str, message: str, attempts: int = 5) -> bool:
   unstaged changes of that checkout stay out of the commit. Retries while another git process
   holds the index lock. Returns whether a commit was made (False when the record was already
   committed as it is)."""
-  folder = os.path.dirname(os.path.abspath(path))
+  path = os.path.abspath(path)  # git runs in the record's folder: a relative path would miss
+  folder = os.path.dirname(path)
   for attempt in range(attempts):
     try:
       subprocess.run(["git", "-C", folder, "add", "--", path], check=True, capture_output=True,

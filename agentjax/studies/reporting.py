@@ -154,9 +154,10 @@ def step_seconds(curve: list[dict]) -> tuple[float, float]:
 
 
 def no_nan(obj):
-  """JSON has no NaN: a one-seed std is written as null."""
+  """JSON has no NaN or infinity: a one-seed std, or a z of a difference without spread, is
+  written as null."""
   if isinstance(obj, dict):
     return {k: no_nan(v) for k, v in obj.items()}
   if isinstance(obj, (list, tuple)):
     return [no_nan(v) for v in obj]
-  return None if isinstance(obj, float) and math.isnan(obj) else obj
+  return None if isinstance(obj, float) and not math.isfinite(obj) else obj

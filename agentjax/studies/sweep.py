@@ -188,7 +188,8 @@ def root_dir() -> str:
 
 
 def out_dir() -> str:
-  return _OUT.value or _study().out
+  """--out, or the study's folder in this checkout (wherever the command runs from)."""
+  return _OUT.value or os.path.join(REPO, _study().out)
 
 
 def _sizes() -> list[str]:
@@ -312,6 +313,7 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
     start["measurements"] = start_measurements(rl, rl.model.hf_path)
     start["hf_path"] = os.path.relpath(rl.model.hf_path, REPO)
     start["minutes"] = (time.time() - t0) / 60
+    start["code"], start["hardware"] = records.code_version(REPO), run_hardware()
     write_json(result_path(root, spec), start)
     return
   if method == "sft":
@@ -331,6 +333,7 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
   config = rl_config(root, size, method, int(seed), steps, study, eval_size)
   if config.trainer == "dac" and GENERATOR_SFT in STUDIES[study].stages:
     check_generator_start(config, root, size)
+  code = records.code_version(REPO)  # what this invocation runs (a resumed run: its last part)
   t0 = time.time()
   train(config, workdir)
   # The trainer's final eval is the whole dev split (500 questions, greedy); test is added here.
@@ -349,6 +352,7 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
   # Linux reports ru_maxrss in KiB: the peak of this whole process (load, training, both evals),
   # read before train_state_bytes builds a second state.
   result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  result["code"], result["hardware"] = code, run_hardware()
   result["train_state"] = train_state_bytes(config)
   result["checkpoint_bytes"] = _tree_bytes(os.path.join(workdir, "checkpoints", str(steps)))
   write_json(result_path(root, spec), result)
@@ -529,6 +533,11 @@ def _run_all() -> None:
     os.makedirs(root, exist_ok=True)
     say(reuse_sft(root, source, topk))
   say(build_demo_world(os.path.join(root, "synthworld"), topk=topk, world=_study().world))
+  if any(dict(_study().starts).get(s) for s in _sizes()):
+    # The shipped backbone and this world checked against its manifest before any run, also when
+    # every start's record exists already (a fresh machine resuming the study).
+    from agentjax.studies.backbone import SHIPPED, check_shipped
+    check_shipped(os.path.join(REPO, SHIPPED), os.path.join(root, "synthworld"))
   free_cores(_WORKERS.value)
   with concurrent.futures.ThreadPoolExecutor(_WORKERS.value) as pool:
     # The study's stages before RL (Study.stages: the SFT start, DAC's generator warm start and
@@ -552,9 +561,14 @@ def _run_all() -> None:
           rank = lambda x: (x.split("/")[2] != first,  # noqa: E731
                             x.split("/")[1] not in _PRIORITY.value)
           specs = sorted(specs, key=rank)  # stable: seed by seed within each group
+      for spec in specs:  # finished while no orchestrator could record it (killed, or a failure)
+        keep_record(spec)
       specs = [x for x in specs if not stage_done(x)]
       say(f"{len(specs)} run(s): {' '.join(specs)}")
-      for spec, rc, secs in pool.map(_spawn, specs):
+      # As each run ends (not in submission order): its record is written and committed at once.
+      futures = [pool.submit(_spawn, spec) for spec in specs]
+      for future in concurrent.futures.as_completed(futures):
+        spec, rc, secs = future.result()
         if rc is None:
           say(f"  {spec}: done or taken by another compare.py process")
         else:
@@ -576,20 +590,33 @@ def has_record(spec: str) -> bool:
 
 def keep_record(spec: str) -> None:
   """For a study with records: the record of `spec` written from its finished result under --root
-  (when it has one and no record yet), and committed with --commit_records. The code version is
-  this process's checkout's (the runs' subprocesses run the same files)."""
+  (when it has one and no record yet), and with --commit_records committed (also a record written
+  earlier and left uncommitted). The code version is the one the run recorded when it started
+  (result["code"]). A failure is said, not raised: the sweep goes on, and the next sweep retries."""
   root = root_dir()
-  if not _study().records or has_record(spec) or not os.path.exists(result_path(root, spec)):
+  if not _study().records:
     return
   size, method, seed = spec.split("/")
-  workdir = None if method == "sft" else os.path.dirname(result_path(root, spec))
-  code = records.code_version(REPO)
-  path = records.write_record(out_dir(), spec, read_json(result_path(root, spec)), workdir, code)
-  say(f"  {spec}: record {path}")
-  if _COMMIT.value:
-    dirty = " (uncommitted changes)" if code.get("dirty") else ""
-    records.commit_record(path, f"{_STUDY.value} study: record of {spec} (code "
-                          f"{(code.get('commit') or 'unknown')[:10]}{dirty})")
+  try:
+    path = records.record_path(out_dir(), spec)
+    code = {}
+    if not os.path.exists(path):
+      if not os.path.exists(result_path(root, spec)):
+        return
+      result = read_json(result_path(root, spec))
+      code = result.get("code") or records.code_version(REPO)
+      workdir = None if method == "sft" else os.path.dirname(result_path(root, spec))
+      path = records.write_record(out_dir(), spec, result, workdir, code)
+      say(f"  {spec}: record {path}")
+    if _COMMIT.value:
+      code = code or (records.read_record(path) or {}).get("code", {})
+      dirty = " (uncommitted changes)" if code.get("dirty") else ""
+      if records.commit_record(path, f"{_STUDY.value} study: record of {spec} (code "
+                               f"{(code.get('commit') or 'unknown')[:10]}{dirty})"):
+        say(f"  {spec}: record committed")
+  except (OSError, ValueError, RuntimeError) as e:
+    say(f"  {spec}: its record could not be kept ({type(e).__name__}: {e}); the next sweep "
+        "retries")
 
 
 def dac_alphas(root: str, size: str, runs: dict, study: str) -> tuple:
@@ -616,6 +643,19 @@ def dac_alphas(root: str, size: str, runs: dict, study: str) -> tuple:
         continue
     pairs.append((method, alpha))
   return tuple(sorted(pairs, key=lambda p: p[1]))
+
+
+def run_hardware() -> str:
+  """This process's machine and the cores it may use (a pinned run: one)."""
+  import platform
+  cpu = platform.processor() or platform.machine()
+  try:
+    with open("/proc/cpuinfo") as f:
+      cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")),
+                 cpu)
+  except OSError:
+    pass
+  return f"{cpu}, {os.cpu_count()} cores, this run on {len(os.sched_getaffinity(0))}"
 
 
 def hardware() -> str:
@@ -689,8 +729,13 @@ def report() -> None:
     panels, title = IGPO_PANELS, "{size}: mean over seeds, band min-max over seeds"
   elif _STUDY.value == "research":
     table = summarize_research(study, _TARGET.value)
-    text = markdown_research(table, steps, hardware())
-    saved = {"study": "research", "steps": steps, "hardware": hardware(),
+    # Where the runs ran, as they recorded it (not the machine making the report).
+    ran_on = sorted({r["hardware"] for s in study.values() for rs in s["runs"].values()
+                     for r in rs if r.get("hardware")})
+    where = "; ".join(ran_on) + " (as the runs recorded)" if ran_on and not _HARDWARE.value \
+        else hardware()
+    text = markdown_research(table, steps, where)
+    saved = {"study": "research", "steps": steps, "hardware": where,
              "target_gain": _TARGET.value, "primary_metric": "test F1 vs GRPO, paired by "
              "question, pooled over seeds", "paper_claims": dict(RESEARCH_CLAIMS), "table": table}
     panels, title = IGPO_PANELS, "{size}: mean over seeds, band min-max over seeds"
