@@ -280,3 +280,24 @@ def test_a_finished_run_without_a_record_gets_one_with_the_code_it_ran(tmp_path)
   rec = records.read_record(records.record_path(str(out), "backbone/grpo/0"))
   assert rec["code"] == code and rec["metrics"] == [{"step": 1, "reward": 0.5}]
   assert not os.path.exists(records.record_path(str(out), "backbone/igpo/0"))
+
+
+def test_the_shipped_backbone_matches_its_manifest_and_the_research_preset():
+  """backbones/research_v2: every file's sha256 as its manifest says, both starts of the research
+  preset's shape, the final one past the gate; safetensors only (no pickle)."""
+  from agentjax.studies.backbone import GATE, SHIPPED, STARTS, check_shipped
+  from configs import base
+  folder = os.path.join(ROOT, SHIPPED)
+  manifest = check_shipped(folder)
+  shape = base.get_config("research").model.shape
+  for start in STARTS:
+    files = sorted(os.listdir(os.path.join(folder, start)))
+    assert "model.safetensors" in files and not any(f.endswith((".bin", ".pt", ".pkl"))
+                                                    for f in files)
+    with open(os.path.join(folder, start, "config.json")) as f:
+      hf = json.load(f)
+    assert (hf["hidden_size"], hf["num_hidden_layers"], hf["intermediate_size"]) == (
+        shape.hidden_size, shape.num_layers, shape.intermediate_size)
+  assert manifest["gate"]["passed"] and manifest["gate"]["f1_by_hops"]["1"] >= GATE["f1_1hop"]
+  assert manifest["starts"]["early"]["sft_step"] < manifest["starts"]["final"]["sft_step"]
+  assert sum(os.path.getsize(os.path.join(folder, f)) for f in manifest["files"]) < 16 << 20
