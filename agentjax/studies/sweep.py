@@ -533,6 +533,11 @@ def _run_all() -> None:
     os.makedirs(root, exist_ok=True)
     say(reuse_sft(root, source, topk))
   say(build_demo_world(os.path.join(root, "synthworld"), topk=topk, world=_study().world))
+  # The question dataset (tfds, built from the world on first read) made here, once: runs that
+  # start together would each build it and collide renaming it into place.
+  from agentjax.train.builders import load_questions
+  first = rl_config(root, _sizes()[0], next(iter(STUDIES[study].methods)), 0, 1, study)
+  load_questions(first, first.data.train.split(","), "train")
   if any(dict(_study().starts).get(s) for s in _sizes()):
     # The shipped backbone and this world checked against its manifest before any run, also when
     # every start's record exists already (a fresh machine resuming the study).
