@@ -301,3 +301,12 @@ def test_the_shipped_backbone_matches_its_manifest_and_the_research_preset():
   assert manifest["gate"]["passed"] and manifest["gate"]["f1_by_hops"]["1"] >= GATE["f1_1hop"]
   assert manifest["starts"]["early"]["sft_step"] < manifest["starts"]["final"]["sft_step"]
   assert sum(os.path.getsize(os.path.join(folder, f)) for f in manifest["files"]) < 16 << 20
+
+
+def test_write_json_makes_its_folder(tmp_path):
+  """A shipped start's result goes to {root}/{size}/start.json, a folder nothing else made (the
+  first sweep lost both starts' 20 minutes of measurements to this)."""
+  from agentjax.studies.runs import read_json, write_json
+  path = str(tmp_path / "root" / "backbone_early" / "start.json")
+  write_json(path, {"dev": {"f1": 0.2}})
+  assert read_json(path) == {"dev": {"f1": 0.2}}

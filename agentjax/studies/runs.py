@@ -81,6 +81,8 @@ def answer_scores(rows: list[dict]) -> dict:
 
 
 def write_json(path: str, obj) -> None:
+  """`obj` as JSON at `path` (its folder made if missing), written beside it and renamed over it."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
   tmp = path + ".tmp"
   with open(tmp, "w") as f:
     json.dump(obj, f)
