@@ -191,7 +191,8 @@ def source_files(manual_dir: str, name: str) -> dict[str, str]:
   return files
 
 
-def _sha256(path: str) -> str:
+def file_sha256(path: str) -> str:
+  """sha256 hex digest of a file's bytes, read in 1 MiB blocks."""
   digest = hashlib.sha256()
   with open(path, "rb") as f:
     for block in iter(lambda: f.read(1 << 20), b""):
@@ -201,7 +202,7 @@ def _sha256(path: str) -> str:
 
 def fingerprint(manual_dir: str, name: str) -> dict[str, str]:
   """{split: sha256 of its file}: what a build of `name` from manual_dir would read."""
-  return {s: _sha256(p) for s, p in source_files(manual_dir, name).items()}
+  return {s: file_sha256(p) for s, p in source_files(manual_dir, name).items()}
 
 
 class SearchQAConfig(tfds.core.BuilderConfig):
@@ -261,7 +262,7 @@ agentjax.data.synthworld.SynthWorld.generate(...).write("{manual_dir}/synthworld
 
   def _split_generators(self, dl_manager: tfds.download.DownloadManager) -> dict[str, Any]:
     files = source_files(os.fspath(dl_manager.manual_dir), self.builder_config.name)
-    self.info.metadata[_METADATA_KEY] = {s: _sha256(p) for s, p in files.items()}
+    self.info.metadata[_METADATA_KEY] = {s: file_sha256(p) for s, p in files.items()}
     return {split: self._generate_examples(path) for split, path in files.items()}
 
   def _generate_examples(self, path: str) -> Iterator[tuple[str, dict[str, Any]]]:

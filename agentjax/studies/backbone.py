@@ -36,6 +36,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from agentjax.coreact.context import BranchContext
+from agentjax.data.searchqa import file_sha256
 
 KINDS = ("search", "evidence", "following")
 
@@ -292,15 +293,6 @@ STARTS = ("final", "early")
 # The world's files a study reads (retrieval corpus, questions, entities): rebuilt from the
 # world's preset (launch/backbone.py --stages=build, 20 s) and checked against the manifest.
 WORLD_FILES = ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl", "entities.jsonl")
-
-
-def file_sha256(path: str) -> str:
-  import hashlib
-  h = hashlib.sha256()
-  with open(path, "rb") as f:
-    for block in iter(lambda: f.read(1 << 20), b""):
-      h.update(block)
-  return h.hexdigest()
 
 
 def export_step(config: Any, sft_dir: str, step: int, out: str) -> str:

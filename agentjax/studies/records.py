@@ -121,29 +121,21 @@ def commit_record(path: str, message: str, attempts: int = 5) -> bool:
 
 
 def collect_records(out: str, sizes, methods, seeds, steps: int, say=print) -> dict:
-  """reporting.collect's structure from the records under {out}/runs alone: {size: {"start",
-  "runs": {method: [result + {"seed", "curve", "code"}]}}}; sizes without a start record are left
-  out, and runs of another step count are left out with a line saying so."""
-  study = {}
-  for size in sizes:
+  """reporting.collect's structure from the records under {out}/runs alone (each run's result
+  gains its record's "code")."""
+  from agentjax.studies.reporting import collect_runs
+
+  def start_of(size):
     start = read_record(record_path(out, f"{size}/sft/0"))
-    if start is None:
-      continue
-    runs = {}
-    for method in methods:
-      for seed in seeds:
-        rec = read_record(record_path(out, f"{size}/{method}/{seed}"))
-        if rec is None:
-          continue
-        curve = [m for m in rec["metrics"] if "reward" in m]
-        if rec["result"].get("steps", len(curve)) != steps:
-          say(f"{record_path(out, f'{size}/{method}/{seed}')}: a run of "
-              f"{rec['result'].get('steps', len(curve))} steps, not {steps}; left out")
-          continue
-        runs.setdefault(method, []).append(dict(rec["result"], seed=seed, curve=curve,
-                                                code=rec["code"]))
-    study[size] = {"start": start["result"], "runs": runs}
-  return study
+    return None if start is None else start["result"]
+
+  def run_of(spec):
+    rec = read_record(record_path(out, spec))
+    if rec is None:
+      return None
+    return (dict(rec["result"], code=rec["code"]), [m for m in rec["metrics"] if "reward" in m],
+            record_path(out, spec))
+  return collect_runs(sizes, methods, seeds, steps, start_of, run_of, say)
 
 
 __all__ = ["MAX_RECORD_BYTES", "RECORDS", "code_version", "collect_records", "commit_record",

@@ -43,27 +43,40 @@ def mean_std(xs: list[float]) -> tuple[float, float]:
   return m, std
 
 
-def collect(root: str, sizes, methods, seeds, steps: int) -> dict:
-  """Every finished run of `steps` steps: curves and evals, grouped by size and method."""
+def collect_runs(sizes, methods, seeds, steps: int, start_of, run_of, say=say) -> dict:
+  """Every finished run of `steps` steps, grouped by size and method: {size: {"start", "runs":
+  {method: [result + {"seed", "curve"}]}}}. start_of(size): the size's start (None: the size is
+  left out); run_of(spec): (result, its steps' metrics, where it was read) or None. A run of
+  another step count is left out with a line saying so."""
   out = {}
   for size in sizes:
-    start = read_json(result_path(root, f"{size}/sft/0"))
+    start = start_of(size)
     if start is None:
       continue
     runs = {}
     for method in methods:
       for seed in seeds:
-        path = result_path(root, f"{size}/{method}/{seed}")
-        result = read_json(path)
-        if result is None:
+        found = run_of(f"{size}/{method}/{seed}")
+        if found is None:
           continue
-        curve = read_metrics(os.path.dirname(path))
+        result, curve, where = found
         if result.get("steps", len(curve)) != steps:
-          say(f"{path}: a run of {result.get('steps', len(curve))} steps, not {steps}; left out")
+          say(f"{where}: a run of {result.get('steps', len(curve))} steps, not {steps}; left out")
           continue
         runs.setdefault(method, []).append(dict(result, seed=seed, curve=curve))
     out[size] = {"start": start, "runs": runs}
   return out
+
+
+def collect(root: str, sizes, methods, seeds, steps: int) -> dict:
+  """Every finished run of `steps` steps under `root` (collect_runs): result.json and
+  metrics.jsonl of each run folder."""
+  def run_of(spec):
+    path = result_path(root, spec)
+    result = read_json(path)
+    return None if result is None else (result, read_metrics(os.path.dirname(path)), path)
+  return collect_runs(sizes, methods, seeds, steps,
+                      lambda size: read_json(result_path(root, f"{size}/sft/0")), run_of)
 
 
 def pm(ms: tuple[float, float] | None, digits: int = 3, sign: str = "") -> str:
