@@ -4,11 +4,12 @@ rubric generator's warm start and its GRPO under three ranking rewards, and rubr
     python launch/coreact_study.py                    # every stage, then the report
     python launch/coreact_study.py --stage=grpo       # one stage (its inputs must exist)
     python launch/coreact_study.py --stage=report     # tables + plots from the finished runs
-    # SynthWorld v2 and the research backbone (launch/backbone.py first; issue 33 §2), branch
-    # values from policy continuations (graded) instead of the oracle's chain rule
-    python launch/coreact_study.py --family=research --world=runs/research \
-        --root=runs/research/coreact --out=docs/results/coreact_research \
-        --judge_backend=montecarlo
+    # SynthWorld v2 and the research backbone shipped in the repository (issue 46 §2): the
+    # research settings (coreact.RESEARCH_DEFAULTS: runs/research/coreact, Monte-Carlo branch
+    # values, ...), each finished job's record kept in docs/results/coreact_research/runs and
+    # committed as it ends; the report from those records alone
+    python launch/coreact_study.py --family=research --commit_records
+    python launch/coreact_study.py --family=research --stage=report
 
 Everything runs from the `make demo` world, BM25 index and SFT agent (--world=runs/demo:
 synthworld/, tfds/, bm25_index/, sft/hf_export) into --root (runs/coreact), each run a subprocess
@@ -47,8 +48,9 @@ import os
 from absl import app, flags
 
 from agentjax.studies import sweep  # the sweep's flags: --root --out --seeds --steps --workers ...
-from agentjax.studies.coreact import (FAMILIES, REWARDS, STAGES, VARIANTS, Settings, jobs,
-                                      report, schedule)
+from agentjax.studies.coreact import (DEMO_VARIANTS, FAMILIES, RESEARCH_DEFAULTS, REWARDS,
+                                      STAGES, VARIANTS, Settings, jobs, prepare_world, report,
+                                      schedule)
 
 FLAGS = flags.FLAGS
 
@@ -67,7 +69,8 @@ _DEV_Q = flags.DEFINE_integer("dev_questions", 50, "SynthWorld dev questions col
                               "held-out branch points).")
 _COLLECT_SEED = flags.DEFINE_integer("collect_seed", 0, "Seed of the branch-point collection.")
 _REWARDS = flags.DEFINE_list("rewards", list(REWARDS), "GRPO rank rewards (coreact.rank_reward).")
-_VARIANTS = flags.DEFINE_list("variants", list(VARIANTS), "Guided-inference variants.")
+_VARIANTS = flags.DEFINE_list("variants", list(DEMO_VARIANTS), "Guided-inference variants "
+                              "(the research family's default: RESEARCH_VARIANTS).")
 _BEST_OF_N = flags.DEFINE_integer("best_of_n", 4, "Best-of-N: actions sampled per step.")
 _GRPO_T = flags.DEFINE_float("grpo_temperature", 0.0, "The rubric generator's rollout "
                              "temperature in GRPO (runs under {reward}_t{T}); <= 0: the preset's "
@@ -79,15 +82,28 @@ flags.FLAGS.set_default("steps", 40)  # configs/coreact.py:demo's train.steps
 flags.FLAGS.set_default("eval_size", 100)  # SynthWorld test questions of the guided eval
 
 
+def _flag(name: str):
+  """A flag's value; with --family=research, the research study's setting when the flag is not
+  given (RESEARCH_DEFAULTS)."""
+  if _FAMILY.value == "research" and not FLAGS[name].present and name in RESEARCH_DEFAULTS:
+    return RESEARCH_DEFAULTS[name]
+  return FLAGS[name].value
+
+
 def settings() -> Settings:
-  return Settings(root=sweep.root_dir(), world=_WORLD.value,
-                  seeds=tuple(int(x) for x in FLAGS.seeds), steps=FLAGS.steps,
-                  train_questions=_TRAIN_Q.value, dev_questions=_DEV_Q.value,
-                  collect_seed=_COLLECT_SEED.value, eval_size=FLAGS.eval_size,
-                  rewards=tuple(_REWARDS.value), variants=tuple(_VARIANTS.value),
+  research = _FAMILY.value == "research"
+  return Settings(root=_flag("root"), world=_flag("world"),
+                  seeds=tuple(int(x) for x in FLAGS.seeds), steps=_flag("steps"),
+                  train_questions=_flag("train_questions"),
+                  dev_questions=_flag("dev_questions"),
+                  collect_seed=_COLLECT_SEED.value, eval_size=_flag("eval_size"),
+                  rewards=tuple(_REWARDS.value), variants=tuple(_flag("variants")),
                   best_of_n=_BEST_OF_N.value,
                   grpo_temperature=_GRPO_T.value if _GRPO_T.value > 0 else None,
-                  family=_FAMILY.value, judge_backend=_JUDGE.value)
+                  family=_FAMILY.value, judge_backend=_flag("judge_backend"),
+                  # the research study keeps each finished job's record in its results folder
+                  records=_flag("out") if research else "",
+                  commit_records=FLAGS.commit_records)
 
 
 def main(_):
@@ -105,10 +121,11 @@ def main(_):
   os.makedirs(s.root, exist_ok=True)
   stage = _STAGE.value
   if stage != "report":
+    prepare_world(s)
     todo = [j for j in jobs(s) if stage == "all" or j.stage == stage]
-    schedule(todo, s.root, FLAGS.workers)
+    schedule(todo, s.root, FLAGS.workers, s)
   if stage in ("all", "report"):
-    report(s, sweep.out_dir())
+    report(s, _flag("out"))
 
 
 if __name__ == "__main__":

@@ -537,7 +537,9 @@ def test_dac_report_against_a_direct_computation(tmp_path):
            "f1_by_id": dict(zip(ids(name), map(float, f1s))), "coverage": 0.75,
            "accuracy_answered": 0.5, "abstain_rate": 0.25 if dac else 0.0}
     if dac:
-      out.update(abstain_precision=float(f1s[0]), abstain_recall=float(f1s[1]))
+      out.update(abstain_precision=float(f1s[0]), abstain_recall=float(f1s[1]),
+                 abstained_by_id=dict(zip(ids(name), map(float, f1s < 0.5))),
+                 sufficient_by_id=dict(zip(ids(name), map(float, f1s > 0.2))))
     return out
   os.makedirs(os.path.join(root, "base"))
   json.dump({s: split(s, np.zeros(4), False) for s in ("dev", "test")},
@@ -567,7 +569,7 @@ def test_dac_report_against_a_direct_computation(tmp_path):
       json.dump(result, open(os.path.join(wd, "result.json"), "w"))
       truth[method, seed] = (f1s, curve, result)
   study = reporting.collect(root, ["base"], ["grpo_full", "dac"], ["0", "1"], steps=steps)
-  start = {s: split(s, np.ones(4), True) for s in ("dev", "test")}
+  start = {s: split(s, np.array([0.1, 0.3, 0.6, 0.9]), True) for s in ("dev", "test")}
   assert dac_study.summarize_dac(study, start)["base"]["threshold"] is None  # older evals
   # The warm start's figures predict alpha* = c_G P(S = 1) / P(S = 0) = 0.2 * 0.6 / 0.4 = 0.3
   # (+ c0 = 0.1: 0.4), so the arm at alpha 0.3 sits below it: "answer".
@@ -582,7 +584,8 @@ def test_dac_report_against_a_direct_computation(tmp_path):
   arms = {m: o["dac.alpha"] for m, (_, o) in dac_study.DAC_RESEARCH_METHODS.items()
           if "dac.alpha" in o}
   assert {m: dac_study.resolve_alpha_star(v, start, "x") for m, v in arms.items()} == {
-      "dac_astar0.33": pytest.approx(0.4 / 3, abs=1e-6), "dac_astar1": 0.4, "dac_astar3": 1.2}
+      "dac_astar0.33": pytest.approx(0.4 / 3, abs=1e-6), "dac_astar1": 0.4, "dac_astar3": 1.2,
+      "dac_paper": 0.4}
   with pytest.raises(FileNotFoundError, match="x: no eval of the DAC agent before RL"):
     dac_study.resolve_alpha_star(arms["dac_astar1"], None, "x")
   with pytest.raises(ValueError, match="x: the eval before RL has no"):
@@ -623,11 +626,36 @@ def test_dac_report_against_a_direct_computation(tmp_path):
       [(col(truth["dac", s][1], "sufficiency_rate")
         - col(truth["grpo_full", s][1], "sufficiency_rate")).mean() for s in "01"]))
   assert "vs_reference" not in grpo
+  # The primary metric: test F1 - grpo_full over every (seed, question) pair
+  pooled = np.concatenate(d)
+  assert dac["vs_pooled"]["pairs"] == 8
+  assert dac["vs_pooled"]["mean"] == pytest.approx(pooled.mean())
+  assert dac["vs_pooled"]["stderr"] == pytest.approx(pooled.std(ddof=1) / np.sqrt(8))
+  assert dac["vs_by_seed"]["mean"] == pytest.approx(np.mean([x.mean() for x in d]))
+  # The prediction tested: abstentions after RL minus before (the start's, every seed), on
+  # every question and on those sufficient both before and after
+  before = start["dev"]["f1_by_id"]
+  ab0 = {q: float(f < 0.5) for q, f in before.items()}
+  su0 = {q: f > 0.2 for q, f in before.items()}
+  diffs, on_sufficient = [], []
+  for s in "01":
+    after = truth["dac", s][2]["dev"]["f1_by_id"]
+    for q, f in after.items():
+      diffs.append(float(f < 0.5) - ab0[q])
+      if f > 0.2 and su0[q]:
+        on_sufficient.append(float(f < 0.5) - ab0[q])
+  (a,) = t["alpha"]
+  assert a["abstain_change"]["mean"] == pytest.approx(np.mean(diffs))
+  assert a["abstain_change"]["pairs"] == 8
+  assert a["abstain_sufficient_change"]["pairs"] == len(on_sufficient)
+  assert a["abstain_sufficient_change"]["mean"] == pytest.approx(np.mean(on_sufficient))
+  assert a["observed"] in ("abstain", "answer", "neither")
   assert [a["alpha"] for a in t["alpha"]] == [0.3]
-  assert t["dac_start"]["dev"]["f1"] == 1.0
+  assert t["dac_start"]["dev"]["f1"] == pytest.approx(0.475)
   text = dac_study.markdown_dac({"base": t}, steps, "test CPU")
   assert "| dac | 2 |" in text and "| 0.3 | answer | dac | 2 |" in text and "test CPU" in text
-  assert "α* = 0.400" in text
+  assert "α* = 0.400" in text and "Primary metric: test F1" in text
+  assert "The prediction tested" in text
   paths = dac_study.plot_dac(study, str(tmp_path))
   assert [os.path.basename(p) for p in paths] == [
       "f1_vs_step.png", "sufficiency_vs_step.png", "abstain_vs_step.png"]
@@ -686,22 +714,28 @@ def test_research_sweep_checks_the_shipped_backbone_against_the_world(tmp_path):
   assert sweep.STUDIES["research"].world == "v2"
 
 
-def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_before_rl(tmp_path):
+def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_before_rl(
+    tmp_path, monkeypatch):
   """The research DAC study: the research protocol, both roles from the backbone (no generator
-  warm start), GRPO identical to the research study's arm; its alpha arms read alpha* from
-  {root}/backbone/dac_start/0 (an error naming that file until it exists), then differ from dac
-  only in dac.alpha, which a run's result records resolved."""
-  root = str(tmp_path)
+  warm start), GRPO identical to the research study's arm (whose records it borrows, with the
+  start's); its alpha arms read alpha* from the eval before RL, {root}/backbone/dac_start/0 or
+  its record (an error naming the file until one exists), then differ from the DAC preset only in
+  dac.alpha, which a run's result records resolved; dac_paper differs in the paper's settings."""
+  root, out = str(tmp_path / "root"), str(tmp_path / "out")
+  monkeypatch.setattr(sweep, "record_out", lambda spec, study: out)
   study = sweep.STUDIES["dac_research"]
   assert study.stages == ("sft", "dac_start") and study.root == sweep.STUDIES["research"].root
+  assert dict(study.borrow) == {"sft": "research", "grpo": "research"} and study.records
+  assert list(study.methods) == ["grpo", "grpo_lora", "dac_astar0.33", "dac_astar1",
+                                 "dac_astar3", "dac_paper"]
   flat = lambda c: sweep._flat(c.to_dict())  # noqa: E731
   assert flat(sweep.rl_config(root, "backbone", "grpo", 1, 150, study="dac_research")) == flat(
       sweep.rl_config(root, "backbone", "grpo", 1, 150, study="research"))
-  dac = sweep.rl_config(root, "backbone", "dac", 1, 150, study="dac_research")
+  dac = sweep.rl_config(root, "backbone", "dac_start", 1, 150, study="dac_research")
   config_lib.validate(dac)
   assert dac.trainer == "dac" and dac.model.lora.init == "" and dac.dac.generator_group == "question"
   assert dac.model.hf_path == os.path.join(ROOT, "backbones", "research_v2", "final")
-  assert dac.train.steps == 150
+  assert dac.train.steps == 150 and dac.data.eval_size == 500
   assert dac.dac.abstain_text == "insufficient evidence" and dac.retrieval.topk == 2
   # the generator sees every document of a 4-hop chain's searches (at 8, 4-hop F1 was 0)
   assert dac.dac.max_evidence_docs == 4 * dac.retrieval.topk and dac.rl.pack_tokens == 0
@@ -709,10 +743,12 @@ def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_befo
   assert sweep.result_path(root, "backbone/dac_start/0") == start
   with pytest.raises(FileNotFoundError, match=re.escape(start)):
     sweep.rl_config(root, "backbone", "dac_astar1", 1, 150, study="dac_research")
-  os.makedirs(os.path.dirname(start))
-  # P(S = 0) 0.5, c_G 0.6, c0 0: alpha* = 0.6
-  json.dump({"dev": {"insufficient_share": 0.5, "accuracy_sufficient": 0.6,
-                     "accuracy_insufficient": 0.0}}, open(start, "w"))
+  # P(S = 0) 0.5, c_G 0.6, c0 0: alpha* = 0.6; kept as the stage's record (no run folder)
+  from agentjax.studies import records
+  records.write_record(out, "backbone/dac_start/0", {"dev": {
+      "insufficient_share": 0.5, "accuracy_sufficient": 0.6, "accuracy_insufficient": 0.0}},
+      None, {"commit": "x"})
+  assert os.path.exists(os.path.join(out, "runs", "backbone", "dac_start.json.gz"))
   for method, alpha in (("dac_astar0.33", 0.2), ("dac_astar1", 0.6), ("dac_astar3", 1.8)):
     config = sweep.rl_config(root, "backbone", method, 1, 150, study="dac_research")
     config_lib.validate(config)
@@ -720,24 +756,31 @@ def test_dac_research_arms_start_from_the_backbone_with_alpha_from_the_eval_befo
     assert config.dac.alpha == pytest.approx(alpha, abs=1e-6)
     assert sweep.resolved_overrides(root, "backbone", "dac_research", method) == {
         "dac.alpha": pytest.approx(alpha, abs=1e-6)}
+  paper = sweep.rl_config(root, "backbone", "dac_paper", 1, 150, study="dac_research")
+  config_lib.validate(paper)
+  assert {k for k, v in flat(paper).items() if v != flat(dac)[k]} == {
+      "dac.alpha", "dac.sufficiency_match", "model.lora.lr", "optimizer.b2",
+      "optimizer.weight_decay"}
+  assert paper.dac.alpha == pytest.approx(0.6, abs=1e-6)
+  assert config_lib.lora_rates(paper) == {"searcher": 3e-4, "generator": 1.5e-3}
+  assert (paper.optimizer.b2, paper.optimizer.weight_decay) == (0.999, 0.01)  # the paper's
   # The report's alpha arms: each at the alpha its runs recorded (here 0.25, not this start's
-  # 0.6 x 3), the others resolved from the start, "dac" at the preset's 0.3; sorted by alpha.
+  # 0.6 x 3), the others resolved from the start, sorted by alpha; dac_paper is not one.
   runs = {"dac_astar3": [{"overrides": {"dac.alpha": 0.25}}] * 2}
   assert sweep.dac_alphas(root, "backbone", runs, "dac_research") == (
-      ("dac_astar0.33", pytest.approx(0.2, abs=1e-6)), ("dac_astar3", 0.25), ("dac", 0.3),
+      ("dac_astar0.33", pytest.approx(0.2, abs=1e-6)), ("dac_astar3", 0.25),
       ("dac_astar1", pytest.approx(0.6, abs=1e-6)))
   with pytest.raises(ValueError, match="different dac.alpha"):
     sweep.dac_alphas(root, "backbone", {"dac_astar1": [{"overrides": {"dac.alpha": 0.1}},
                                                         {"overrides": {"dac.alpha": 0.2}}]},
                      "dac_research")
-  os.remove(start)  # without the eval before RL: only the arms that ran, and "dac"
-  assert sweep.dac_alphas(root, "backbone", runs, "dac_research") == (
-      ("dac_astar3", 0.25), ("dac", 0.3))
+  os.remove(os.path.join(out, "runs", "backbone", "dac_start.json.gz"))
+  assert sweep.dac_alphas(root, "backbone", runs, "dac_research") == (("dac_astar3", 0.25),)
   assert sweep.STUDIES["dac"].alphas == dac_study.DAC_ALPHAS  # the demo study's fixed table
 
 
 def test_paired_pooled_against_a_direct_computation():
-  from agentjax.studies.research import paired_pooled
+  from agentjax.studies.reporting import paired_pooled
   rng = np.random.default_rng(0)
   ref = {s: {f"q{i}": float(rng.random()) for i in range(50)} for s in ("0", "1", "2")}
   other = {s: {q: v + 0.02 + 0.1 * float(rng.standard_normal()) for q, v in qs.items()}
@@ -781,7 +824,7 @@ def test_async_report_against_a_direct_computation(tmp_path):
   same method's synchronous arm, seconds per step after the first, the speed-up, staleness; the
   table and the F1-vs-time plot render."""
   from agentjax.studies import async_study
-  from agentjax.studies.research import paired_pooled
+  from agentjax.studies.reporting import paired_pooled
   rng = np.random.default_rng(4)
   ids = [f"q{i}" for i in range(5)]
 

@@ -151,7 +151,7 @@ def test_guided_scores_from_eval_rows(study):
 def test_jobs_point_every_run_at_the_study_root(study):
   s = _settings(study)
   jobs = {j.spec: j for j in study.jobs(s)}
-  assert len(jobs) == 2 + 2 + 3 * 2 + len(study.VARIANTS) * 2
+  assert len(jobs) == 2 + 2 + 3 * 2 + len(study.DEMO_VARIANTS) * 2
   assert "--questions=150" in jobs["collect/train"].cmd
   assert "--out=/r/branches_dev.jsonl" in jobs["collect/dev"].cmd
   g = jobs["grpo/pairwise/1"]
@@ -196,12 +196,24 @@ def test_jobs_point_every_run_at_the_study_root(study):
 
 def test_research_family_runs_the_research_presets_on_the_backbone(study):
   """--family=research: every run takes configs/coreact.py's research_* preset of its role, the
-  world's v2 layout (the backbone's tokenizer and export under backbone/), the collection's
-  branch values from --judge_backend; every override is a field of its preset, and the agent's
-  preset (agent_config) is the research agent's: top 2, 6 turns, 1024 tokens."""
+  world's v2 layout and the backbone shipped in the repository (its tokenizer beside it), the
+  collection's branch values from --judge_backend, a guided variant per reward's generator, and
+  the runs seed by seed (each seed's generators, then its guided runs); every override is a
+  field of its preset, and the agent's preset (agent_config) is the research agent's: top 2,
+  6 turns, 1024 tokens."""
   import configs.coreact as coreact_configs
-  s = dataclasses.replace(_settings(study), family="research", judge_backend="montecarlo")
+  s = dataclasses.replace(_settings(study), family="research", judge_backend="montecarlo",
+                          variants=study.RESEARCH_VARIANTS)
+  order = [j.spec for j in study.jobs(s)]
   jobs = {j.spec: j for j in study.jobs(s)}
+  backbone = os.path.join(ROOT, "backbones", "research_v2", "final")
+  assert order[:4] == ["collect/train", "collect/dev", "sft/demos", "sft/rubric"]
+  assert [x.split("/")[-1] for x in order[4:]] == ["0"] * 11 + ["1"] * 11
+  assert [x.split("/")[0] for x in order[4:15]] == ["grpo"] * 3 + ["guided"] * 8
+  assert "--rubric_generator=/r/pairwise/seed1/hf_export" in \
+      jobs["guided/coreact_pairwise_verify/1"].cmd
+  assert "--rubric_generator=/r/listwise/seed0/hf_export" in jobs["guided/coreact_trained/0"].cmd
+  assert "--config.coreact.verify=False" in jobs["guided/coreact_trained/0"].cmd
   want = {"collect/dev": "research_collect", "sft/demos": "research_rubric_sft",
           "sft/rubric": "research_rubric_sft", "grpo/listwise/0": "research",
           "guided/react/1": "research_agent"}
@@ -209,9 +221,9 @@ def test_research_family_runs_the_research_presets_on_the_backbone(study):
     assert f"--config=configs/coreact.py:{preset}" in jobs[spec].cmd, spec
   assert "--config.coreact.judge_backend=montecarlo" in jobs["collect/train"].cmd
   assert not any("judge_backend" in a for a in jobs["grpo/listwise/0"].cmd)
-  assert "--config.model.tokenizer_path=/w/backbone/tokenizer" in jobs["sft/rubric"].cmd
-  assert "--config.model.hf_path=/w/backbone/sft/hf_export" in jobs["sft/rubric"].cmd
-  assert "--hf_path=/w/backbone/sft/hf_export" in jobs["guided/react/0"].cmd
+  assert "--config.model.tokenizer_path=" in jobs["sft/rubric"].cmd
+  assert f"--config.model.hf_path={backbone}" in jobs["sft/rubric"].cmd
+  assert f"--hf_path={backbone}" in jobs["guided/react/0"].cmd
   assert "--config.model.hf_path=/r/rubric_sft/hf_export" in jobs["grpo/top1/1"].cmd
   for j in jobs.values():
     preset = next(a for a in j.cmd if a.startswith("--config=")).split(":")[1]
@@ -275,8 +287,8 @@ def test_report_writes_tables_json_and_plots(study, tmp_path):
                   f)
     os.makedirs(os.path.dirname(study.guided_path(s.root, "react", seed)), exist_ok=True)
     with open(study.guided_path(s.root, "react", seed), "w") as f:
-      json.dump({"per_question": [{"f1": 0.5, "em": 0.0, "answer": "x", "turns": 2,
-                                   "queries": ["a"]}]}, f)
+      json.dump({"per_question": [{"id": "t/0", "f1": 0.5, "em": 0.0, "answer": "x",
+                                   "turns": 2, "queries": ["a"]}]}, f)
   out = str(tmp_path / "out")
   got = study.report(s, out)
   assert got["grpo"]["listwise"]["spearman"]["delta"][0] == pytest.approx(0.7)
@@ -301,6 +313,94 @@ def test_report_writes_tables_json_and_plots(study, tmp_path):
     saved = json.load(f)
   assert saved["guided"]["react"]["f1"][0] == 0.5
   assert saved["commands"]["grpo/listwise/0"].startswith("python launch/train.py")
+
+
+@flagsaver.flagsaver(pin_cores=False)
+def test_records_make_the_study_durable_and_the_report_reads_them_alone(study, tmp_path):
+  """With records: each finished job's record is kept as it ends; on a fresh root the records'
+  files are restored and their jobs skipped, except a recorded job whose model export a job still
+  to run needs (it runs again); the report reads the records alone (its paired per-question
+  tests against NumPy)."""
+  from agentjax.studies import records
+  out = str(tmp_path / "out")
+  s = dataclasses.replace(_settings(study, str(tmp_path / "root")), records=out, seeds=(0, 1),
+                          variants=("react", "coreact_listwise_verify"))
+  root = s.root
+  os.makedirs(root)
+  rng = np.random.default_rng(3)
+  truth = {}
+
+  def job(spec, rel, text, needs=()):
+    """A job writing `text` to each of rel (relative to root); counts its runs in runs.log."""
+    paths = tuple(os.path.join(root, r) for r in rel)
+    code = "import os,sys\n" + "".join(
+        f"os.makedirs(os.path.dirname({p!r}), exist_ok=True); open({p!r}, 'w').write({text!r})\n"
+        for p in paths) + f"open({os.path.join(str(tmp_path), 'runs.log')!r}, 'a').write({spec!r} + '\\n')"
+    return study.Job(spec, spec.split("/")[0], (sys.executable, "-c", code), paths,
+                     tuple(os.path.join(root, n) for n in needs))
+  todo = [job("collect/train", ["branches_train.jsonl"], ""),
+          job("sft/rubric", ["rubric_sft/config.json", "rubric_sft/metrics.jsonl",
+                             "rubric_sft/hf_export/config.json",
+                             "rubric_sft/hf_export/model.safetensors"], "{}",
+              ["branches_train.jsonl"])]
+  for seed in s.seeds:
+    wd = f"listwise/seed{seed}"
+    todo.append(job(f"grpo/listwise/{seed}", [f"{wd}/hf_export/config.json",
+                                              f"{wd}/hf_export/model.safetensors",
+                                              f"{wd}/eval/{s.steps}.json", f"{wd}/config.json",
+                                              f"{wd}/metrics.jsonl"],
+                    '{"spearman": 0.1, "pairwise": 0.5, "top1": 0.5, "reward": 0.5}',
+                    ["rubric_sft/hf_export/config.json"]))
+    for variant in ("react", "coreact_listwise_verify"):
+      f1s = rng.uniform(0, 1, 6).round(3)
+      truth[variant, seed] = f1s
+      result = json.dumps({"per_question": [{"id": f"t/{i}", "f1": float(f), "em": 0.0,
+                                             "answer": "x", "turns": 2} for i, f in
+                                            enumerate(f1s)]})
+      needs = [] if variant == "react" else [f"{wd}/hf_export/config.json"]
+      todo.append(job(f"guided/{variant}/{seed}", [f"guided/{variant}/seed{seed}.json"], result,
+                      needs))
+  status = study.schedule(todo, root, workers=1, s=s)
+  assert set(status.values()) == {"ok"}
+  kept = [os.path.relpath(os.path.join(d, n), out) for d, _, ns in os.walk(out) for n in ns]
+  assert sorted(kept) == sorted(
+      ["runs/collect/train.json.gz", "runs/sft/rubric.json.gz",
+       *(f"runs/grpo/listwise/seed{k}.json.gz" for k in (0, 1)),
+       *(f"runs/guided/{v}/seed{k}.json.gz" for v in ("react", "coreact_listwise_verify")
+         for k in (0, 1))])
+  rec = records.read_record(records.files_record_path(out, "grpo/listwise/1"))
+  assert sorted(rec["files"]) == ["listwise/seed1/config.json", "listwise/seed1/eval/7.json",
+                                  "listwise/seed1/metrics.jsonl"]  # never the export
+  assert rec["export_sha256"] and records.read_record(
+      records.files_record_path(out, "sft/rubric"))["export_sha256"]
+  # A lost machine: a fresh root. Everything recorded is restored and nothing runs ...
+  os.rename(root, root + ".lost")
+  os.remove(os.path.join(str(tmp_path), "runs.log"))
+  status = study.schedule(todo, root, workers=1, s=s)
+  assert set(status.values()) == {"done"} and not os.path.exists(str(tmp_path / "runs.log"))
+  assert os.path.exists(os.path.join(root, "guided", "react", "seed1.json"))
+  # ... but a guided run without a record needs its seed's generator: it and the warm start it
+  # reads run again (their records kept), the rest stay done.
+  os.remove(records.files_record_path(out, "guided/coreact_listwise_verify/1"))
+  os.remove(os.path.join(root, "guided", "coreact_listwise_verify", "seed1.json"))
+  status = study.schedule(todo, root, workers=1, s=s)
+  with open(tmp_path / "runs.log") as f:
+    assert f.read().split() == ["sft/rubric", "grpo/listwise/1",
+                                "guided/coreact_listwise_verify/1"]
+  assert status["grpo/listwise/0"] == "done" and status["grpo/listwise/1"] == "ok"
+  # The report from the records alone (no root): paired per question, pooled over seeds.
+  import shutil
+  shutil.rmtree(root)
+  got = study.report(dataclasses.replace(s, root=str(tmp_path / "gone")), str(tmp_path / "rep"))
+  assert not os.path.exists(tmp_path / "gone")
+  (pair,) = [c for c in got["guided_paired"] if c["variant"] == "coreact_listwise_verify"]
+  d = np.concatenate([truth["coreact_listwise_verify", k] - truth["react", k] for k in (0, 1)])
+  assert pair["reference"] == "react" and pair["pooled"]["pairs"] == 12
+  assert pair["pooled"]["mean"] == pytest.approx(d.mean())
+  assert pair["pooled"]["stderr"] == pytest.approx(d.std(ddof=1) / np.sqrt(12))
+  assert pair["by_seed"]["seeds"] == 2
+  with open(tmp_path / "rep" / "results.md") as f:
+    assert "paired per question" in f.read()
 
 
 def test_fixed_rubrics_are_well_formed(study):

@@ -238,7 +238,7 @@ def test_the_plan_runs_the_headline_pair_first_and_seeds_per_arm():
 def test_paired_by_seed_against_scipy():
   """The seed-level test: per-seed mean differences, Student's t on S - 1 degrees of freedom."""
   from scipy import stats
-  from agentjax.studies.research import paired_by_seed
+  from agentjax.studies.reporting import paired_by_seed
   rng = np.random.default_rng(5)
   ref = {s: {f"q{i}": float(rng.random()) for i in range(30)} for s in "01234"}
   other = {s: {q: v + 0.03 + 0.2 * float(rng.standard_normal()) for q, v in qs.items()}
@@ -311,3 +311,54 @@ def test_write_json_makes_its_folder(tmp_path):
   path = str(tmp_path / "root" / "backbone_early" / "start.json")
   write_json(path, {"dev": {"f1": 0.2}})
   assert read_json(path) == {"dev": {"f1": 0.2}}
+
+
+def test_a_borrowed_arm_is_read_from_its_study_and_its_config_checked(tmp_path, monkeypatch):
+  """dac_research borrows the research study's start and GRPO runs (Study.borrow): their records
+  are found in the research study's folder (so the sweep neither runs nor re-records them), the
+  report's collection reads them there, and a borrowed run whose config is not the one this
+  study would run (here another lr) stops the sweep naming the field; the shipped start read
+  from another checkout is the same start."""
+  import dataclasses
+  from absl import flags
+  from agentjax.studies import sweep
+  root, out, lent = tmp_path / "root", tmp_path / "dac_out", tmp_path / "research_out"
+  monkeypatch.setitem(sweep.STUDIES, "research",
+                      dataclasses.replace(sweep.STUDIES["research"], out=str(lent)))
+  config = sweep.rl_config(str(root), "backbone", "grpo", 0, 30, study="research").to_dict()
+  config = json.loads(json.dumps(config))
+  config["model"]["hf_path"] = "/another/checkout/backbones/research_v2/final"
+  wd = tmp_path / "wd"
+  wd.mkdir()
+  (wd / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
+  code = {"commit": "abc", "dirty": False}
+
+  def lend(cfg):
+    (wd / "config.json").write_text(json.dumps(cfg))
+    records.write_record(str(lent), "backbone/grpo/0", {"test": _split("test", [0.5, 1.0]),
+                                                        "dev": _split("dev", [0.5, 1.0]),
+                                                        "steps": 30}, str(wd), code)
+  lend(config)
+  records.write_record(str(lent), "backbone/sft/0", {"test": _split("test", [0.0, 1.0]),
+                                                     "dev": _split("dev", [0.0, 1.0])}, None, code)
+  flags.FLAGS(["compare", "--study=dac_research", f"--root={root}", f"--out={out}"])
+  try:
+    assert sweep.borrowed("backbone/grpo/0") and not sweep.borrowed("backbone/dac_astar1/0")
+    assert sweep.stage_done("backbone/grpo/0") and sweep.stage_done("backbone/sft/0")
+    assert not sweep.stage_done("backbone/grpo/1")
+    assert sweep.borrowed_mismatch("backbone/grpo/0") == []
+    sweep.check_borrowed(["backbone/grpo/0", "backbone/grpo/1"])  # a missing one is said
+    sweep.keep_record("backbone/grpo/0")  # the research study keeps it: nothing written here
+    assert not os.path.exists(out)
+    study = records.collect_records(str(out), ["backbone"], ["grpo", "dac_astar1"], ["0"], 30,
+                                    out_of=lambda spec: sweep.record_out(spec, "dac_research"))
+    assert study["backbone"]["start"]["test"]["f1"] == 0.5
+    assert [r["test"]["f1"] for r in study["backbone"]["runs"]["grpo"]] == [0.75]
+    config["optimizer"]["lr"] = 3e-4
+    lend(config)
+    assert sweep.borrowed_mismatch("backbone/grpo/0") == ["optimizer.lr"]
+    with pytest.raises(SystemExit, match="backbone/grpo/0: the research study's run has a "
+                       "config other than this study's in optimizer.lr"):
+      sweep.check_borrowed(["backbone/grpo/0"])
+  finally:
+    flags.FLAGS.unparse_flags()

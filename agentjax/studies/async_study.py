@@ -5,7 +5,7 @@ Declared before the runs:
   question        does staleness cost learning per step, and does it pay per hour?
   primary metric  test F1 after the same number of steps, each async arm against the same
                   method's synchronous arm, paired by question and pooled over seeds
-                  (research.paired_pooled); beside it the wall time of the runs (minutes, steps
+                  (reporting.paired_pooled); beside it the wall time of the runs (minutes, steps
                   per hour: the mean step_s of the trainer's steps) and training F1 against
                   wall-clock time (f1_vs_time.png, seed bands).
   runs            the demo's settings (configs/{grpo,igpo}.py:demo: 8 questions x 8, 4 turns)
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from agentjax.studies.reporting import mean_std, pm
-from agentjax.studies.research import paired_pooled
+from agentjax.studies.reporting import paired_pooled
 
 ASYNC_STEPS = (0, 1, 2)
 ASYNC_METHODS = {f"{m}_a{k}": (m, {"train.async_steps": k} if k else {})

@@ -18,14 +18,16 @@ import sys
 from typing import Any, Mapping, Sequence
 
 from agentjax.studies import sweep
-from agentjax.studies.reporting import WINDOW, mean_std, no_nan, say
+from agentjax.studies.reporting import (WINDOW, mean_std, no_nan, paired_by_seed,
+                                        paired_pooled, say)
 from agentjax.studies.runs import read_json, write_json
 
 
 STAGES = ("collect", "sft", "grpo", "guided", "report")
 REWARDS = ("listwise", "pairwise", "top1")
-# variant: (eval.py --agent, which rubric generator: None | "untrained" | "trained", overrides).
-# "trained" is the list-wise GRPO generator of the agent's own seed.
+# variant: (eval.py --agent, which rubric generator: None | "untrained" | "trained" | a reward,
+# overrides). "trained" is the list-wise GRPO generator of the agent's own seed; a reward names
+# the GRPO generator of that reward and seed (the research study's per-reward variants).
 VARIANTS = {
     "react": ("react", None, {}),
     "coreact_untrained": ("coreact", "untrained", {"coreact.verify": False}),
@@ -34,8 +36,16 @@ VARIANTS = {
     "coreact_trained_verify": ("coreact", "trained", {"coreact.verify": True}),
     "bon_self": ("best_of_n", None, {"coreact.best_of_n_select": "self"}),
     "bon_rubric": ("best_of_n", "trained", {"coreact.best_of_n_select": "rubric"}),
+    **{f"coreact_{r}_verify": ("coreact", r, {"coreact.verify": True}) for r in REWARDS},
 }
+DEMO_VARIANTS = ("react", "coreact_untrained", "coreact_untrained_verify", "coreact_trained",
+                 "coreact_trained_verify", "bon_self", "bon_rubric")  # docs/results/coreact
 TRAINED_REWARD = "listwise"  # the generator the guided variants use
+# The research study's variants (issue 46 §2): ReAct; rubrics by the warm start and by each
+# reward's trained generator (shadow suffix, verify and one retry), the list-wise one also
+# without verify; Best-of-N by self-score and by the list-wise rubric's score.
+RESEARCH_VARIANTS = ("react", "coreact_untrained_verify", "coreact_trained",
+                     *(f"coreact_{r}_verify" for r in REWARDS), "bon_self", "bon_rubric")
 EVAL_KEYS = ("spearman", "pairwise", "top1", "reward")  # the held-out rubric scores reported
 # Also reported per run: the share of held-out (greedy) rubrics the repetition gate zeroes.
 SUMMARY_KEYS = EVAL_KEYS + ("repetitive",)
@@ -67,13 +77,28 @@ class Settings:
   collect_seed: int
   eval_size: int
   rewards: tuple[str, ...] = REWARDS
-  variants: tuple[str, ...] = tuple(VARIANTS)
+  variants: tuple[str, ...] = DEMO_VARIANTS
   best_of_n: int = 4
   grpo_temperature: float | None = None  # None: the preset's (configs/coreact.py:demo, 1.0)
   # "demo": the `make demo` world and agent (configs/coreact.py's demo presets); "research":
   # SynthWorld v2 and the research backbone under `world` (its research_* presets).
   family: str = "demo"
   judge_backend: str = ""  # the collection's branch values (coreact.judge_backend; "": preset's)
+  # Each finished job's record under {records}/runs (records.write_files_record; "": none): a
+  # job with a record is done (unless a job still to run needs an output the record does not
+  # keep, a model export), its files are restored under root when missing, and the report reads
+  # them alone.
+  records: str = ""
+  commit_records: bool = False  # git-commit each record as it is written
+
+
+# The research study's settings (issue 46 §2; docs/results/coreact_research/README.md), used by
+# launch/coreact_study.py --family=research for every flag not given: the world and runs under
+# runs/research (shared with the research sweep), its records in the results folder.
+RESEARCH_DEFAULTS = {"root": "runs/research/coreact", "world": "runs/research",
+                     "out": "docs/results/coreact_research", "judge_backend": "montecarlo",
+                     "train_questions": 150, "dev_questions": 50, "steps": 40,
+                     "eval_size": 200, "variants": RESEARCH_VARIANTS}
 
 
 def paths(root: str) -> dict[str, str]:
@@ -135,12 +160,29 @@ def _world(s: Settings) -> dict[str, str]:
   w = s.world
   agent = {"demo": {"model.tokenizer_path": f"{w}/synthworld/tokenizer",
                     "model.hf_path": f"{w}/sft/hf_export"},
-           "research": {"model.tokenizer_path": f"{w}/backbone/tokenizer",
-                        "model.hf_path": f"{w}/backbone/sft/hf_export"}}[s.family]
+           # the backbone shipped in the repository (its tokenizer beside its weights)
+           "research": {"model.tokenizer_path": "",
+                        "model.hf_path": shipped_backbone()}}[s.family]
   return {"data.manual_dir": f"{w}/synthworld", "data.data_dir": f"{w}/tfds",
           "retrieval.corpus_path": f"{w}/synthworld/corpus.jsonl",
           "retrieval.index_dir": f"{w}/bm25_index", **agent,
           "coreact.entities_path": f"{w}/synthworld/entities.jsonl"}
+
+
+def shipped_backbone() -> str:
+  """The research family's agent: the finished backbone shipped in the repository
+  (backbones/research_v2/final, checked against its manifest before the study's jobs)."""
+  from agentjax.studies.backbone import SHIPPED
+  return os.path.join(sweep.REPO, SHIPPED, "final")
+
+
+def _generator_folder(s: Settings, generator: str, seed: int) -> str:
+  """The rubric generator a guided variant reads: the warm start ("untrained") or the GRPO
+  generator of a reward ("trained": the list-wise one) and the agent's seed."""
+  if generator == "untrained":
+    return paths(s.root)["untrained"]
+  reward = TRAINED_REWARD if generator == "trained" else generator
+  return os.path.join(grpo_dir(s.root, run_name(reward, s.grpo_temperature), seed), "hf_export")
 
 
 def jobs(s: Settings) -> list[Job]:
@@ -192,9 +234,7 @@ def jobs(s: Settings) -> list[Job]:
              f"--output={guided_path(s.root, variant, seed)}"]
       needs: tuple[str, ...] = ()
       if generator is not None:
-        folder = p["untrained"] if generator == "untrained" else \
-            os.path.join(grpo_dir(s.root, run_name(TRAINED_REWARD, s.grpo_temperature), seed),
-                         "hf_export")
+        folder = _generator_folder(s, generator, seed)
         cmd.append(f"--rubric_generator={folder}")
         needs = (os.path.join(folder, "config.json"),)
       cmd += _overrides({**world, "seed": seed, "data.eval_split": "test",
@@ -202,6 +242,15 @@ def jobs(s: Settings) -> list[Job]:
                          **extra})
       guided.append(Job(f"guided/{variant}/{seed}", "guided", tuple(cmd),
                         (guided_path(s.root, variant, seed),), needs))
+  if s.family == "research":
+    # Seed by seed: each seed's generators, then its guided runs, so that a seed's guided runs
+    # end soon after the generators they read (a generator's export is not in its record: a
+    # lost machine reruns only a seed in flight).
+    order = []
+    for seed in s.seeds:
+      order += [j for j in grpo if j.spec.endswith(f"/{seed}")]
+      order += [j for j in guided if j.spec.endswith(f"/{seed}")]
+    return out + order
   # The list-wise generators first (the trained guided variants wait on them), the guided runs
   # that need no trained generator beside them, then the other rewards.
   first = [j for j in grpo
@@ -224,12 +273,127 @@ def _log(root: str, spec: str) -> str:
   return os.path.join(folder, spec.replace("/", "_") + ".log")
 
 
-def schedule(todo: Sequence[Job], root: str, workers: int) -> dict[str, str]:
+def prepare_world(s: Settings) -> None:
+  """The research family's world under s.world (SynthWorld v2, its tokenizer, BM25 index and
+  question dataset; built in seconds, reused when it has the same settings) checked against the
+  shipped backbone's manifest. The demo family reads a `make demo` folder as it is."""
+  if s.family != "research":
+    return
+  import configs.coreact as coreact_configs
+  from agentjax.data.demo_world import build_demo_world
+  from agentjax.studies.backbone import check_shipped
+  from agentjax.train.builders import load_questions
+  config = coreact_configs.get_config(preset(s, "agent"))
+  say(build_demo_world(os.path.join(s.world, "synthworld"), topk=config.retrieval.topk,
+                       world="v2"))
+  for key, value in _world(s).items():
+    section, field = key.split(".")
+    config[section][field] = value
+  load_questions(config, config.data.train.split(","), "train")
+  check_shipped(os.path.dirname(shipped_backbone()), os.path.join(s.world, "synthworld"))
+
+
+def record_files(s: Settings, job: Job) -> list[str]:
+  """The files (relative to s.root) a finished job's record keeps: what the report and the
+  later jobs read, never a model export (GRPO's generator is kept by the guided runs' results;
+  the rubric warm start is rerun, deterministically, when a job still needs it)."""
+  p, root = paths(s.root), s.root
+  rel = lambda path: os.path.relpath(path, root)  # noqa: E731
+  stage, *rest = job.spec.split("/")
+  if stage == "collect":
+    return [rel(p[rest[0]])]
+  if job.spec == "sft/demos":
+    return [rel(p["demos"])]
+  if job.spec == "sft/rubric":
+    return [rel(os.path.join(p["sft"], f)) for f in ("config.json", "metrics.jsonl")]
+  if stage == "grpo":
+    name, seed = rest
+    wd = grpo_dir(root, name, int(seed))
+    evals = sorted(f for f in os.listdir(os.path.join(wd, "eval"))
+                   if re.fullmatch(r"\d+\.json", f) and int(f[:-5]) <= s.steps)
+    return [rel(os.path.join(wd, f)) for f in ("config.json", "metrics.jsonl")] + \
+        [rel(os.path.join(wd, "eval", f)) for f in evals]
+  if stage == "guided":
+    return [rel(guided_path(root, rest[0], int(rest[1])))]
+  raise ValueError(f"no record layout for job {job.spec!r}")
+
+
+def keep_record(s: Settings, job: Job) -> None:
+  """With s.records: the record of a finished job (its outputs exist) written when it has none,
+  with the code version of this checkout (and a model export's sha256 beside), and committed
+  with s.commit_records. A failure is said, not raised (the next run of the study retries)."""
+  from agentjax.studies import records
+  if not s.records or not _done(job):
+    return
+  from agentjax.data.searchqa import file_sha256
+  path = records.files_record_path(s.records, job.spec)
+  export = next((os.path.join(os.path.dirname(x), "model.safetensors") for x in job.done
+                 if x.endswith(os.path.join("hf_export", "config.json"))), None)
+  sha = file_sha256(export) if export and os.path.exists(export) else None
+  try:
+    kept = records.read_record(path)
+    if kept is not None and sha and kept.get("export_sha256") not in (None, sha):
+      # a job run again (its export was lost) that did not reproduce its recorded export: the
+      # runs that read the recorded one started from another model
+      say(f"  {job.spec}: WARNING its export ({sha[:12]}) is not the one its record names "
+          f"({kept['export_sha256'][:12]}): this machine did not reproduce it")
+    if kept is None:
+      extra = {"export_sha256": sha} if sha else {}
+      records.write_files_record(s.records, job.spec, s.root, record_files(s, job),
+                                 records.code_version(sweep.REPO), extra)
+      say(f"  {job.spec}: record {path}")
+    if s.commit_records and records.commit_record(path, f"coreact study: record of {job.spec}"):
+      say(f"  {job.spec}: record committed")
+  except (OSError, ValueError, RuntimeError) as e:
+    say(f"  {job.spec}: its record could not be kept ({type(e).__name__}: {e})")
+
+
+def recorded_done(s: Settings, todo: Sequence[Job]) -> set[str]:
+  """The jobs that need not run: those whose outputs exist, and those with a record unless a job
+  that must still run needs one of their outputs that the record does not keep (a generator's
+  export: then the job runs again)."""
+  from agentjax.studies import records
+  kept = {j.spec for j in todo
+          if s.records and os.path.exists(records.files_record_path(s.records, j.spec))}
+  done = {j.spec for j in todo if _done(j) or j.spec in kept}
+  while True:
+    missing = {x for j in todo if j.spec not in done for x in j.needs if not os.path.exists(x)}
+    undo = {j.spec for j in todo
+            if j.spec in done and not _done(j) and any(x in missing for x in j.done)}
+    if not undo:
+      return done
+    done -= undo
+
+
+def restore_records(s: Settings, root: str | None = None) -> int:
+  """Every record's files laid out under `root` (default s.root) where missing; returns how
+  many files were written."""
+  from agentjax.studies import records
+  folder = os.path.join(s.records, records.RECORDS)
+  n = 0
+  for dirpath, _, names in os.walk(folder):
+    for name in sorted(names):
+      if name.endswith(".json.gz"):
+        n += len(records.restore_files(os.path.join(dirpath, name), root or s.root))
+  return n
+
+
+def schedule(todo: Sequence[Job], root: str, workers: int,
+             s: Settings | None = None) -> dict[str, str]:
   """Runs the jobs not done, at most `workers` at once, each as soon as its inputs exist (in list
   order among the ready ones). A failed run is not retried here; its dependents stay waiting.
+  With s.records: the records' files are restored first, a job with a record counts as done
+  (recorded_done) and each job's record is kept as it ends (keep_record).
   Returns {spec: "ok" | "failed (exit N)" | "taken" (claimed elsewhere) | "waiting on ..."}."""
-  pending = [j for j in todo if not _done(j)]
-  status: dict[str, str] = {j.spec: "done" for j in todo if _done(j)}
+  if s is not None and s.records:
+    say(f"restored {restore_records(s)} file(s) from the records under {s.records}")
+    for j in todo:  # finished while no scheduler could record it
+      keep_record(s, j)
+    done = recorded_done(s, todo)
+  else:
+    done = {j.spec for j in todo if _done(j)}
+  pending = [j for j in todo if j.spec not in done]
+  status: dict[str, str] = {j.spec: "done" for j in todo if j.spec in done}
   running: dict[concurrent.futures.Future, Job] = {}
   sweep.free_cores(workers)
   with concurrent.futures.ThreadPoolExecutor(workers) as pool:
@@ -252,6 +416,8 @@ def schedule(todo: Sequence[Job], root: str, workers: int) -> dict[str, str]:
         status[j.spec] = "taken" if rc is None else "ok" if rc == 0 else f"failed (exit {rc})"
         say(f"  {j.spec}: {status[j.spec]} in {secs / 60:.1f} min"
                      + ("" if not rc else f"; log {_log(root, j.spec)}"))
+        if s is not None and rc == 0:
+          keep_record(s, j)
   for j in pending:
     missing = [x for x in j.needs if not os.path.exists(x)]
     status[j.spec] = "waiting on " + ", ".join(missing)
@@ -456,6 +622,33 @@ def guided_summary(results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> di
   return out
 
 
+def guided_paired(results: Mapping[str, Mapping[int, Mapping[str, Any]]]) -> list[dict]:
+  """Test F1 paired per question (the same test questions and agent seed), pooled over seeds
+  (reporting.paired_pooled), with the seed-level test (paired_by_seed) beside it: every variant
+  against ReAct, then the comparisons of PAIRED. [{"reference", "variant", "pooled",
+  "by_seed"}]."""
+  f1s = {v: {seed: f1_by_id(r) for seed, r in by_seed.items()}
+         for v, by_seed in results.items() if by_seed}
+  return [{"reference": a, "variant": b, "pooled": paired_pooled(f1s[a], f1s[b]),
+           "by_seed": paired_by_seed(f1s[a], f1s[b])}
+          for a, b in [("react", v) for v in f1s if v != "react"] + list(PAIRED)
+          if a in f1s and b in f1s]
+
+
+# The comparisons beside "every variant vs ReAct" (reference, variant): rubric vs self-score
+# Best-of-N, the other rewards' generators vs the list-wise one, verify vs the suffix alone.
+PAIRED = (("bon_self", "bon_rubric"), ("coreact_listwise_verify", "coreact_pairwise_verify"),
+          ("coreact_listwise_verify", "coreact_top1_verify"),
+          ("coreact_trained", "coreact_listwise_verify"))
+
+
+def f1_by_id(result: Mapping[str, Any]) -> dict[str, float]:
+  """{question id: F1} of a guided eval (launch/eval.py JSON; one sample a question)."""
+  rows = [r for b in result.get("per_question", {}).values() for r in b] \
+      if isinstance(result.get("per_question"), Mapping) else list(result.get("per_question", []))
+  return {str(r["id"]): float(r["f1"]) for r in rows}
+
+
 def fixed_rubrics(phrases: Sequence[str], size: int = 3) -> list[str]:
   """Context-free reference rubrics: every `size`-subset of the executor's vocabulary, in its
   order, with equal positive weights summing to 1 (two decimals, the last one takes the rest)."""
@@ -579,7 +772,8 @@ def gather(s: Settings) -> dict[str, Any]:
           "categorical": {k: v for k, v in (bandit or {}).items() if k != "stamp"},
           "demos": len(_read_jsonl(p["demos"])),
           "sft_last": sft_metrics[-1] if sft_metrics else None,
-          "grpo": grpo_summary(grpo, train), "guided": guided_summary(guided)}
+          "grpo": grpo_summary(grpo, train), "guided": guided_summary(guided),
+          "guided_paired": guided_paired(guided)}
 
 
 def _pm(ms, digits: int = 3, sign: str = "") -> str:
@@ -669,6 +863,18 @@ def tables(study: Mapping[str, Any]) -> str:
                  f"{_pm(g['redundant_query_rate'])} | {_pm(g['steps_to_answer'], 2)} | "
                  f"{_pm(g['answered'])} | {_pm(g['retries_per_step'])} | "
                  f"{_pm(g['retry_share'])} | {_pm(g['verify_score'])} |")
+  if study.get("guided_paired"):
+    lines += ["", "Test F1 paired per question (same questions, same agent seed), pooled over "
+              "seeds: the mean difference in points, its standard error over the (seed, "
+              "question) pairs and two-sided p; by seed: Student's t over the seeds' mean "
+              "differences.", "",
+              "| variant | against | pairs | F1 difference (points) | stderr | p | by seed: "
+              "seeds, t, p |", "|---|---|---|---|---|---|---|"]
+    for c in study["guided_paired"]:
+      v, b = c["pooled"], c["by_seed"]
+      lines.append(f"| {c['variant']} | {c['reference']} | {v['pairs']} | "
+                   f"{_f(100 * v['mean'], 2)} | {_f(100 * v['stderr'], 2)} | {_f(v['p'])} | "
+                   f"{b['seeds']}, {_f(b['t'], 2)}, {_f(b['p'])} |")
   return "\n".join(lines) + "\n"
 
 
@@ -746,7 +952,15 @@ def seed_curves(s: Settings) -> dict[str, dict[str, dict[int, list[float]]]]:
 
 def report(s: Settings, out: str) -> dict[str, Any]:
   """results.json, the tables (results.md) and the plots under `out` (README.md is written by
-  hand around results.md's tables)."""
+  hand around results.md's tables). With s.records: from the records alone (their files laid
+  out in a temporary folder), whatever s.root holds."""
+  commands = {j.spec: command_line(j) for j in jobs(s)}
+  settings = dataclasses.asdict(s)
+  if s.records:
+    import tempfile
+    tmp = tempfile.mkdtemp(prefix="coreact_report_")
+    say(f"the report reads {restore_records(s, tmp)} file(s) from the records under {s.records}")
+    s = dataclasses.replace(s, root=tmp)
   study = gather(s)
   os.makedirs(out, exist_ok=True)
   study["_curves"] = seed_curves(s)
@@ -755,9 +969,9 @@ def report(s: Settings, out: str) -> dict[str, Any]:
   text = tables(study)
   with open(os.path.join(out, "results.md"), "w") as f:
     f.write(text)
-  saved = {"study": "coreact", "settings": dataclasses.asdict(s), "hardware": sweep.hardware(),
+  saved = {"study": "coreact", "settings": settings, "hardware": sweep.hardware(),
            "seed_band": "mean ± sample std over seeds (plots: min-max band)",
-           "commands": {j.spec: command_line(j) for j in jobs(s)}, **study}
+           "commands": commands, **study}
   write_json(os.path.join(out, "results.json"), no_nan(_keys_to_str(saved)))
   say(text)
   say("written: " + ", ".join([os.path.join(out, "results.json"),

@@ -22,17 +22,32 @@ import subprocess
 import time
 from typing import Any, Mapping
 
+from agentjax.studies.runs import DAC_START, GENERATOR_SFT
+
 RECORDS = "runs"  # the records' folder under a study's out folder
 MAX_RECORD_BYTES = 1 << 20  # the issue's bound on a run's compressed record
 
 
+# A size's stages before RL whose record is one per size: the DAC agent's eval before RL (its
+# alpha*) and the generator's warm start.
+STAGES = (DAC_START, GENERATOR_SFT)
+
+
 def record_path(out: str, spec: str) -> str:
-  """{out}/runs/{size}/{method}/seed{k}.json.gz, or {out}/runs/{size}/start.json.gz for the
-  size's start (method "sft")."""
+  """{out}/runs/{size}/{method}/seed{k}.json.gz; {out}/runs/{size}/start.json.gz for the size's
+  start (method "sft") and {out}/runs/{size}/{stage}.json.gz for another stage before RL
+  (STAGES)."""
   size, method, seed = spec.split("/")
   if method == "sft":
     return os.path.join(out, RECORDS, size, "start.json.gz")
+  if method in STAGES:
+    return os.path.join(out, RECORDS, size, f"{method}.json.gz")
   return os.path.join(out, RECORDS, size, method, f"seed{seed}.json.gz")
+
+
+def is_stage(spec: str) -> bool:
+  """Whether `spec` is a size's stage before RL (its record holds its result alone)."""
+  return spec.split("/")[1] in ("sft",) + STAGES
 
 
 def code_version(folder: str) -> dict[str, Any]:
@@ -79,19 +94,65 @@ def write_record(out: str, spec: str, result: Mapping[str, Any], workdir: str | 
   """Writes the record of a finished run (`result`: its result.json; `workdir`: its RL workdir,
   whose config.json and metrics.jsonl it keeps; None for a size's start). Refuses to write one
   over MAX_RECORD_BYTES compressed. Returns the path."""
-  record: dict[str, Any] = {"spec": spec, "code": dict(code), "result": dict(result),
-                            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+  record: dict[str, Any] = {"spec": spec, "code": dict(code), "result": dict(result)}
   if workdir is not None:
     with open(os.path.join(workdir, "config.json")) as f:
       record["config"] = json.load(f)
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
       record["metrics"] = [json.loads(line) for line in f if line.strip()]
-  path = record_path(out, spec)
+  return _keep(record_path(out, spec), spec, record)
+
+
+def _keep(path: str, spec: str, record: dict[str, Any]) -> str:
+  """`record` (with the time it is written) at `path`, refused (removed, ValueError) when over
+  MAX_RECORD_BYTES compressed; returns the path."""
+  record["written"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
   size = _dump(path, record)
   if size > MAX_RECORD_BYTES:
     os.remove(path)
     raise ValueError(f"{spec}: its record is {size} bytes compressed, over {MAX_RECORD_BYTES}")
   return path
+
+
+def files_record_path(out: str, spec: str) -> str:
+  """{out}/runs/{spec}.json.gz for a study whose runs are jobs named by path ("collect/train",
+  "grpo/listwise/0" -> runs/grpo/listwise/seed0.json.gz: a last numeric part is the seed)."""
+  parts = spec.split("/")
+  if len(parts) > 1 and parts[-1].isdigit():
+    parts[-1] = f"seed{parts[-1]}"
+  return os.path.join(out, RECORDS, *parts[:-1], parts[-1] + ".json.gz")
+
+
+def write_files_record(out: str, spec: str, root: str, relpaths, code: Mapping[str, Any],
+                       extra: Mapping[str, Any] | None = None) -> str:
+  """The record of a finished job whose outputs are files under `root` (the Co-ReAct study's):
+  the text of each of `relpaths` (relative to root), so restore_files can lay them out again
+  where the report and the later jobs read them, and `extra` (e.g. a model export's sha256).
+  Refuses to write one over MAX_RECORD_BYTES compressed. Returns the path."""
+  files = {}
+  for rel in relpaths:
+    with open(os.path.join(root, rel)) as f:
+      files[rel] = f.read()
+  return _keep(files_record_path(out, spec), spec,
+               {"spec": spec, "code": dict(code), "files": files, **dict(extra or {})})
+
+
+def restore_files(path: str, root: str) -> list[str]:
+  """The files a record keeps (write_files_record) written under `root` where they are missing
+  (each written beside and renamed into place); returns the relative paths written. A file
+  present is left as it is."""
+  record = read_record(path)
+  written = []
+  for rel, text in (record or {}).get("files", {}).items():
+    target = os.path.join(root, rel)
+    if os.path.exists(target):
+      continue
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with open(f"{target}.tmp{os.getpid()}", "w") as f:
+      f.write(text)
+    os.replace(f"{target}.tmp{os.getpid()}", target)
+    written.append(rel)
+  return written
 
 
 def commit_record(path: str, message: str, attempts: int = 5) -> bool:
@@ -120,23 +181,27 @@ def commit_record(path: str, message: str, attempts: int = 5) -> bool:
   return False
 
 
-def collect_records(out: str, sizes, methods, seeds, steps: int, say=print) -> dict:
+def collect_records(out: str, sizes, methods, seeds, steps: int, say=print,
+                    out_of=None) -> dict:
   """reporting.collect's structure from the records under {out}/runs alone (each run's result
-  gains its record's "code")."""
+  gains its record's "code"). out_of(spec): the out folder holding that spec's record when it is
+  not `out` (a run another study keeps: Study.borrow)."""
   from agentjax.studies.reporting import collect_runs
+  where = (lambda spec: record_path(out_of(spec) if out_of else out, spec))  # noqa: E731
 
   def start_of(size):
-    start = read_record(record_path(out, f"{size}/sft/0"))
+    start = read_record(where(f"{size}/sft/0"))
     return None if start is None else start["result"]
 
   def run_of(spec):
-    rec = read_record(record_path(out, spec))
+    rec = read_record(where(spec))
     if rec is None:
       return None
     return (dict(rec["result"], code=rec["code"]), [m for m in rec["metrics"] if "reward" in m],
-            record_path(out, spec))
+            where(spec))
   return collect_runs(sizes, methods, seeds, steps, start_of, run_of, say)
 
 
-__all__ = ["MAX_RECORD_BYTES", "RECORDS", "code_version", "collect_records", "commit_record",
-           "read_record", "record_path", "write_record"]
+__all__ = ["MAX_RECORD_BYTES", "RECORDS", "STAGES", "code_version", "collect_records",
+           "commit_record", "files_record_path", "is_stage", "read_record", "record_path",
+           "restore_files", "write_files_record", "write_record"]

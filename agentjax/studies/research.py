@@ -40,6 +40,8 @@ import math
 
 import numpy as np
 
+from agentjax.studies.reporting import paired_by_seed, paired_pooled
+
 RESEARCH_METHODS = {
     "grpo": ("grpo", {}),
     "igpo": ("igpo", {}),
@@ -125,64 +127,6 @@ def start_measurements(config, hf_path: str, questions: int = START_QUESTIONS) -
   c.model.tokenizer_path = ""
   c.rollout.group_size = config.rollout.group_size
   return measure(c, hf_path, questions=questions)
-
-
-def paired_pooled(reference: dict[str, dict[str, float]], other: dict[str, dict[str, float]]
-                  ) -> dict[str, float]:
-  """Per-question differences other - reference pooled over seeds.
-
-  reference, other: {seed: {question id: score}}; a pair is (seed, question) present in both.
-  Returns {"pairs", "mean", "stderr" (sample std of the differences / sqrt(pairs)), "z",
-  "p" (two-sided, normal)}; stderr, z and p are nan with fewer than two pairs, and z = 0, p = 1
-  when every difference is 0."""
-  diffs = [other[s][q] - reference[s][q] for s in sorted(set(reference) & set(other))
-           for q in sorted(set(reference[s]) & set(other[s]))]
-  n = len(diffs)
-  if n == 0:
-    return {"pairs": 0, "mean": float("nan"), "stderr": float("nan"), "z": float("nan"),
-            "p": float("nan")}
-  d = np.asarray(diffs, np.float64)
-  mean = float(d.mean())
-  if n < 2:
-    return {"pairs": n, "mean": mean, "stderr": float("nan"), "z": float("nan"),
-            "p": float("nan")}
-  stderr = float(d.std(ddof=1) / math.sqrt(n))
-  if stderr == 0.0:
-    return {"pairs": n, "mean": mean, "stderr": 0.0, "z": 0.0 if mean == 0 else math.inf,
-            "p": 1.0 if mean == 0 else 0.0}
-  z = mean / stderr
-  return {"pairs": n, "mean": mean, "stderr": stderr, "z": z,
-          "p": math.erfc(abs(z) / math.sqrt(2.0))}
-
-
-def paired_by_seed(reference: dict[str, dict[str, float]], other: dict[str, dict[str, float]]
-                   ) -> dict[str, float]:
-  """The seed-level paired test beside paired_pooled (which treats a seed's questions as
-  independent pairs and so leaves the run-to-run variance out of its standard error): each seed's
-  mean of other - reference over the questions both have, then over the S seeds present in both
-  their mean, sample std / sqrt(S), t and a two-sided p of Student's t with S - 1 degrees of
-  freedom. {"seeds", "mean", "stderr", "t", "p"}; stderr, t and p are nan with fewer than two
-  seeds (t = 0, p = 1 when every seed's difference is 0; t inf, p 0 when they are equal and not
-  0)."""
-  means = []
-  for s in sorted(set(reference) & set(other)):
-    qs = sorted(set(reference[s]) & set(other[s]))
-    if qs:
-      means.append(float(np.mean([other[s][q] - reference[s][q] for q in qs])))
-  n, nan = len(means), float("nan")
-  if n == 0:
-    return {"seeds": 0, "mean": nan, "stderr": nan, "t": nan, "p": nan}
-  mean = float(np.mean(means))
-  if n < 2:
-    return {"seeds": n, "mean": mean, "stderr": nan, "t": nan, "p": nan}
-  stderr = float(np.std(means, ddof=1) / math.sqrt(n))
-  if stderr == 0.0:
-    return {"seeds": n, "mean": mean, "stderr": 0.0, "t": 0.0 if mean == 0 else math.inf,
-            "p": 1.0 if mean == 0 else 0.0}
-  from jax.scipy.special import betainc
-  t, df = mean / stderr, n - 1
-  p = float(betainc(df / 2.0, 0.5, df / (df + t * t)))  # P(|T| >= |t|), T ~ Student(df)
-  return {"seeds": n, "mean": mean, "stderr": stderr, "t": t, "p": p}
 
 
 def summarize_research(study: dict, target_gain: float) -> dict:
@@ -282,6 +226,6 @@ def markdown_research(table: dict, steps: int, hardware: str) -> str:
 
 
 __all__ = ["EVAL_QUESTIONS", "HEADLINE", "LEFT_OUT", "PAPER_CLAIMS", "PHASES", "REFERENCE",
-           "REGIMES", "RESEARCH_METHODS", "SEEDS", "paired_by_seed", "plan",
-           "START_QUESTIONS", "STEPS", "markdown_research", "paired_pooled",
+           "REGIMES", "RESEARCH_METHODS", "SEEDS", "plan",
+           "START_QUESTIONS", "STEPS", "markdown_research",
            "start_measurements", "summarize_research"]

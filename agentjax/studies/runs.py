@@ -62,7 +62,11 @@ def split_result(root: str, split: str, rows: list[dict]) -> dict:
           "acc": sum(q["em"] > 0 for q in rows) / n, "n": n,
           "per_hop": {f"{h}-hop": f1 for h, f1 in f1_by_hops(rows, hops).items()},
           "f1_by_id": {q["id"]: q["f1"] for q in rows},
-          "em_by_id": {q["id"]: q["em"] for q in rows}, **answer_scores(rows)}
+          "em_by_id": {q["id"]: q["em"] for q in rows}, **answer_scores(rows),
+          # an agent that may abstain (DAC): per question, for the paired abstention tests
+          **({"abstained_by_id": {q["id"]: float(q["abstained"]) for q in rows},
+              "sufficient_by_id": {q["id"]: float(q["sufficient"]) for q in rows}}
+             if rows and all("abstained" in q for q in rows) else {})}
 
 
 def answer_scores(rows: list[dict]) -> dict:

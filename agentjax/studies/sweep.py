@@ -85,6 +85,10 @@ class Study:
   # The RL runs' order, and which seeds each arm takes: specs -> specs (None: seed by seed).
   plan: Any = None
   seeds: tuple = ()  # the seeds when --seeds is not given (empty: 0, 1, 2)
+  # ((method, study), ...): arms (or stages, e.g. "sft": the start) whose runs another study of
+  # the same root, preset and steps keeps; this study reads their records there (after checking
+  # that their configs are the ones it would run: borrowed_mismatch) and never runs them.
+  borrow: tuple = ()
 
 
 STUDIES = {
@@ -106,11 +110,14 @@ STUDIES = {
     # DAC on the research backbone (issue 33 §1; agentjax/studies/dac.py DAC_RESEARCH_METHODS):
     # the same root and protocol as "research" (its GRPO runs are this study's reference), both
     # roles from the backbone, alpha arms around the alpha* of the DAC agent before RL.
+    # Its start and its GRPO arm are the research study's (borrow): their records are read from
+    # docs/results/research.
     "dac_research": Study(DAC_RESEARCH_METHODS, "runs/research", "docs/results/dac_research",
                           ("backbone",), True, "", preset="research", world="v2",
                           steps=RESEARCH_STEPS, stages=("sft", DAC_START),
                           reference=DAC_RESEARCH_REFERENCE, starts=(("backbone", "final"),),
-                          eval_questions=RESEARCH_EVAL),
+                          records=True, eval_questions=RESEARCH_EVAL,
+                          borrow=(("sft", "research"), ("grpo", "research"))),
     # GRPO and IGPO with train.async_steps 0, 1, 2 (agentjax/studies/async_study.py).
     "async": Study(ASYNC_METHODS, "runs/async", "docs/results/async", ("base",), False,
                    "runs/demo"),
@@ -207,7 +214,9 @@ def rl_config(root: str, size: str, method: str, seed: int, steps: int, study: s
   with DAC, the generator adapter from the size's warm start, generator_config). eval_size:
   questions of each eval split (0: the whole split)."""
   import importlib
-  module = STUDIES[study].methods[method][0]
+  # DAC's eval before RL: the DAC preset as every DAC arm starts it (no arm's overrides: they
+  # may need its alpha*)
+  module = "dac" if method == DAC_START else STUDIES[study].methods[method][0]
   config = importlib.import_module(f"configs.{module}").get_config(STUDIES[study].preset)
   point_at_world(config, root, size)
   config.model.hf_path = start_path(root, size, study)
@@ -252,13 +261,38 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def resolved_overrides(root: str, size: str, study: str, method: str) -> dict:
   """The method's overrides in `study` with every AlphaStar replaced by its value (alpha* of
-  {root}/{size}/dac_start/0 times its factor)."""
-  overrides = dict(STUDIES[study].methods[method][1])
+  the size's dac_start stage, under root or in its record, times its factor)."""
+  overrides = {} if method == DAC_START else dict(STUDIES[study].methods[method][1])
   for key, value in overrides.items():
     if isinstance(value, AlphaStar):
-      start = result_path(root, f"{size}/{DAC_START}/0")
-      overrides[key] = resolve_alpha_star(value, read_json(start), start)
+      spec = f"{size}/{DAC_START}/0"
+      start, where = stage_result(root, spec, study)
+      overrides[key] = resolve_alpha_star(value, start, where)
   return overrides
+
+
+def record_out(spec: str, study: str) -> str:
+  """The out folder holding `spec`'s record: the study's own (--out when it is the study being
+  run), or for a borrowed method (Study.borrow) the lending study's folder in this checkout."""
+  lender = dict(STUDIES[study].borrow).get(spec.split("/")[1])
+  if lender is not None:
+    return os.path.join(REPO, STUDIES[lender].out)
+  if flags.FLAGS.is_parsed() and study == _STUDY.value:
+    return out_dir()
+  return os.path.join(REPO, STUDIES[study].out)
+
+
+def stage_result(root: str, spec: str, study: str) -> tuple[dict | None, str]:
+  """(result, where it was read) of a finished run or stage: its result.json under `root`, else
+  its record (a study with records), else (None, the result's path)."""
+  path = result_path(root, spec)
+  result = read_json(path)
+  if result is None and STUDIES[study].records:
+    record = records.record_path(record_out(spec, study), spec)
+    kept = records.read_record(record)
+    if kept is not None:
+      return kept["result"], record
+  return result, path
 
 
 def _field(config, key: str):
@@ -293,11 +327,11 @@ def run_one(root: str, spec: str, steps: int, study: str = "igpo", eval_size: in
     run_generator_sft(root, size, generator_sft_steps)
     return
   if method == DAC_START:  # both roles as RL starts them: the backbone and the warm start
-    config = rl_config(root, size, "dac", 0, steps, study, eval_size)
+    config = rl_config(root, size, DAC_START, 0, steps, study, eval_size)
     t0 = time.time()
     result = {split: dac_split(config, root, split) for split in SPLITS}
     result["minutes"] = (time.time() - t0) / 60
-    os.makedirs(os.path.dirname(result_path(root, spec)), exist_ok=True)
+    result["code"], result["hardware"] = records.code_version(REPO), run_hardware()
     write_json(result_path(root, spec), result)
     return
   if method == "sft" and dict(STUDIES[study].starts).get(size):
@@ -568,7 +602,8 @@ def _run_all() -> None:
           specs = sorted(specs, key=rank)  # stable: seed by seed within each group
       for spec in specs:  # finished while no orchestrator could record it (killed, or a failure)
         keep_record(spec)
-      specs = [x for x in specs if not stage_done(x)]
+      check_borrowed([x for x in specs if borrowed(x)])
+      specs = [x for x in specs if not stage_done(x) and not borrowed(x)]
       say(f"{len(specs)} run(s): {' '.join(specs)}")
       # As each run ends (not in submission order): its record is written and committed at once.
       futures = [pool.submit(_spawn, spec) for spec in specs]
@@ -589,8 +624,55 @@ def stage_done(spec: str) -> bool:
 
 
 def has_record(spec: str) -> bool:
-  """Whether the study keeps records and `spec`'s is in the repository (a finished run)."""
-  return _study().records and os.path.exists(records.record_path(out_dir(), spec))
+  """Whether the study keeps records and `spec`'s is in the repository (a finished run; a
+  borrowed one in the lending study's folder)."""
+  return _study().records and os.path.exists(
+      records.record_path(record_out(spec, _STUDY.value), spec))
+
+
+def borrowed(spec: str) -> bool:
+  """Whether `spec`'s method is another study's (Study.borrow): read there, never run here."""
+  return spec.split("/")[1] in dict(_study().borrow)
+
+
+def check_borrowed(specs: Sequence[str]) -> None:
+  """Borrowed runs (Study.borrow) this study pairs with: each one not finished by its study is
+  said (the report leaves it out); one finished with another config stops the sweep, naming the
+  fields."""
+  for spec in specs:
+    lender = dict(_study().borrow)[spec.split("/")[1]]
+    if not stage_done(spec):
+      say(f"  {spec}: the {lender} study's run, not finished there (python launch/compare.py "
+          f"--study={lender}); this study's report leaves it out")
+    elif diff := borrowed_mismatch(spec):
+      raise SystemExit(f"{spec}: the {lender} study's run has a config other than this study's "
+                       f"in {', '.join(diff[:8])}{' ...' if len(diff) > 8 else ''}: it is not "
+                       "this study's arm")
+
+
+def borrowed_mismatch(spec: str) -> list[str]:
+  """Config fields (dotted) where a borrowed run's record differs from the config this study
+  would run for `spec` ([] when it is the same run; world paths, the compilation cache and the
+  checkout the shipped start was read from aside). A borrowed start ("sft") has no config: []."""
+  if records.is_stage(spec):
+    return []
+  size, method, seed = spec.split("/")
+  rec = records.read_record(records.record_path(record_out(spec, _STUDY.value), spec))
+  if rec is None:  # finished under --root, its record not written yet
+    rec = {"config": read_json(os.path.join(os.path.dirname(result_path(root_dir(), spec)),
+                                            "config.json"))}
+  ours = rl_config(root_dir(), size, method, int(seed), _steps(), _STUDY.value,
+                   _EVAL_SIZE.value)
+  from agentjax.train.trainer import RECORDED_EXTRAS
+  mine = _flat(json.loads(json.dumps(ours.to_dict())))
+  theirs = _flat({k: v for k, v in rec["config"].items() if k not in RECORDED_EXTRAS})
+  skip = set(_WORLD_PATH_KEYS) | {"train.jax_cache_dir"}
+  # The shipped start as read from one checkout or another (.../backbones/research_v2/final)
+  tail = lambda path: tuple(str(path).split(os.sep)[-3:])  # noqa: E731
+  if tail(mine.get("model.hf_path", "")) == tail(theirs.get("model.hf_path", "")):
+    skip.add("model.hf_path")
+  return sorted(k for k in set(mine) | set(theirs)
+                if k not in skip and mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
 
 
 def keep_record(spec: str) -> None:
@@ -599,9 +681,8 @@ def keep_record(spec: str) -> None:
   earlier and left uncommitted). The code version is the one the run recorded when it started
   (result["code"]). A failure is said, not raised: the sweep goes on, and the next sweep retries."""
   root = root_dir()
-  if not _study().records:
+  if not _study().records or borrowed(spec):  # a borrowed run's study keeps its record
     return
-  size, method, seed = spec.split("/")
   try:
     path = records.record_path(out_dir(), spec)
     code = {}
@@ -610,7 +691,7 @@ def keep_record(spec: str) -> None:
         return
       result = read_json(result_path(root, spec))
       code = result.get("code") or records.code_version(REPO)
-      workdir = None if method == "sft" else os.path.dirname(result_path(root, spec))
+      workdir = None if records.is_stage(spec) else os.path.dirname(result_path(root, spec))
       path = records.write_record(out_dir(), spec, result, workdir, code)
       say(f"  {spec}: record {path}")
     if _COMMIT.value:
@@ -625,14 +706,16 @@ def keep_record(spec: str) -> None:
 
 
 def dac_alphas(root: str, size: str, runs: dict, study: str) -> tuple:
-  """(method, alpha) of the study's DAC arms that set dac.alpha and of its arm "dac" (the
-  preset's alpha), sorted by alpha. An arm's alpha is the one its runs recorded (result.json's
+  """(method, alpha) of the study's DAC arms that set dac.alpha alone and of its arm "dac" (the
+  preset's alpha), sorted by alpha (an arm that changes more than alpha, e.g. dac_paper, is no
+  point of the alpha sweep). An arm's alpha is the one its runs recorded (result.json's
   overrides: an AlphaStar resolved when the run started; the seeds must agree); an arm without
   runs resolves it now, and is left out while the eval before RL is missing."""
   import importlib
   spec, pairs = STUDIES[study], []
   for method, (module, overrides) in spec.methods.items():
-    if module != "dac" or ("dac.alpha" not in overrides and method != "dac"):
+    if module != "dac" or ("dac.alpha" not in overrides and method != "dac") \
+        or set(overrides) - {"dac.alpha"}:
       continue
     if "dac.alpha" not in overrides:
       alpha = importlib.import_module("configs.dac").get_config(spec.preset).dac.alpha
@@ -663,6 +746,16 @@ def run_hardware() -> str:
   return f"{cpu}, {os.cpu_count()} cores, this run on {len(os.sched_getaffinity(0))}"
 
 
+def recorded_hardware(study: dict) -> str:
+  """Where the study's runs ran, as they recorded it (not the machine making the report); the
+  machine's own description (hardware) for runs that recorded none, or with --hardware."""
+  ran_on = sorted({r["hardware"] for s in study.values() for rs in s["runs"].values()
+                   for r in rs if r.get("hardware")})
+  if ran_on and not _HARDWARE.value:
+    return "; ".join(ran_on) + " (as the runs recorded)"
+  return hardware()
+
+
 def hardware() -> str:
   if _HARDWARE.value:
     return _HARDWARE.value
@@ -676,7 +769,8 @@ def hardware() -> str:
 def report() -> None:
   root, out = root_dir(), out_dir()
   steps = _steps()
-  study = (records.collect_records(out, _sizes(), _methods(), _seeds(), steps, say)
+  study = (records.collect_records(out, _sizes(), _methods(), _seeds(), steps, say,
+                                   lambda spec: record_out(spec, _STUDY.value))
            if _study().records else collect(root, _sizes(), _methods(), _seeds(), steps))
   if not study:
     raise SystemExit(f"no finished size under {out if _study().records else root} (run without "
@@ -698,15 +792,17 @@ def report() -> None:
     panels, title = LORA_PANELS, "{size} model, IGPO (mean over seeds; band: min-max)"
   elif _STUDY.value in ("dac", "dac_research"):
     spec = _study()
-    dac_start = {size: read_json(result_path(root, f"{size}/{DAC_START}/0")) for size in study}
+    dac_start = {size: stage_result(root, f"{size}/{DAC_START}/0", _STUDY.value)[0]
+                 for size in study}
     alphas = {size: spec.alphas or dac_alphas(root, size, s["runs"], _STUDY.value)
               for size, s in study.items()}
     generator = ("the warm start" if GENERATOR_SFT in spec.stages else
                  "the SFT model, its adapter at B = 0")
     table = {size: summarize_dac({size: s}, dac_start[size], spec.reference, alphas[size],
                                  generator)[size] for size, s in study.items()}
-    text = markdown_dac(table, steps, hardware())
-    saved = {"study": _STUDY.value, "steps": steps, "hardware": hardware(),
+    where = recorded_hardware(study) if spec.records else hardware()
+    text = markdown_dac(table, steps, where)
+    saved = {"study": _STUDY.value, "steps": steps, "hardware": where,
              "methods": {m: {"config": f"configs/{c}.py:{spec.preset}",
                              "overrides": {k: repr(v) if isinstance(v, AlphaStar) else v
                                            for k, v in o.items()}}
@@ -734,11 +830,7 @@ def report() -> None:
     panels, title = IGPO_PANELS, "{size}: mean over seeds, band min-max over seeds"
   elif _STUDY.value == "research":
     table = summarize_research(study, _TARGET.value)
-    # Where the runs ran, as they recorded it (not the machine making the report).
-    ran_on = sorted({r["hardware"] for s in study.values() for rs in s["runs"].values()
-                     for r in rs if r.get("hardware")})
-    where = "; ".join(ran_on) + " (as the runs recorded)" if ran_on and not _HARDWARE.value \
-        else hardware()
+    where = recorded_hardware(study)
     text = markdown_research(table, steps, where)
     saved = {"study": "research", "steps": steps, "hardware": where,
              "target_gain": _TARGET.value, "primary_metric": "test F1 vs GRPO, paired by "

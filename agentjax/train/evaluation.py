@@ -38,12 +38,13 @@ log = logging.getLogger(__name__)
 SCORES = ("accuracy", "em", "f1")  # what the overall and macro averages report
 # An agent that may abstain (DAC's generator): the share of samples answered (not abstained, not
 # invalid), EM accuracy over those, the abstention rate and its precision and recall against the
-# evidence's insufficiency (S = 0), P(S = 0), and the accuracy when it answers on S = 1 (c_G) and
-# on S = 0 evidence (what dac.rewards.abstention_threshold reads). Abstentions score 0 in EM and
-# F1.
+# evidence's insufficiency (S = 0), P(S = 0), the accuracy when it answers on S = 1 (c_G) and
+# on S = 0 evidence (what dac.rewards.abstention_threshold reads), and the abstention rate on
+# sufficient evidence P(abstained | S = 1) (answers lost to abstention). Abstentions score 0 in
+# EM and F1.
 ABSTENTION_SCORES = ("coverage", "accuracy_answered", "abstain_rate", "abstain_precision",
                      "abstain_recall", "insufficient_share", "accuracy_sufficient",
-                     "accuracy_insufficient")
+                     "accuracy_insufficient", "abstain_sufficient")
 
 
 def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], batch_size: int,
@@ -128,6 +129,8 @@ def row_means(rows: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
     # P(abstained | S = 0) (0 when nothing abstained / no set was insufficient).
     out["abstain_precision"] = float(insufficient[abstained].mean()) if abstained.any() else 0.0
     out["abstain_recall"] = float(abstained[insufficient].mean()) if insufficient.any() else 0.0
+    out["abstain_sufficient"] = float(abstained[~insufficient].mean()) \
+        if (~insufficient).any() else 0.0
     out["insufficient_share"] = float(insufficient.mean())
     # EM accuracy of the answers given on S = 1 / S = 0 evidence (0 when it gave none there).
     for key, where in (("accuracy_sufficient", ~insufficient), ("accuracy_insufficient",
