@@ -579,6 +579,8 @@ def test_dac_report_against_a_direct_computation(tmp_path):
   assert t["threshold"]["alpha_star_paper"] == pytest.approx(0.3)
   assert t["threshold"]["alpha_star"] == pytest.approx(0.4)
   assert t["alpha"][0]["predicted"] == "answer"
+  assert [dac_study.predicted_side(a, 0.4) for a in (0.1, 0.4000001, 1.2)] == [
+      "answer", "indifferent", "abstain"] and dac_study.predicted_side(0.3, None) is None
   # The research study's alpha arms: alpha* (0.4 here) / 3, alpha*, 3 alpha*, resolved from
   # that eval; without one, or where it predicts no threshold, an error names the eval.
   arms = {m: o["dac.alpha"] for m, (_, o) in dac_study.DAC_RESEARCH_METHODS.items()

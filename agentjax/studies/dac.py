@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 
@@ -398,8 +399,7 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
         r = t["methods"][method]
         star = (t.get("threshold") or {}).get("alpha_star")
         t["alpha"].append({"alpha": alpha, "method": method, "seeds": r["seeds"],
-                           "predicted": None if star is None else
-                           ("abstain" if alpha > star else "answer"),
+                           "predicted": predicted_side(alpha, star),
                            **abstention_change(runs[method], dac_start),
                            **{k: r[k] for k in ("dev_abstain_rate", "dev_abstain_precision",
                                                 "dev_insufficient", "dev_abstain_sufficient",
@@ -410,6 +410,17 @@ def summarize_dac(study: dict, dac_start: dict | None = None,
     t["reference"], t["generator_start"] = reference, generator_start
     table[size] = t
   return table
+
+
+def predicted_side(alpha: float, star: float | None) -> str | None:
+  """The threshold's prediction for a generator trained at `alpha`: "abstain" above alpha*,
+  "answer" below, "indifferent" at alpha* (to the 6 digits an AlphaStar arm is rounded to);
+  None without a threshold."""
+  if star is None:
+    return None
+  if math.isclose(alpha, star, rel_tol=1e-5):
+    return "indifferent"
+  return "abstain" if alpha > star else "answer"
 
 
 def abstention_change(runs: list[dict], dac_start: dict | None) -> dict:
