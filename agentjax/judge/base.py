@@ -26,11 +26,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import os
 from typing import Any, Callable, Mapping, Protocol, Sequence, runtime_checkable
 
 from agentjax.agent.trajectories import TurnRecord
+from agentjax.registry import Registry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,23 +78,16 @@ def prompt_sha256(text: str) -> str:
   return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
-# name -> factory(judge_config, mesh=None) -> Judge
-JUDGES: dict[str, Callable[..., Judge]] = {}
 # Built-in backends, imported when first built (the openai client is only needed by "openai").
 BUILTIN_JUDGES = {"openai": "agentjax.judge.openai_judge", "local": "agentjax.judge.local",
                   "oracle": "agentjax.judge.oracle"}
+# name -> factory(judge_config, mesh=None) -> Judge
+JUDGES = Registry("judge backend", BUILTIN_JUDGES)
 
 
 def register_judge(name: str):
   """Decorator: register a judge factory `factory(judge_config, *, mesh=None) -> Judge`."""
-
-  def deco(factory):
-    if name in JUDGES:
-      raise ValueError(f"judge backend {name!r} is already registered")
-    JUDGES[name] = factory
-    return factory
-
-  return deco
+  return JUDGES.decorator(name)
 
 
 def build_judge(judge_config: Any, *, mesh: Any = None) -> Judge | None:
@@ -102,12 +95,12 @@ def build_judge(judge_config: Any, *, mesh: Any = None) -> Judge | None:
   name = judge_config.backend
   if name == "none":
     return None
-  if name not in JUDGES and name in BUILTIN_JUDGES:
-    importlib.import_module(BUILTIN_JUDGES[name])  # registers it
-  if name not in JUDGES:
+  try:
+    factory = JUDGES[name]  # a built-in one imported (and registered) here
+  except KeyError:
     raise ValueError(f"judge.backend: unknown backend {name!r}; known: "
-                     f"{sorted(set(JUDGES) | set(BUILTIN_JUDGES) | {'none'})}")
-  return JUDGES[name](judge_config, mesh=mesh)
+                     f"{sorted(JUDGES.known() + ['none'])}") from None
+  return factory(judge_config, mesh=mesh)
 
 
 DEFAULT_PROMPT_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prompts",

@@ -25,6 +25,7 @@ import inspect
 import pkgutil
 from typing import Any, Callable, Mapping
 
+from agentjax.registry import Registry
 from agentjax.rl.advantages import BATCH_FIELDS, get_advantage_estimator
 
 # Batch fields the step provides to every estimator; the others come from a stage a method
@@ -128,28 +129,22 @@ class Method:
       self.validate(config, fail)
 
 
-METHODS: dict[str, Method] = {}
+METHODS = Registry("method")
 
 
 def register_method(method: Method) -> Method:
   """Adds `method` to the registry (its estimator must be registered; its inputs known)."""
-  if method.name in METHODS:
-    raise ValueError(f"method {method.name!r} is already registered")
   get_advantage_estimator(method.estimator)  # a KeyError naming the known ones
   unknown = (set() if callable(method.inputs) else set(method.inputs)) - BATCH_FIELDS
   if unknown:
     raise ValueError(f"method {method.name!r}: unknown inputs {sorted(unknown)}; the batch "
                      f"fields are {sorted(BATCH_FIELDS)}")
-  METHODS[method.name] = method
-  return method
+  return METHODS.register(method.name, method)
 
 
 def get_method(name: str) -> Method:
   """The registered method `name`; a KeyError names the known ones otherwise."""
-  try:
-    return METHODS[name]
-  except KeyError:
-    raise KeyError(f"unknown method {name!r}; known: {sorted(METHODS)}") from None
+  return METHODS[name]
 
 
 def outcome_methods() -> list[str]:

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import importlib
 import threading
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 from agentjax.jsonl import iter_json_objects
+from agentjax.registry import Registry
 
 
 class CorpusError(ValueError):
@@ -183,25 +183,21 @@ def load_corpus(path: str) -> list[dict[str, Any]]:
   return read_corpus(path)[0]
 
 
-# kind -> "module:attribute" (imported on first use, so that e.g. the http client does not pay
-# for importing bm25s) or a callable registered at runtime.
-_REGISTRY: dict[str, str | Callable[..., SearchBackend]] = {
-    "bm25": "agentjax.retrieval.bm25:BM25Backend",
-    "http": "agentjax.retrieval.http:HttpSearchBackend",
-}
+# kind -> factory(**kwargs) -> SearchBackend. The built-in ones register themselves when their
+# module is first imported (so that e.g. the http client does not pay for importing bm25s).
+BACKENDS = Registry("search backend kind", {"bm25": "agentjax.retrieval.bm25",
+                                            "http": "agentjax.retrieval.http"})
 
 
 def register_backend(kind: str, factory: Callable[..., SearchBackend]) -> None:
   """Makes `make_backend(kind, **kwargs)` call `factory(**kwargs)`."""
-  _REGISTRY[kind] = factory
+  BACKENDS.register(kind, factory)
 
 
 def make_backend(kind: str, **kwargs: Any) -> SearchBackend:
   """Builds a backend by name, e.g. make_backend("http", url="http://127.0.0.1:8000/retrieve")."""
-  if kind not in _REGISTRY:
-    raise ValueError(f"unknown search backend kind {kind!r}; known: {sorted(_REGISTRY)}")
-  factory = _REGISTRY[kind]
-  if isinstance(factory, str):
-    module, attr = factory.split(":")
-    factory = getattr(importlib.import_module(module), attr)
+  try:
+    factory = BACKENDS[kind]
+  except KeyError as e:
+    raise ValueError(e.args[0]) from None
   return factory(**kwargs)

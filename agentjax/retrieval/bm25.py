@@ -30,8 +30,8 @@ from typing import Sequence
 
 import bm25s
 
-from agentjax.retrieval.base import (Document, SearchResponse, SearchStats, check_search_args,
-                                     read_corpus)
+from agentjax.retrieval.base import (BACKENDS, Document, SearchResponse, SearchStats,
+                                     check_search_args, read_corpus)
 
 _log = logging.getLogger(__name__)
 
@@ -170,3 +170,6 @@ class BM25Backend:
         documents[i] = [Document(self._ids[j], self._contents[j], -neg) for neg, j in hits]
     self.stats.record(queries=len(queries), seconds=time.perf_counter() - start)
     return SearchResponse(documents, [None] * len(queries))
+
+
+BACKENDS.register("bm25", BM25Backend)

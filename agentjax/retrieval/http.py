@@ -28,7 +28,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Sequence
 
-from agentjax.retrieval.base import Document, SearchResponse, SearchStats, check_search_args
+from agentjax.retrieval.base import (BACKENDS, Document, SearchResponse, SearchStats,
+                                     check_search_args)
 
 
 class _RetryableError(Exception):
@@ -208,3 +209,6 @@ class HttpSearchBackend:
     except Exception:  # noqa: BLE001 -- any failure means "not healthy"
       return None
     return payload if isinstance(payload, dict) else None
+
+
+BACKENDS.register("http", HttpSearchBackend)

@@ -44,12 +44,13 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from agentjax.registry import Registry
 from agentjax.rl import gae as gae_lib
 
 Array = jax.Array
 _F32 = jnp.float32
 
-ADVANTAGE_ESTIMATORS: dict[str, Callable] = {}
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 
 # Per-batch inputs an estimator may or may not consume; the registry drops the unused ones.
 BATCH_FIELDS = frozenset({"outcome", "group_ids", "loss_mask", "turn_id", "num_turns", "ig",
@@ -60,8 +61,6 @@ def register_advantage(name: str):
   """Decorator: register an estimator under `name` (the function itself is returned unchanged)."""
 
   def deco(fn: Callable) -> Callable:
-    if name in ADVANTAGE_ESTIMATORS:
-      raise ValueError(f"advantage estimator {name!r} is already registered")
     accepted = set(inspect.signature(fn).parameters)
 
     @functools.wraps(fn)
@@ -69,7 +68,7 @@ def register_advantage(name: str):
       kwargs = {k: v for k, v in kwargs.items() if k in accepted or k not in BATCH_FIELDS}
       return fn(*args, **kwargs)
 
-    ADVANTAGE_ESTIMATORS[name] = call
+    ADVANTAGE_ESTIMATORS.register(name, call)
     return fn
 
   return deco
@@ -77,11 +76,7 @@ def register_advantage(name: str):
 
 def get_advantage_estimator(name: str) -> Callable:
   """The registered estimator `name`; a KeyError names the known ones otherwise."""
-  try:
-    return ADVANTAGE_ESTIMATORS[name]
-  except KeyError:
-    raise KeyError(f"unknown advantage estimator {name!r}; known: "
-                   f"{sorted(ADVANTAGE_ESTIMATORS)}") from None
+  return ADVANTAGE_ESTIMATORS[name]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -33,10 +33,12 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from agentjax.registry import Registry
+
 Array = jax.Array
 _F32 = jnp.float32
 
-POLICY_LOSSES: dict[str, Callable] = {}
+POLICY_LOSSES = Registry("policy loss")
 
 # Metrics whose micro-batch values combine by max (every other one is a share: they add up).
 MAX_METRICS = frozenset({"ratio_max"})
@@ -48,22 +50,12 @@ KL_ESTIMATORS = ("k1", "k2", "k3", "low_var_kl")
 
 def register_policy_loss(name: str):
   """Decorator: register a policy loss under `name` (the function is returned unchanged)."""
-
-  def deco(fn: Callable) -> Callable:
-    if name in POLICY_LOSSES:
-      raise ValueError(f"policy loss {name!r} is already registered")
-    POLICY_LOSSES[name] = fn
-    return fn
-
-  return deco
+  return POLICY_LOSSES.decorator(name)
 
 
 def get_policy_loss(name: str) -> Callable:
   """The registered policy loss `name`; a KeyError names the known ones otherwise."""
-  try:
-    return POLICY_LOSSES[name]
-  except KeyError:
-    raise KeyError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSSES)}") from None
+  return POLICY_LOSSES[name]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from typing import Any, Callable
 from agentjax.agent.protocol import PROTOCOLS
 from agentjax.dac.roles import ROLES
 from agentjax.methods import get_method, outcome_methods
+from agentjax.registry import Registry
 from agentjax.train.fields import ConfigError, fail, get, names, non_negative, positive
 
 
@@ -65,14 +66,11 @@ class TrainerKind:
   evaluate: Callable[..., dict[str, Any]] | None = None
 
 
-TRAINER_KINDS: dict[str, TrainerKind] = {}
+TRAINER_KINDS = Registry("trainer kind")
 
 
 def register_trainer_kind(kind: TrainerKind) -> TrainerKind:
-  if kind.name in TRAINER_KINDS:
-    raise ValueError(f"trainer kind {kind.name!r} is already registered")
-  TRAINER_KINDS[kind.name] = kind
-  return kind
+  return TRAINER_KINDS.register(kind.name, kind)
 
 
 def trainer_kind(config: Any) -> TrainerKind:
