@@ -157,24 +157,31 @@ def test_config_mismatch_names_field(tmp_path, train_state):
     assert ckpt.restore_or_none(abstract(train_state))[2] == 10
 
 
-def test_a_compat_key_added_later_takes_its_default_for_older_workdirs(tmp_path, train_state):
-  """A workdir written before a compat key existed (its config.json lacks it) resumes when the
-  current value is the key's default, and is refused naming it otherwise; `check_stored` then
-  sees the stored config before any array is read."""
+def test_a_compat_key_added_later_takes_its_recorded_value_for_older_workdirs(tmp_path,
+                                                                              train_state):
+  """A workdir written before a compat key existed (its config.json lacks it) is upgraded
+  (train/upgrade.py: "lora" -> None, full fine-tuning) and resumes when the current value is
+  that one, and is refused naming it otherwise; a key the upgrade does not know is refused;
+  `check_stored` then sees the upgraded stored config before any array is read."""
+  from agentjax.train.upgrade import ADDED
+  assert ("lora", None) in [(k, v) for k, v, _ in ADDED]
   with make(tmp_path) as ckpt:  # the older run: no "lora" record
     ckpt.save(10, train_state, force=True)
   newer = dict(copy.deepcopy(CONFIG), lora=None)
   seen = []
   with Checkpointer(tmp_path, save_every=10, config=newer, compat_keys=tuple(COMPAT) + ("lora",),
-                    compat_defaults={"lora": None}, check_stored=seen.append) as ckpt:
+                    check_stored=seen.append) as ckpt:
     assert ckpt.restore_or_none(abstract(train_state))[2] == 10
-  assert seen and "lora" not in seen[0] and seen[0]["model"] == CONFIG["model"]
-  with Checkpointer(tmp_path, save_every=10, config=newer, compat_keys=tuple(COMPAT) + ("lora",)) as c:
-    with pytest.raises(CheckpointMismatchError, match="'lora'"):  # no default: refused
+  assert seen and seen[0]["lora"] is None and CONFIG["model"].items() <= seen[0]["model"].items()
+  novel = copy.deepcopy(newer)
+  novel["model"]["novel"] = 1
+  with Checkpointer(tmp_path, save_every=10, config=novel,
+                    compat_keys=tuple(COMPAT) + ("model.novel",)) as c:
+    with pytest.raises(CheckpointMismatchError, match="'model.novel'"):  # not upgraded: refused
       c.restore_or_none(abstract(train_state))
   lora = dict(newer, lora={"adapters": ["policy"], "rank": 8})
-  with Checkpointer(tmp_path, save_every=10, config=lora, compat_keys=tuple(COMPAT) + ("lora",),
-                    compat_defaults={"lora": None}) as ckpt:
+  with Checkpointer(tmp_path, save_every=10, config=lora,
+                    compat_keys=tuple(COMPAT) + ("lora",)) as ckpt:
     with pytest.raises(CheckpointMismatchError, match=r"'lora'.*stored None"):
       ckpt.restore_or_none(abstract(train_state))
 
@@ -182,7 +189,7 @@ def test_a_compat_key_added_later_takes_its_default_for_older_workdirs(tmp_path,
     raise CheckpointMismatchError("not this backbone")
 
   with Checkpointer(tmp_path, save_every=10, config=newer, compat_keys=tuple(COMPAT) + ("lora",),
-                    compat_defaults={"lora": None}, check_stored=refuse) as ckpt:
+                    check_stored=refuse) as ckpt:
     with pytest.raises(CheckpointMismatchError, match="not this backbone"):
       ckpt.restore_or_none(abstract(train_state))
 

@@ -732,7 +732,7 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
     todo = [p for p in todo if any(p.name == w or p.name.startswith(w.rstrip("/") + "/")
                                    for w in programs)]
   with use_mesh(mesh):
-    log(f"fit: {config.get('preset', '?')} model {model_preset or cfg.model_type} hidden "
+    log(f"fit: {config.preset} model {model_preset or cfg.model_type} hidden "
         f"{cfg.hidden_size} x "
         f"{cfg.num_layers} layers ({cfg.num_params() / 1e9:.2f}B, {cfg.param_dtype} params, "
         f"{cfg.dtype} compute, remat {cfg.remat_policy}, attention {cfg.attention}) on "
@@ -758,7 +758,7 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
     log(f"DOES NOT FIT in {device_memory_gb:g} GB: " + ", ".join(
         f"{name} ({report[name]['total_gb']:.2f} GB)" for name in too_big))
   import resource
-  return {"bench": "fit", "config": config.get("preset", ""), "fits": not too_big,
+  return {"bench": "fit", "config": config.preset, "fits": not too_big,
           "peak_gb": worst, "device_memory_gb": device_memory_gb, "too_big": too_big,
           "problems": problems, "devices": jax.device_count(), "mesh": dict(mesh.shape),
           "compiler": f"{jax.devices()[0].platform} ({jax.devices()[0].device_kind}), jax "

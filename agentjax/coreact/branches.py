@@ -117,7 +117,7 @@ class CollectSettings:
                temperatures=tuple(float(t) for t in c.candidate_temperatures),
                per_temperature=int(c.candidates_per_temperature),
                num_candidates=int(c.num_candidates), seed=int(config.seed),
-               value_batch=int(c.get("value_batch", 64)))
+               value_batch=int(c.value_batch))
 
 
 @dataclasses.dataclass

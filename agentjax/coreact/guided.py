@@ -166,8 +166,8 @@ class RubricGenerator:
                                   mesh=mesh)
     return cls(completer, max_new_tokens=int(c.generator_max_new_tokens),
                temperature=float(c.generator_temperature), seed=int(config.seed), source=path,
-               repetition_penalty=float(c.get("generator_repetition_penalty", 1.0)),
-               max_think_tokens=int(c.get("generator_max_think_tokens", 0)))
+               repetition_penalty=float(c.generator_repetition_penalty),
+               max_think_tokens=int(c.generator_max_think_tokens))
 
   def _ids(self, text: str) -> list[int]:
     return (self.completer.chat_ids([{"role": "user", "content": text}]) if self.chat

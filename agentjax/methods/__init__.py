@@ -101,7 +101,7 @@ class Method:
 
   def needs_probes(self, config: Any) -> bool:
     """Whether a run of this method scores IGPO's ground-truth probes."""
-    return bool(self.probes(config) or config.rl.get("probe_all", False))
+    return bool(self.probes(config) or config.rl.probe_all)
 
   def check(self, config: Any, fail: Callable[..., None]) -> None:
     """The checks every method gets from its entry, then its own `validate`."""

@@ -463,6 +463,8 @@ def recorded_config(workdir: str) -> Any:
   except (OSError, ValueError) as e:
     raise ValueError(f"cannot read the run's config {path}: {e}") from None
   from agentjax.train.trainer import RECORDED_EXTRAS
+  from agentjax.train.upgrade import upgrade_recorded
+  recorded = upgrade_recorded(recorded)  # an older run's config: the fields added since
   for key in RECORDED_EXTRAS:  # recorded beside the config, not config fields
     recorded.pop(key, None)
   return ml_collections.ConfigDict(recorded)

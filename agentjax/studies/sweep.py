@@ -665,7 +665,9 @@ def borrowed_mismatch(spec: str) -> list[str]:
                    _EVAL_SIZE.value)
   from agentjax.train.trainer import RECORDED_EXTRAS
   mine = _flat(json.loads(json.dumps(ours.to_dict())))
-  theirs = _flat({k: v for k, v in rec["config"].items() if k not in RECORDED_EXTRAS})
+  from agentjax.train.upgrade import upgrade_recorded  # a field added since: what it ran with
+  theirs = _flat({k: v for k, v in upgrade_recorded(rec["config"]).items()
+                  if k not in RECORDED_EXTRAS})
   skip = set(_WORLD_PATH_KEYS) | {"train.jax_cache_dir"}
   # The shipped start as read from one checkout or another (.../backbones/research_v2/final)
   tail = lambda path: tuple(str(path).split(os.sep)[-3:])  # noqa: E731

@@ -167,7 +167,7 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
     bits.append((np.asarray(scores.retrieval), np.asarray(scores.thinking),
                  np.asarray(scores.judged, bool)))
     probes = build_probes(engine.encode, golds, template=ANSWER_TEMPLATES[c.rollout.protocol],
-                          tokens=c.rl.get("ig_probe_tokens", "split"))
+                          tokens=c.rl.ig_probe_tokens)
     for mode in modes:
       with use_mesh(mesh):
         scored = score_batch(engine.model, params, None, batch, probes, mode=mode,

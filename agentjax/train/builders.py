@@ -45,9 +45,6 @@ COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
                "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora", "critic.init",
                "critic.weight_decay", "critic.clip_norm")
-# A compat key's value in a workdir written before the key existed.
-COMPAT_DEFAULTS = {"lora": None, "critic.init": "policy", "critic.weight_decay": 0.01,
-                   "critic.clip_norm": 1.0}
 # What a run's config.json records beside its config fields (make_checkpointer): readers that
 # rebuild the config from it (serve, eval) drop these.
 RECORDED_EXTRAS = ("judge_identity", "lora", "lora_backbone")
@@ -236,11 +233,11 @@ def make_checkpointer(config: Any, workdir: str, target: TrainTarget | None = No
     return Checkpointer(workdir, save_every=config.sft.checkpoint_every or None,
                         keep=config.train.keep_checkpoints, config=recorded,
                         compat_keys=COMPAT_KEYS + SFT_COMPAT_KEYS,
-                        compat_defaults=COMPAT_DEFAULTS, check_stored=target.check_backbone)
+                        check_stored=target.check_backbone)
   recorded["judge_identity"] = judge_identity(config.judge)
   return Checkpointer(workdir, save_every=config.train.checkpoint_every,
                       keep=config.train.keep_checkpoints, config=recorded,
-                      compat_keys=COMPAT_KEYS, compat_defaults=COMPAT_DEFAULTS,
+                      compat_keys=COMPAT_KEYS,
                       check_stored=target.check_backbone)
 
 
@@ -289,4 +286,4 @@ def restore_policy(config: Any, workdir: str, mesh: jax.sharding.Mesh, *,
   return cfg, target.merged(trainable, role), tokenizer, source
 
 
-__all__ = ["COMPAT_DEFAULTS", "COMPAT_KEYS", "EXPORT_DIR", "QuestionStream", "RECORDED_EXTRAS", "SFT_COMPAT_KEYS", "init_train_state", "load_model", "load_questions", "make_agents", "make_checkpointer", "make_search_backend", "opt_state_shardings", "restore_policy", "restore_trainable", "rollout_config"]
+__all__ = ["COMPAT_KEYS", "EXPORT_DIR", "QuestionStream", "RECORDED_EXTRAS", "SFT_COMPAT_KEYS", "init_train_state", "load_model", "load_questions", "make_agents", "make_checkpointer", "make_search_backend", "opt_state_shardings", "restore_policy", "restore_trainable", "rollout_config"]

@@ -50,6 +50,7 @@ from etils import epath
 from jax.sharding import NamedSharding, PartitionSpec
 
 from agentjax.models.safetensors_io import CheckpointError as _ModelCheckpointError
+from agentjax.train.upgrade import upgrade_recorded
 
 PyTree = Any
 
@@ -140,8 +141,8 @@ class Checkpointer:
       ["model.preset", "model.hf_path", "model.param_dtype", "optimizer.name"].
     async_save: write in a background thread (orbax's default); save() returns once the arrays
       are copied off the devices, so the caller may donate/overwrite the state right after.
-    compat_defaults: the value a compat key had before it existed (a stored config without the
-      key compares as this), so that older workdirs stay resumable when a key is added.
+      A stored config is upgraded first (train/upgrade.py): a key added since it was written
+      compares as the value its run ran with, so older workdirs stay resumable.
     check_stored: called with the stored config after the compat keys matched, before any array
       is read; raises CheckpointMismatchError for what keys cannot express (a LoRA run's
       backbone fingerprint).
@@ -150,7 +151,6 @@ class Checkpointer:
   def __init__(self, workdir: str | os.PathLike[str], *, save_every: int | None,
                keep: int | None = 3, config: Mapping[str, Any] | None = None,
                compat_keys: Sequence[str] = (), async_save: bool = True,
-               compat_defaults: Mapping[str, Any] | None = None,
                check_stored: Callable[[Mapping[str, Any]], None] | None = None):
     if save_every is not None and (not isinstance(save_every, int) or save_every < 0):
       raise ValueError(f"save_every must be a non-negative int or None, got {save_every!r}")
@@ -165,7 +165,6 @@ class Checkpointer:
     self.keep = keep
     self.config = None if config is None else _to_json(dict(config), "config")
     self.compat_keys = tuple(compat_keys)
-    self.compat_defaults = dict(compat_defaults or {})
     self.check_stored = check_stored
     if self.compat_keys and self.config is None:
       raise ValueError("compat_keys given without a config to compare")
@@ -351,20 +350,21 @@ class Checkpointer:
   # ------------------------------------------------------------------------------- checks
 
   def _stored_config(self, meta: Mapping[str, Any] | None) -> Any:
-    """The workdir's config.json, else the config recorded in the step's meta item."""
+    """The workdir's config.json, else the config recorded in the step's meta item, upgraded
+    (train/upgrade.py: a field added since it was written has the value its run ran with)."""
     if self.config_path.exists():
       try:
-        return json.loads(self.config_path.read_text())
+        stored = json.loads(self.config_path.read_text())
       except ValueError as e:
         raise CheckpointError(f"{self.config_path} is not valid JSON: {e}") from e
-    return None if meta is None else meta.get("config")
+    else:
+      stored = None if meta is None else meta.get("config")
+    return upgrade_recorded(stored) if isinstance(stored, Mapping) else stored
 
   def _check_config(self, stored: Any, step: int) -> None:
     if self.compat_keys and stored is not None:
       for key in self.compat_keys:
         old, new = _get_dotted(stored, key), _get_dotted(self.config, key)
-        if old == _MISSING and key in self.compat_defaults:
-          old = self.compat_defaults[key]  # written before the field existed: its default
         if old != new:
           raise CheckpointMismatchError(
               f"config field {key!r} differs from the run that wrote the checkpoints in "

@@ -69,7 +69,7 @@ def validate(config: Any) -> None:
     _fail("mesh.sampler_devices", _get(config, "mesh.sampler_devices"),
           "the split placement copies full parameters to the sampler: not yet with LoRA "
           "adapters or several roles (use the colocated placement, 0)")
-  partial = config.rollout.get("partial", "off")
+  partial = config.rollout.partial
   if partial not in PARTIAL_MODES:
     _fail("rollout.partial", partial, f"must be one of {list(PARTIAL_MODES)}")
   if partial != "off" and not _get(config, "train.async_steps"):
@@ -81,7 +81,7 @@ def validate(config: Any) -> None:
   stale = _get(config, "train.stale")
   if stale not in STALE_MODES:
     _fail("train.stale", stale, f"must be one of {list(STALE_MODES)}")
-  max_staleness = config.train.get("max_staleness", -1)
+  max_staleness = config.train.max_staleness
   if isinstance(max_staleness, bool) or not isinstance(max_staleness, int) or max_staleness < -1:
     _fail("train.max_staleness", max_staleness, "must be an int >= 0 (or -1: async_steps)")
   if stale == "drop":
@@ -128,10 +128,10 @@ def _validate_model(config: Any) -> None:
   if _get(config, "model.remat_policy") not in REMAT_POLICIES:
     _fail("model.remat_policy", _get(config, "model.remat_policy"),
           f"must be one of {list(REMAT_POLICIES)}")
-  if config.model.get("attention", "auto") not in ATTENTION_IMPLEMENTATIONS:
-    _fail("model.attention", config.model.get("attention"),
+  if config.model.attention not in ATTENTION_IMPLEMENTATIONS:
+    _fail("model.attention", config.model.attention,
           f"must be one of {list(ATTENTION_IMPLEMENTATIONS)}")
-  block = config.model.get("attention_block", 512)
+  block = config.model.attention_block
   if isinstance(block, bool) or not isinstance(block, int) or block <= 0:
     _fail("model.attention_block", block, "must be a positive integer")
   spec = lora_spec(config)
@@ -239,7 +239,7 @@ def _validate_rl(config: Any) -> None:
   if _get(config, "rl.igpo_norm") not in ("joint", "separate"):
     _fail("rl.igpo_norm", _get(config, "rl.igpo_norm"), "must be 'joint' or 'separate'")
   _non_negative(config, "rl.igpo_ig_weight", "rl.igpo_outcome_weight")
-  if config.rl.get("ig_probe_tokens", "split") not in PROBE_TOKENS:  # .get: older configs
+  if config.rl.ig_probe_tokens not in PROBE_TOKENS:
     _fail("rl.ig_probe_tokens", config.rl.ig_probe_tokens, f"must be one of {PROBE_TOKENS}")
   if _get(config, "rl.ig_mode") not in ("log_prob", "prob"):
     _fail("rl.ig_mode", _get(config, "rl.ig_mode"), "must be 'log_prob' or 'prob'")
@@ -288,7 +288,7 @@ def _validate_rl(config: Any) -> None:
     _fail("rl.minibatch_size", mb, f"must divide the batch of prompts_per_step * group_size = "
           f"{batch} trajectories")
   # Configs recorded before micro-batching read the one-pass default.
-  micro = config.rl.get("micro_batch_size", 0)
+  micro = config.rl.micro_batch_size
   if isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
     _fail("rl.micro_batch_size", micro, "must be an int >= 0 (0: the whole minibatch at once)")
   shards = [_get(config, f"mesh.{dim}") for dim in ("data", "fsdp")]
@@ -302,16 +302,16 @@ def _validate_rl(config: Any) -> None:
     _fail("rl.micro_batch_size", micro, f"must divide rl.minibatch_size={mb} (with the mesh's "
           f"data x fsdp devices: trajectories per device per pass)")
   # Configs recorded before packing read 0 (padded rows).
-  pack = config.rl.get("pack_tokens", 0)
+  pack = config.rl.pack_tokens
   if isinstance(pack, bool) or not isinstance(pack, int) or pack < 0 or pack % PACK_MULTIPLE:
     _fail("rl.pack_tokens", pack, f"must be 0 (padded rows) or a positive multiple of "
           f"{PACK_MULTIPLE} (tokens per packed row)")
   if pack and _get(config, "trainer") == "dac":
     _fail("rl.pack_tokens", pack, "DAC's roles score and update padded rows; set it to 0")
-  kv_min = config.rollout.get("kv_window_min", 256)
+  kv_min = config.rollout.kv_window_min
   if isinstance(kv_min, bool) or not isinstance(kv_min, int) or kv_min < 0:
     _fail("rollout.kv_window_min", kv_min, "must be an int >= 0 (0: decode reads the whole cache)")
-  prefill_rows = config.rollout.get("prefill_rows", 32)
+  prefill_rows = config.rollout.prefill_rows
   if isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0:
     _fail("rollout.prefill_rows", prefill_rows, "must be an int >= 0 (0: every prompt in one "
           "prefill call)")

@@ -271,8 +271,8 @@ def policy_loss_config(config: Any, norm_length: int | None = None) -> PolicyLos
                           chunk=rl.chunk,
                           inputs=get_method(config.algorithm).loss_inputs_for(config),
                           # .get: configs recorded before these fields existed
-                          correction=rl.get("off_policy_correction", "none"),
-                          correction_cap=float(rl.get("off_policy_cap", 2.0)))
+                          correction=rl.off_policy_correction,
+                          correction_cap=float(rl.off_policy_cap))
 
 
 def _role_objective(model: Qwen, loss: PolicyLossConfig):

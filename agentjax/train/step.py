@@ -60,8 +60,7 @@ POLICY_MINIBATCH = ("tokens", "valid", "loss_mask", "old_logp", "ref_logp", "adv
 def policy_minibatch_keys(config: Any) -> tuple[str, ...]:
   """The minibatch fields every policy update reads: POLICY_MINIBATCH, and the sampler's
   log-probs ("behav_logp") when rl.off_policy_correction weighs the loss by them."""
-  correction = config.rl.get("off_policy_correction", "none")  # .get: configs recorded before it
-  return POLICY_MINIBATCH + (("behav_logp",) if correction != "none" else ())
+  return POLICY_MINIBATCH + (("behav_logp",) if config.rl.off_policy_correction != "none" else ())
 CRITIC_MINIBATCH = ("tokens", "valid", "old_values", "returns", "value_mask")
 
 
@@ -78,7 +77,7 @@ def micro_batch_rows(config: Any, mesh: jax.sharding.Mesh) -> int:
   device) x the data x fsdp devices the batch is sharded over; 0: whole minibatches at once.
   A ConfigError naming rl.micro_batch_size unless it divides rl.minibatch_size."""
   from agentjax.train.config import ConfigError
-  micro = config.rl.get("micro_batch_size", 0)  # configs recorded before the key: one pass
+  micro = config.rl.micro_batch_size
   rows = global_micro(micro, mesh)
   if rows and config.rl.minibatch_size % rows:
     raise ConfigError(f"config.rl.micro_batch_size={micro!r}: x the mesh's data x fsdp devices "
@@ -273,7 +272,7 @@ class RLStep:
                adv_kwargs=advantage_kwargs(config),
                judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
                target=target, ref_model=ref_model, critic=critic,
-               micro_batch=micro, pack_tokens=rl.get("pack_tokens", 0),  # .get: older configs
+               micro_batch=micro, pack_tokens=rl.pack_tokens,
                role_schedules=role_schedules, sampler_mesh=sampler_mesh)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
@@ -376,7 +375,7 @@ class RLStep:
     t0 = time.perf_counter()
     probes = build_probes(self.engine.encode, out.row_golds,
                           template=ANSWER_TEMPLATES[config.rollout.protocol],
-                          tokens=rl.get("ig_probe_tokens", "split")) \
+                          tokens=rl.ig_probe_tokens) \
         if self.with_probes else None
     packer, score_plans, pack_stats = None, None, {}
     if self.pack_tokens:  # plan the packed rows of scoring and updates: one transfer of valid
@@ -533,7 +532,7 @@ class RLStep:
     gaps = to_host([mismatch_metrics(batches[r].logprobs, scored[r].old_logp,
                                      batches[r].loss_mask) for r in roles])
     metrics.update({k: float(np.mean([g[k] for g in gaps])) for k in gaps[0]})
-    if rl.get("off_policy_correction", "none") != "none":
+    if rl.off_policy_correction != "none":
       metrics.update({k: across_roles(k) for k in ("offpolicy/weight_mean",
                                                      "offpolicy/capped_share")})
     new_state = {"params": trainable, "opt_state": opt_state, "rng": rng}

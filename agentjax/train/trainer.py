@@ -68,7 +68,7 @@ from agentjax.train.critic import CRITIC_EXPORT_DIR, Critic, needs_critic
 from agentjax.train.kinds import trainer_kind
 from agentjax.train.pipeline import RolloutPipeline
 from agentjax.train.step import AgentRollout, RLStep, StepOutput, schedule_args, updates_per_step
-from agentjax.train.builders import (COMPAT_DEFAULTS, COMPAT_KEYS, EXPORT_DIR, QuestionStream,
+from agentjax.train.builders import (COMPAT_KEYS, EXPORT_DIR, QuestionStream,
                                      RECORDED_EXTRAS, SFT_COMPAT_KEYS, init_train_state,
                                      load_model, load_questions, make_agents, make_checkpointer,
                                      make_search_backend, opt_state_shardings, restore_policy,
@@ -198,7 +198,7 @@ def train(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[s
   train_rl / train_sft."""
   config_lib.validate(config)
   config_lib.check_paths(config)
-  use_persistent_cache(config.train.get("jax_cache_dir", ""))  # .get: older configs
+  use_persistent_cache(config.train.jax_cache_dir)
   if trainer_kind(config).supervised:
     return train_sft(config, workdir, stop_after=stop_after)
   return train_rl(config, workdir, stop_after=stop_after)
@@ -283,7 +283,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   workdir = os.path.expanduser(workdir)
   exported = _recover_export(os.path.join(workdir, EXPORT_DIR))
   sampler_mesh = None  # the split placement's sampler devices (train.async_steps)
-  if config.mesh.get("sampler_devices", 0):  # .get: configs recorded before it
+  if config.mesh.sampler_devices:
     mesh, sampler_mesh = split_meshes(config.mesh.sampler_devices, config.mesh.data,
                                       config.mesh.fsdp, config.mesh.tensor,
                                       config.mesh.sampler_tensor)
@@ -397,14 +397,14 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
     if eval_due(step) and not _exists_on_primary(eval_path(step)):
       evals[step] = run_eval(step)  # the run stopped during this step's eval: do it again
     pipeline = None
-    if config.train.get("async_steps", 0):  # .get: configs recorded before it
+    if config.train.async_steps:
       start, at = step, position
       pipeline = RolloutPipeline(
           rl_step, lambda j: stream.take(at + (j - start) * rl.prompts_per_step,
                                          rl.prompts_per_step), config.train.async_steps,
           end=steps if stop_after is None else min(steps, stop_after),
-          partial=config.rollout.get("partial", "off"), stale=config.train.stale,
-          max_staleness=config.train.get("max_staleness", -1))
+          partial=config.rollout.partial, stale=config.train.stale,
+          max_staleness=config.train.max_staleness)
       stack.callback(pipeline.close)  # also when the loop raises: no thread left running
       if pipeline.turns:
         # This thread holds the devices for the loop (evals, checkpoints and collectives
@@ -557,4 +557,4 @@ def _sft_protocols(config: Any) -> list:
   """The protocols sft.protocols lets a demonstration name besides rollout.protocol."""
   from agentjax.agent.protocol import get_protocol
   from agentjax.train.fields import names
-  return [get_protocol(n) for n in names(config.sft.get("protocols", ""), "sft.protocols")]
+  return [get_protocol(n) for n in names(config.sft.protocols, "sft.protocols")]

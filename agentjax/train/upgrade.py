@@ -1,0 +1,64 @@
+"""The one upgrade of a config an older version recorded (a workdir's config.json, a
+checkpoint's meta), so that the code reads every config field directly and the defaults live in
+configs/base.py alone.
+
+    config = ml_collections.ConfigDict(upgrade_recorded(json.load(open("runs/x/config.json"))))
+
+ADDED lists every field added to the config after runs had been recorded without it, with the
+value such a run ran with: the behaviour of the code before the field existed, which is not
+always today's default (rl.ig_probe_tokens: "natural" today, "split" then). A recorded config
+gains each missing field with that value; a field it has is never changed.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+# (dotted field, the value a run recorded before the field existed ran with, what that meant)
+ADDED: tuple[tuple[str, Any, str], ...] = (
+    ("model.attention", "auto", "the attention implementation chosen for the platform"),
+    ("model.attention_block", 512, "key/value blocks of 512 in the linear-memory attention"),
+    ("mesh.sampler_devices", 0, "the sampler on the training mesh"),
+    ("rollout.partial", "off", "every rollout finished by the parameters it began with"),
+    ("rollout.kv_window_min", 256, "the slot engine's smallest key window"),
+    ("rollout.prefill_rows", 32, "prompts prefilled 32 at a time"),
+    ("rl.ig_probe_tokens", "split", "IGPO's probes tokenized apart from the template"),
+    ("rl.probe_all", False, "IGPO's probes only for the methods that read them"),
+    ("rl.off_policy_correction", "none", "no weighting by the sampler's log-probs"),
+    ("rl.off_policy_cap", 2.0, "the cap of that weighting (unused without it)"),
+    ("rl.micro_batch_size", 0, "each minibatch in one forward/backward pass"),
+    ("rl.pack_tokens", 0, "padded rows, not packed ones"),
+    ("train.jax_cache_dir", "", "no persistent compilation cache"),
+    ("train.async_steps", 0, "synchronous steps"),
+    ("train.max_staleness", -1, "no bound on a rollout's staleness"),
+    ("sft.protocols", "", "the trainer kind's own protocol"),
+    ("critic.init", "policy", "the critic's trunk started from the policy"),
+    ("critic.weight_decay", 0.01, "the critic's AdamW weight decay"),
+    ("critic.clip_norm", 1.0, "the critic's gradient clipping"),
+    ("coreact.generator_repetition_penalty", 1.0, "no repetition penalty in the rubric generator"),
+    ("coreact.generator_max_think_tokens", 0, "no thinking budget for the rubric generator"),
+    ("coreact.value_batch", 64, "Monte-Carlo branch values 64 continuations a batch"),
+    # recorded beside the config fields (make_checkpointer): the adapters a run trained
+    ("lora", None, "full fine-tuning: no adapters"),
+)
+
+
+def upgrade_recorded(recorded: Mapping[str, Any]) -> dict[str, Any]:
+  """A copy of a recorded config (nested dicts, as JSON holds it) with every ADDED field it lacks
+  filled with the value its run ran with. A section an old run did not record at all (e.g.
+  coreact before Co-ReAct existed) is added only for the fields ADDED names."""
+  out = copy.deepcopy(dict(recorded))
+  for key, value, _ in ADDED:
+    *parents, leaf = key.split(".")
+    node = out
+    for name in parents:
+      node = node.setdefault(name, {})
+      if not isinstance(node, dict):
+        break
+    else:
+      node.setdefault(leaf, value)
+  return out
+
+
+__all__ = ["ADDED", "upgrade_recorded"]
