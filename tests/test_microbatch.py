@@ -332,5 +332,11 @@ def test_micro_batch_size_is_validated_naming_the_field():
     config_lib.validate(config)  # 2 devices x the minibatch: a pass is twice the minibatch
   config.rl.micro_batch_size = config.rl.minibatch_size // 2
   config_lib.validate(config)
-  del config.rl["micro_batch_size"]  # a config recorded before the key: one pass
-  config_lib.validate(config)
+  # A config recorded before the key: upgraded to one pass (train/upgrade.py)
+  import ml_collections
+  from agentjax.train.upgrade import upgrade_recorded
+  recorded = config.to_dict()
+  del recorded["rl"]["micro_batch_size"]
+  upgraded = ml_collections.ConfigDict(upgrade_recorded(recorded))
+  assert upgraded.rl.micro_batch_size == 0
+  config_lib.validate(upgraded)

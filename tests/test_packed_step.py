@@ -153,8 +153,14 @@ def test_pack_tokens_is_validated_naming_the_field():
     config.rl.pack_tokens = bad
     with pytest.raises(config_lib.ConfigError, match="rl.pack_tokens"):
       config_lib.validate(config)
-  del config.rl["pack_tokens"]  # a config recorded before the key: padded rows
-  config_lib.validate(config)
+  # A config recorded before the key: upgraded to padded rows (train/upgrade.py)
+  import ml_collections
+  from agentjax.train.upgrade import upgrade_recorded
+  recorded = config.to_dict()
+  del recorded["rl"]["pack_tokens"]
+  upgraded = ml_collections.ConfigDict(upgrade_recorded(recorded))
+  assert upgraded.rl.pack_tokens == 0
+  config_lib.validate(upgraded)
   config.trainer, config.rl.pack_tokens = "dac", 128  # DAC's roles run padded: refused
   with pytest.raises(config_lib.ConfigError, match="rl.pack_tokens=128: DAC"):
     config_lib.validate(config)

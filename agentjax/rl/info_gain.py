@@ -89,9 +89,11 @@ def build_probes(encode: Callable[[str], Sequence[int]], golds: Sequence[Sequenc
   if tokens not in PROBE_TOKENS:
     raise ValueError(f"rl.ig_probe_tokens must be one of {PROBE_TOKENS}, got {tokens!r}")
   if alias_mode not in ALIAS_MODES:
-    raise ValueError(f"info_gain.alias_mode must be one of {ALIAS_MODES}, got {alias_mode!r}")
-  if template.count("{gt}") != 1:
-    raise ValueError("info_gain.answer_template must contain '{gt}' exactly once")
+    raise ValueError(f"build_probes: alias_mode must be one of {ALIAS_MODES}, got "
+                     f"{alias_mode!r}")
+  if template.count("{gt}") != 1:  # ANSWER_TEMPLATES[rollout.protocol], or the caller's own
+    raise ValueError(f"build_probes: the answer template must contain '{{gt}}' exactly once, "
+                     f"got {template!r}")
   head, tail = template.split("{gt}")
   lead = ""
   if tokens == "natural":
