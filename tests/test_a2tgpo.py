@@ -370,7 +370,7 @@ def test_the_update_objective_passes_the_methods_loss_inputs():
 def test_registry_entry_and_config_file():
   config = a2tgpo_config.get_config("demo")
   method = get_method("a2tgpo")
-  assert method.estimator == "a2tgpo" and method.needs_probes(config)
+  assert method.estimator == "a2tgpo" and "probes" in method.run_signals(config)
   assert "gspo_turn" in losses_lib.POLICY_LOSSES
   assert advantage_kwargs(config) == dict(gamma=1.0, alpha=0.3, rescale="sqrt_terms",
                                           scale_by_std=True, clip_beta=0.3, adaptive_clip=True,

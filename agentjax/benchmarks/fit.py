@@ -612,7 +612,7 @@ def build_programs(config: Any, mesh: Any, cfg: Any, prompt_tokens: int = 0,
     return programs, s
   from agentjax.train.step import RLStep
   rl_step = RLStep.build(quiet, mesh, engine, s.optimizer, s.ref, target=s.target)
-  programs += score_programs(s, batch_rows, width, r.max_turns, rl_step.with_probes,
+  programs += score_programs(s, batch_rows, width, r.max_turns, "probes" in rl_step.signal_names,
                              probe_tokens=probe_tokens,
                              micro_batch=getattr(rl_step, "micro_batch", 0))
   programs += update_programs(s, width, rl_step)

@@ -296,5 +296,5 @@ def _metrics(stats: Mapping[str, Any]) -> dict[str, float]:
 register_method(Method(
     name="a2tgpo", estimator="a2tgpo",
     inputs=frozenset({"ig", "outcome", "num_turns", "group_ids", "turn_id", "loss_mask"}),
-    settings=_settings, probes=lambda config: True, validate=_validate, metrics=_metrics,
+    settings=_settings, signals=("probes",), validate=_validate, metrics=_metrics,
     loss_inputs=_loss_inputs))

@@ -35,7 +35,7 @@ register_method(Method(
     name="cw_grpo", estimator="cw_grpo",
     inputs=frozenset({"outcome", "group_ids", "retrieval_scores", "thinking_scores", "turn_id",
                       "num_turns", "loss_mask"}),
-    settings=_settings, judge=True, metrics=_metrics))
+    settings=_settings, signals=("judge",), metrics=_metrics))
 
 
 # ------------------------------------------------------------------ composition: IG x CW weights
@@ -88,4 +88,4 @@ register_method(Method(
     name="cw_grpo_ig", estimator="cw_grpo_ig",
     inputs=frozenset({"ig", "outcome", "num_turns", "group_ids", "turn_id", "loss_mask",
                       "retrieval_scores", "thinking_scores"}),
-    settings=_composed_settings, probes=lambda config: True, judge=True, metrics=_metrics))
+    settings=_composed_settings, signals=("probes", "judge"), metrics=_metrics))

@@ -53,8 +53,15 @@ _F32 = jnp.float32
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 
 # Per-batch inputs an estimator may or may not consume; the registry drops the unused ones.
-BATCH_FIELDS = frozenset({"outcome", "group_ids", "loss_mask", "turn_id", "num_turns", "ig",
-                          "retrieval_scores", "thinking_scores", "values"})
+# The step's own fields, and those of the built-in signals (agentjax/signals): a new signal adds
+# its own (register_batch_field).
+BATCH_FIELDS = {"outcome", "group_ids", "loss_mask", "turn_id", "num_turns", "ig",
+                "retrieval_scores", "thinking_scores", "values"}
+
+
+def register_batch_field(name: str) -> None:
+  """Makes `name` a batch field: an estimator that does not take it is not handed it."""
+  BATCH_FIELDS.add(name)
 
 
 def register_advantage(name: str):

@@ -431,11 +431,12 @@ def _validate_judge(config: Any, method: Any) -> None:
   if backend not in JUDGE_BACKENDS and backend not in JUDGES:  # built in, or registered
     _fail("judge.backend", backend, f"must be one of {list(JUDGE_BACKENDS)} or a backend "
           f"registered with agentjax.judge.register_judge")
-  if method.judge and backend == "none":
+  judged = "judge" in method.signals_for(config)
+  if judged and backend == "none":
     _fail("judge.backend", backend, f"algorithm {method.name!r} needs per-round judge verdicts: "
           f"set judge.backend to one of {list(JUDGE_BACKENDS[1:])}")
-  if not method.judge and backend != "none":  # calls whose verdicts nothing reads
-    judged = sorted(name for name, m in METHODS.items() if m.judge)
+  if not judged and backend != "none":  # calls whose verdicts nothing reads
+    judged = sorted(name for name, m in METHODS.items() if "judge" in m.signals_for(config))
     _fail("judge.backend", backend, f"algorithm {method.name!r} does not read judge verdicts "
           f"(only {judged} do): set judge.backend=none")
   if _get(config, "judge.noise") not in NOISE_MODES:
