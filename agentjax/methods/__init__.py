@@ -113,6 +113,9 @@ class Method:
     if unknown:
       fail("algorithm", self.name, f"declares the unknown signal(s) {unknown}; known: "
            f"{SIGNALS.known()}")
+    for name in signals:  # each signal's own checks
+      if SIGNALS[name].validate is not None:
+        SIGNALS[name].validate(config, fail)
     provided = set(STEP_FIELDS).union(*(SIGNALS[s].provides for s in signals))
     for field in sorted(inputs - provided):
       fail("algorithm", self.name, f"reads the batch field {field!r}, which none of its "
@@ -156,6 +159,19 @@ def outcome_methods() -> list[str]:
   return sorted(name for name, m in METHODS.items() if m.outcome_only)
 
 
+def section_settings(config: Any, name: str, defaults: Mapping[str, Any],
+                     fail: Callable[..., None] | None = None) -> dict[str, Any]:
+  """A method's own config section (config.<name>, which the base config does not have: a
+  config without it runs `defaults`) over `defaults`. With `fail`, a key the method does not
+  know fails naming the field."""
+  section = config[name] if name in config else {}
+  unknown = sorted(set(section.keys()) - set(defaults))
+  if unknown and fail is not None:
+    fail(f"{name}.{unknown[0]}", section[unknown[0]],
+         f"unknown {name} setting; known: {sorted(defaults)}")
+  return {k: section[k] if k in section else v for k, v in defaults.items()}
+
+
 def std_settings(config: Any) -> dict[str, Any]:
   """rl.std_estimator and rl.std_eps (as `eps`), for estimators that divide by a group std."""
   return dict(std_estimator=config.rl.std_estimator, eps=config.rl.std_eps)
@@ -165,4 +181,4 @@ for _module in pkgutil.iter_modules(__path__):
   importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["METHODS", "Method", "STEP_FIELDS", "get_method", "outcome_methods",
-           "register_method", "std_settings"]
+           "register_method", "section_settings", "std_settings"]

@@ -70,7 +70,7 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from agentjax.methods import Method, register_method, std_settings
+from agentjax.methods import Method, register_method, section_settings, std_settings
 from agentjax.rl.advantages import (_masked_mean_std, discounted_turn_returns,
                                     grpo_outcome_advantages, group_normalize, ig_statistics,
                                     igpo_turn_rewards, outcome_stats, register_advantage,
@@ -253,8 +253,7 @@ def gspo_turn_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: A
 
 def _section(config: Any) -> dict[str, Any]:
   """config.a2tgpo over DEFAULTS (a config without the section gets the defaults)."""
-  section = config.get("a2tgpo", None) or {}
-  return {k: section.get(k, v) for k, v in DEFAULTS.items()}
+  return section_settings(config, "a2tgpo", DEFAULTS)
 
 
 def _settings(config: Any) -> dict[str, Any]:
@@ -265,12 +264,7 @@ def _settings(config: Any) -> dict[str, Any]:
 
 
 def _validate(config: Any, fail: Callable[..., None]) -> None:
-  section = config.get("a2tgpo", None) or {}
-  unknown = sorted(set(section.keys()) - set(DEFAULTS))
-  if unknown:
-    fail(f"a2tgpo.{unknown[0]}", section[unknown[0]],
-         f"unknown A²TGPO setting; known: {sorted(DEFAULTS)}")
-  s = _section(config)
+  s = section_settings(config, "a2tgpo", DEFAULTS, fail)
   checks = (("gamma", 0.0 <= s["gamma"] <= 1.0, "must be in [0, 1]"),
             ("alpha", s["alpha"] >= 0.0, "must be >= 0 (0: the outcome advantage alone)"),
             ("rescale", s["rescale"] in RESCALES, f"must be one of {list(RESCALES)}"),

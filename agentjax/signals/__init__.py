@@ -22,8 +22,8 @@ Each hook returns a SignalOutput: batch fields ({name: [B, ...] array}, the firs
 and host metrics. A signal's fields are registered as batch fields (rl.advantages
 register_batch_field), so an estimator that does not read one is not handed it.
 
-What a signal needs of the data is named in `needs` (DATA: the question records' fields it
-reads, e.g. "gold_documents"); config validation checks that the run's data provides them.
+A signal that needs more of the data than the rollouts carry reads it from the rows' question
+records (ctx.questions) and, when a record lacks it, raises MissingData naming the field.
 
 Built in: "probes" (information gain, agentjax/signals/probes.py), "judge" (CW-GRPO's verdicts
 per round, judge.py), "critic" (PPO's values, critic.py). A new signal is one module that
@@ -110,7 +110,6 @@ class Signal:
   name: its name (what Method.signals lists).
   provides: the batch fields its hooks return.
   build: env -> SignalRunner (once per run).
-  needs: the question records' data it reads (names in DATA).
   validate: (config, fail) -> None, its own config checks (fail(field, value, why) raises the
     ConfigError naming the field).
   absent_metrics: metrics every RL run logs, at these values when it does not run the signal
@@ -119,7 +118,6 @@ class Signal:
   name: str
   provides: frozenset
   build: Callable[[SignalEnv], SignalRunner]
-  needs: frozenset = frozenset()
   validate: Callable[[Any, Callable[..., None]], None] | None = None
   absent_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
@@ -139,21 +137,12 @@ def register_signal(signal: Signal) -> Signal:
   return SIGNALS.register(signal.name, signal)
 
 
-# The question records' data a signal may need: name -> (record -> value, or raise
-# MissingData naming the field). A data set provides a need when its records carry it.
-DATA = Registry("data need")
-
-
 class MissingData(ValueError):
   """A question record lacks what a signal needs; the message names the field."""
-
-
-def register_data(name: str, read: Callable[[Mapping[str, Any]], Any]) -> None:
-  DATA.register(name, read)
 
 
 for _module in pkgutil.iter_modules(__path__):
   importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["DATA", "MissingData", "SIGNALS", "absent_metrics", "Signal", "SignalEnv", "SignalOutput",
-           "SignalRunner", "StepContext", "register_data", "register_signal"]
+__all__ = ["MissingData", "SIGNALS", "Signal", "SignalEnv", "SignalOutput", "SignalRunner",
+           "StepContext", "absent_metrics", "register_signal"]

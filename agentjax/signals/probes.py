@@ -19,7 +19,7 @@ from agentjax.judge.oracle import gold_chain, ig_gold_sums, ig_pairs
 from agentjax.parallel.host import to_host
 from agentjax.rl.advantages import gt_logprob_ends, ig_statistics
 from agentjax.rl.info_gain import ANSWER_TEMPLATES, build_probes
-from agentjax.signals import Signal, SignalOutput, SignalRunner, register_data, register_signal
+from agentjax.signals import Signal, SignalOutput, SignalRunner, register_signal
 
 # The keys a run without probes logs (at 0): every RL run logs the same keys.
 ABSENT = {"ig_mean": 0.0, "ig_std": 0.0, "gt_logprob_before": 0.0, "gt_logprob_after": 0.0,
@@ -51,10 +51,5 @@ class ProbesRunner(SignalRunner):
     return SignalOutput(fields={"ig": scored.ig}, metrics=metrics)
 
 
-def _gold_answers(question):
-  return question["golden_answers"]
-
-
-register_data("gold_answers", _gold_answers)
 PROBES = register_signal(Signal("probes", frozenset({"ig"}), ProbesRunner,
-                                needs=frozenset({"gold_answers"}), absent_metrics=ABSENT))
+                                absent_metrics=ABSENT))
