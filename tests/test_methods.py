@@ -13,7 +13,7 @@ from agentjax.methods import Method, get_method, register_method
 from agentjax.rl import advantages as adv_lib
 from agentjax.train import config as config_lib
 from agentjax.train.config import ConfigError
-from agentjax.train.rl import advantage_kwargs
+from agentjax.train.updates import advantage_kwargs
 from configs import base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,7 +34,8 @@ def test_every_estimator_has_one_method_and_the_needs_are_the_papers():
                    "cw_grpo": (True, False, ("judge",), False),
                    "cw_grpo_ig": (True, False, ("probes", "judge"), False),
                    "a2tgpo": (True, False, ("probes",), False),
-                   "ppo": ppo, "ppo_turn": ppo, "ppo_round": ppo}
+                   "ppo": ppo, "ppo_turn": ppo, "ppo_round": ppo,
+                   "stepsearch": (False, False, ("critic", "step_rewards"), True)}
   with pytest.raises(KeyError, match="unknown method 'nope'; known"):
     get_method("nope")
 

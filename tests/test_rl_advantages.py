@@ -800,9 +800,11 @@ def make_collapsed_batch(seed, ig_shift=0.0, num_t=3, length=16):
   ret = rng.uniform(size=(b, num_t)).astype(np.float32)
   think = rng.uniform(size=(b, num_t)).astype(np.float32)
   values = rng.normal(size=mask.shape).astype(np.float32)
+  steps = rng.normal(size=(b, num_t)).astype(np.float32)  # StepSearch's step rewards
   d = dict(outcome=outcome, group_ids=ids, num_turns=num_turns, turn_id=turn_id, loss_mask=mask,
-           ig=ig, retrieval_scores=ret, thinking_scores=think, values=values)
-  assert set(d) == adv_lib.BATCH_FIELDS
+           ig=ig, retrieval_scores=ret, thinking_scores=think, values=values, step_rewards=steps)
+  d = {k: v for k, v in d.items() if k in adv_lib.BATCH_FIELDS}  # the registered ones
+  assert set(d) == adv_lib.BATCH_FIELDS, "a registered batch field has no test values here"
   return d, collapsed
 
 
@@ -831,6 +833,8 @@ def ref_estimator(name, d, kw):
   if name == "cw_grpo_ig":
     return ref_cw_grpo_ig(d, kw.get("gamma", 1.0), kw.get("cw_gamma", 100.0),
                           kw.get("cw_all_zero_fallback", "zero"), **std)[0]
+  if name == "stepsearch":  # PPO's token GAE with the step rewards as the turns' rewards
+    return ref_ppo(dict(d, ig=d["step_rewards"]), "token", ig_weight=1.0, **kw)[0]
   if name == "a2tgpo":
     from tests.test_a2tgpo import ref_a2tgpo
     return ref_a2tgpo(d, **std)[0]
@@ -864,7 +868,7 @@ class CollapsedGroupsTest(absltest.TestCase):
             adv, stats = adv_lib.get_advantage_estimator(name)(**batch, **kw)
             adv = np.asarray(adv)
             assert_close(adv, ref_estimator(name, batch, kw))
-            if name in WHITENED or name in CRITIC:
+            if name in WHITENED or name in CRITIC or name == "stepsearch":
               continue  # see test_whitened_all_equal_batch; a critic is the critic's baseline
             np.testing.assert_array_equal(adv[collapsed], 0.0)
             self.assertTrue(np.all(np.abs(adv[~collapsed]).max(axis=1) > 1e-3))
