@@ -27,7 +27,7 @@ from agentjax.rl.losses import ppo_loss
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.optim import make_adapter_optimizer
-from agentjax.train.rl import PolicyLossConfig, make_roles_update
+from agentjax.train.updates import PolicyLossConfig, make_roles_update
 from tests import agent_fixtures as af
 from tests.retrieval_fixtures import corpus_rows
 from tests.trainer_fixtures import tiny_config

@@ -19,8 +19,9 @@ from agentjax.rl import outcome_rewards
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.critic import Critic
-from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy_update,
-                               minibatches, score_batch)
+from agentjax.train.scoring import score_batch
+from agentjax.train.updates import (PolicyLossConfig, compute_advantages, make_policy_update,
+                                    minibatches)
 from agentjax.train.step import CRITIC_MINIBATCH, POLICY_MINIBATCH
 from tests import agent_fixtures as af
 from tests.trainer_fixtures import tiny_config

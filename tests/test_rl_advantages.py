@@ -19,7 +19,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from agentjax.rl import advantages as adv_lib
-from agentjax.train import rl as rl_lib
+from agentjax.train import updates as rl_lib
 
 SEEDS = (0, 1, 2)
 
@@ -950,7 +950,7 @@ class StdEstimatorTest(absltest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
-# Config -> estimator keywords (agentjax.train.rl.advantage_kwargs).
+# Config -> estimator keywords (agentjax.train.updates.advantage_kwargs).
 # ---------------------------------------------------------------------------------------------
 
 

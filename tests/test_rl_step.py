@@ -11,8 +11,9 @@ import pytest
 from agentjax.agent import RolloutConfig, RolloutEngine
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.sampling import SamplingParams
-from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy_update,
-                               minibatches, score_batch, summarize)
+from agentjax.train.scoring import score_batch
+from agentjax.train.updates import (PolicyLossConfig, compute_advantages, make_policy_update,
+                                    minibatches, summarize)
 from tests import agent_fixtures as af
 
 

@@ -433,18 +433,18 @@ def score_programs(s: Setup, rows: int, width: int, turns: int, probes: bool, pr
   slices of micro_batch rows when the code takes them (RLStep's micro_batch)."""
   import jax.numpy as jnp
   from agentjax.models.qwen import Qwen
-  from agentjax.train import rl as rl_lib
+  from agentjax.train import scoring as scoring_lib
   rl = s.config.rl
   model, params = Qwen(s.cfg, lora=s.spec), s.params
   batch = _rows(s, rows, width, tokens=jnp.int32, valid=jnp.bool_)
-  plain = rl_lib._plain_logprobs
+  plain = scoring_lib.plain_logprobs
   micro = (micro_batch,) if _takes(plain, "micro_batch") else ()
   note = f"{rows} x {width} tokens" + (f", {micro_batch} rows a pass" if micro_batch else "")
   out = []
   if probes:
     a = probe_tokens
     i32, b = jnp.int32, jnp.bool_
-    packed = getattr(rl_lib, "_packed_scores", None) or rl_lib.score_packed
+    packed = scoring_lib.packed_scores
     kwargs = dict(mode=rl.ig_mode, chunk=rl.chunk)
     if _takes(packed, "micro_batch"):
       kwargs["micro_batch"] = micro_batch

@@ -41,7 +41,7 @@ def bench_gpu() -> dict:
   from agentjax.sampling import (SamplingParams, StopTable, decode_layout, extend, generate,
                                  init_state, kv_window_arg, kv_window_size)
   from agentjax.train.optim import make_optimizer
-  from agentjax.train.rl import make_policy_update, policy_loss_config
+  from agentjax.train.updates import make_policy_update, policy_loss_config
 
   preset = FLAGS.preset if FLAGS["preset"].present else "qwen2.5-1.5b"
   bf16 = "bfloat16"

@@ -73,7 +73,7 @@ def bench_train_step() -> dict:
   from agentjax.models.qwen import (Qwen, QwenConfig, abstract_params, adapter_abstract,
                                     init_adapters, init_params)
   from agentjax.train.optim import make_adapter_optimizer, make_optimizer
-  from agentjax.train.rl import make_policy_update, policy_loss_config
+  from agentjax.train.updates import make_policy_update, policy_loss_config
 
   config = base_config.get_config("qwen2.5-3b")
   o = config.optimizer

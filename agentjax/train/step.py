@@ -45,9 +45,11 @@ from agentjax.train.adapters import TrainTarget
 from agentjax.train.critic import Critic
 from agentjax.rl.microbatch import global_micro
 from agentjax.train.optim import make_schedule
-from agentjax.train.rl import (PACK_KEYS, MinibatchPacker, advantage_kwargs, compute_advantages,
-                               make_policy_update, make_roles_update, minibatches, plan_scoring,
-                               policy_loss_config, summarize, score_batch, trim)
+from agentjax.train.packing import PACK_KEYS, MinibatchPacker
+from agentjax.train.scoring import plan_scoring, score_batch, trim
+from agentjax.train.updates import (advantage_kwargs, compute_advantages, make_policy_update,
+                                    make_roles_update, minibatches, policy_loss_config,
+                                    summarize)
 
 
 # What each update reads of a minibatch (minibatches() cuts every array of the step).
