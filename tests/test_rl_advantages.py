@@ -475,10 +475,6 @@ class TurnLevelTest(chex.TestCase):
       turns = ref_igpo_turns(d["ig"], d["outcome"], d["num_turns"], d["group_ids"], gamma,
                              norm_mode)
       assert_close(adv, ref_tokens_from_turns(turns, d["turn_id"], d["loss_mask"]))
-      valid_ig = [d["ig"][i, k] for i in range(10) for k in range(d["num_turns"][i] - 1)]
-      assert_close(stats["ig_mean"], np.mean(valid_ig))
-      assert_close(stats["ig_std"], np.std(valid_ig))
-      assert_close(stats["ig_count"], len(valid_ig))
       assert_close(stats["collapse_fraction"], ref_collapse(d["outcome"], d["group_ids"]))
       assert_close(stats["zero_adv_fraction"], ref_zero_adv(adv, d["group_ids"],
                                                            d["loss_mask"]))
@@ -527,8 +523,7 @@ class TurnLevelTest(chex.TestCase):
       fn = self.variant(functools.partial(adv_lib.igpo_advantages, norm_mode=mode, gamma=0.5))
       adv, stats = fn(**d)
       assert_close(adv, want)
-      assert_close(stats["ig_count"], 0.0)
-      assert_close(stats["ig_mean"], 0.0)
+      assert "ig_mean" not in stats  # the probes signal's metric, computed once there
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_igpo_hand_case(self):

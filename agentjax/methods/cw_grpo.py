@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from agentjax.methods import Method, register_method, std_settings
 from agentjax.rl.advantages import (contribution_multipliers, grpo_outcome_advantages,
-                                    ig_statistics, igpo_turn_advantages, outcome_stats,
+                                    igpo_turn_advantages, outcome_stats,
                                     register_advantage, turn_to_token)
 
 Array = jax.Array
@@ -78,7 +78,6 @@ def cw_grpo_ig_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids
                                          all_zero_fallback=cw_all_zero_fallback)
   adv = turn_to_token(turn_adv * mult, turn_id, loss_mask)
   stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
-  stats.update(ig_statistics(ig, num_turns))
   stats["cw_fallback_count"] = jnp.sum(fired).astype(jnp.float32)
   stats["cw_judged_positive"] = jnp.sum(positive).astype(jnp.float32)
   return adv, stats

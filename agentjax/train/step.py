@@ -165,12 +165,13 @@ class AgentRollout:
     if self.task_rewards is not None:  # the task's own reward; no gold answers to score against
       outcome, task_metrics = self.task_rewards(batch, questions)
       f1 = em = np.zeros(len(answers), np.float32)
-    else:
-      outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
-                                format_ok=batch.format_valid if rl.penalize_format else None,
-                                format_penalty=rl.format_penalty)
+    else:  # each answer scored once; the reward is one of the two (and the format penalty)
       f1 = outcome_rewards(answers, row_golds, metric="f1")
       em = outcome_rewards(answers, row_golds, metric="em")
+      outcome = {"f1": f1, "em": em}[rl.reward_metric]
+      if rl.penalize_format:
+        outcome = np.where(np.asarray(batch.format_valid, bool), outcome,
+                           np.float32(rl.format_penalty)).astype(np.float32)
     is_sufficient = np.array([
         sufficient(evidence_set([t.documents for t in turns]), g, config.dac.sufficiency_match)
         for turns, g in zip(batch.turns, row_golds)], bool)
