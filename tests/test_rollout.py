@@ -18,11 +18,6 @@ from tests.retrieval_fixtures import free_port
 QUESTIONS = ["Who founded Zorvath?", "Where is Quellmoor?"]
 
 
-@pytest.fixture(scope="module")
-def world(scripted_world):
-  return scripted_world
-
-
 def assert_consistent(batch):
   """Invariants every TrajectoryBatch keeps, whatever happened in the rollout."""
   valid, loss_mask, turn_id = (np.asarray(x) for x in jax.device_get(
