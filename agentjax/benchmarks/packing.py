@@ -61,7 +61,7 @@ def _packing_report(name: str, batches: list, budget: int, max_turns: int) -> di
 
 
 def bench_packing() -> dict:
-  """packing_efficiency (real tokens / computed tokens) of padded vs packed batches (issue 30 §3)
+  """packing_efficiency (real tokens / computed tokens) of padded vs packed batches
   on two length distributions; compute-free apart from the rollouts that produce the lengths.
 
   demo: the demo's SFT demonstrations (SynthWorld, its BPE tokenizer, retrieval.topk 1, laid out

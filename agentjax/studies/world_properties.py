@@ -1,5 +1,5 @@
 """What a world offers credit assignment, measured on a policy's sampled rollouts before any RL
-(issue 32 §1; `python launch/backbone.py --stages=properties`).
+(`python launch/backbone.py --stages=properties`).
 
     props = measure(config, hf_path, questions=200)      # -> {root}/backbone/properties.json
 
