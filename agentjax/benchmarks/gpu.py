@@ -20,7 +20,7 @@ def bench_gpu() -> dict:
     (the decode layout), a 1024-slot cache read through sampling.kv_window_size's window, at
     batch 16 and 128. tokens/s over the HBM roofline: each step must read every weight once
     and the K/V of the window for every row, bytes / measured bandwidth = the fastest step.
-  train: one full fine-tuning policy update (train/rl.make_policy_update, configs/base's loss and
+  train: one full fine-tuning policy update (train/updates.make_policy_update, configs/base's loss and
     AdamW, float32 master params, bf16 compute, remat full, model.attention auto) on [4, 4096]
     tokens. MFU = model FLOPs (6 x matmul params x tokens, plus causal attention 6 x layers x
     L^2/2 x 2 x heads x head_dim per row) / step time / measured peak; HFU also counts the

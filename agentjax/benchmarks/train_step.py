@@ -38,7 +38,7 @@ def _train_step_memory(compiled, found) -> dict:
 
 
 def bench_train_step() -> dict:
-  """One PPO-clip minibatch update (train/rl.make_policy_update) with LoRA adapters on a frozen
+  """One PPO-clip minibatch update (train/updates.make_policy_update) with LoRA adapters on a frozen
   backbone against full fine-tuning, same model shape, minibatch and loss.
 
   Loss and optimizer as train/step.py builds them from configs/base.py's qwen2.5-3b preset (the

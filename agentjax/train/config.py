@@ -34,7 +34,7 @@ from agentjax.train.kinds import TRAINER_KINDS, trainer_kind
 from agentjax.train.pipeline import STALE_MODES
 
 JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
-# rl.pack_tokens is a multiple of this: the multiple train/rl.trim rounds padded widths to, so a
+# rl.pack_tokens is a multiple of this: the multiple train/scoring.trim rounds padded widths to, so a
 # packed row lines up with attention blocks and log-prob chunks as a padded one does.
 PACK_MULTIPLE = 128
 

@@ -356,7 +356,7 @@ def pack_trajectories(tokens: Array, valid: Array, positions: Array | None,
 
 def padded_efficiency(lengths: np.ndarray, multiple: int = 128,
                       cache_len: int | None = None) -> float:
-  """real tokens / computed tokens of a padded batch trimmed as train/rl.trim does (every row
+  """real tokens / computed tokens of a padded batch trimmed as train/scoring.trim does (every row
   as wide as the longest, rounded up to `multiple`, at most cache_len)."""
   lengths = np.asarray(lengths)
   longest = int(lengths.max(initial=0))
