@@ -21,7 +21,7 @@ from agentjax.train.critic import Critic
 from agentjax.train.scoring import score_batch
 from agentjax.train.updates import (PolicyLossConfig, compute_advantages, make_policy_update,
                                     minibatches)
-from agentjax.train.step import CRITIC_MINIBATCH, POLICY_MINIBATCH
+from agentjax.train.updates import CRITIC_MINIBATCH, POLICY_MINIBATCH
 from tests import agent_fixtures as af
 from tests.trainer_fixtures import run_metrics, tiny_config
 

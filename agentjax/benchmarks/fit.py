@@ -507,7 +507,7 @@ def update_programs(s: Setup, width: int, rl_step: Any) -> list[Program]:
   critic its values (scoring) and its update on the same minibatch."""
   import jax.numpy as jnp
   from agentjax.methods import get_method
-  from agentjax.train.step import CRITIC_MINIBATCH, policy_minibatch_keys
+  from agentjax.train.updates import CRITIC_MINIBATCH, policy_minibatch_keys
   rl = s.config.rl
   f32 = jnp.float32
   dtypes = dict(tokens=jnp.int32, valid=jnp.bool_, loss_mask=jnp.bool_, old_logp=f32,
@@ -630,7 +630,8 @@ def dac_programs(s: Setup, config: Any, rollout: Any, batch_rows: int, width: in
   from agentjax.dac.roles import DacSettings
   from agentjax.dac.stage import DacRollout
   from agentjax.sampling import cache_size
-  from agentjax.train.step import RLStep, policy_minibatch_keys
+  from agentjax.train.step import RLStep
+  from agentjax.train.updates import policy_minibatch_keys
   settings = DacSettings.from_config(config)
   m = settings.generator_samples
   generator = dataclasses.replace(

@@ -40,8 +40,9 @@ class ProbesRunner(SignalRunner):
 
   def collect(self, ctx):
     scored, num_turns = ctx.scored, np.asarray(ctx.batch.num_turns)
-    ig = ig_statistics(scored.ig, jnp.asarray(num_turns))
-    before, after = map(float, gt_logprob_ends(scored.values, jnp.asarray(num_turns)))
+    on_device = jnp.asarray(num_turns)
+    ig = ig_statistics(scored.ig, on_device)
+    before, after = map(float, gt_logprob_ends(scored.values, on_device))
     metrics = {"ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
                "gt_logprob_before": before, "gt_logprob_after": after,
                "gt_entropy_reduction": after - before}

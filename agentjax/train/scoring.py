@@ -105,13 +105,13 @@ def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: Traject
     return _score_packed_batch(model, params, ref_params, batch, probes, mode, chunk,
                                ref_model, micro_batch, packing)
   tokens, valid = batch.tokens, batch.valid
-  num_turns = jnp.asarray(batch.num_turns)
   t = batch.turn_ends.shape[1] - 1
   if probes is not None:
-    packed = packed_scores(model, params, tokens, valid, jnp.asarray(batch.turn_ends), num_turns,
-                            jnp.asarray(probes.tokens), jnp.asarray(probes.score),
-                            jnp.asarray(probes.valid), jnp.asarray(probes.alias_valid),
-                            mode=mode, chunk=chunk, micro_batch=micro_batch)
+    packed = packed_scores(model, params, tokens, valid, jnp.asarray(batch.turn_ends),
+                           jnp.asarray(batch.num_turns), jnp.asarray(probes.tokens),
+                           jnp.asarray(probes.score), jnp.asarray(probes.valid),
+                           jnp.asarray(probes.alias_valid), mode=mode, chunk=chunk,
+                           micro_batch=micro_batch)
     old, values, ig = packed.token_logprobs, packed.values, packed.info_gain
   else:
     old = plain_logprobs(model, params, tokens, valid, chunk, micro_batch)
@@ -131,14 +131,14 @@ def _score_packed_batch(model, params, ref_params, batch, probes, mode, chunk, r
                         micro_batch, plans: ScorePlans) -> ScoredBatch:
   """score_batch on the packed rows of `plans`."""
   tokens, valid = batch.tokens, batch.valid
-  num_turns = jnp.asarray(batch.num_turns)
   t = batch.turn_ends.shape[1] - 1
   plain = None if plans.plain is None else plans.plain.index()  # one transfer for both passes
   if probes is not None:
     if plans.probes is None:
       raise ValueError("score_batch: probes given but plan_scoring(...) planned none")
     scores = score_packed_rows(model, params, plans.probes.index(), tokens, valid,
-                               jnp.asarray(batch.turn_ends), num_turns, jnp.asarray(probes.tokens),
+                               jnp.asarray(batch.turn_ends), jnp.asarray(batch.num_turns),
+                               jnp.asarray(probes.tokens),
                                jnp.asarray(probes.score), jnp.asarray(probes.valid),
                                jnp.asarray(probes.alias_valid), mode=mode, chunk=chunk,
                                micro_batch=micro_batch)
@@ -188,11 +188,7 @@ def trim(batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
   width = min(cache_len, max(multiple, -(-used // multiple) * multiple))
   if width == cache_len:
     return batch
-  cut = lambda x: x[:, :width]  # noqa: E731
-  return batch.replace(tokens=cut(batch.tokens), positions=cut(batch.positions),
-                       valid=cut(batch.valid), loss_mask=cut(batch.loss_mask),
-                       logprobs=cut(batch.logprobs), turn_id=cut(batch.turn_id),
-                       versions=cut(batch.versions))
+  return batch.map_slots(lambda x: x[:, :width])
 
 
 __all__ = ["PROBE_ROOM_MULTIPLE", "ScorePlans", "ScoredBatch", "plan_scoring", "score_batch",

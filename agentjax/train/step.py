@@ -47,20 +47,10 @@ from agentjax.rl.microbatch import global_micro
 from agentjax.train.optim import make_schedule
 from agentjax.train.packing import PACK_KEYS, MinibatchPacker
 from agentjax.train.scoring import plan_scoring, score_batch, trim
-from agentjax.train.updates import (advantage_kwargs, compute_advantages, make_policy_update,
-                                    make_roles_update, minibatches, policy_loss_config,
+from agentjax.train.updates import (CRITIC_MINIBATCH, advantage_kwargs,
+                                    compute_advantages, make_policy_update, make_roles_update,
+                                    minibatches, policy_loss_config, policy_minibatch_keys,
                                     summarize)
-
-
-# What each update reads of a minibatch (minibatches() cuts every array of the step).
-POLICY_MINIBATCH = ("tokens", "valid", "loss_mask", "old_logp", "ref_logp", "advantages")
-
-
-def policy_minibatch_keys(config: Any) -> tuple[str, ...]:
-  """The minibatch fields every policy update reads: POLICY_MINIBATCH, and the sampler's
-  log-probs ("behav_logp") when rl.off_policy_correction weighs the loss by them."""
-  return POLICY_MINIBATCH + (("behav_logp",) if config.rl.off_policy_correction != "none" else ())
-CRITIC_MINIBATCH = ("tokens", "valid", "old_values", "returns", "value_mask")
 
 
 def updates_per_step(config: Any) -> int:
@@ -316,10 +306,8 @@ class RLStep:
     if self.sampler_mesh is None:
       return out
     everywhere = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-    moved = {}
-    for role, b in out.batches.items():
-      moved[role] = b.replace(**{f: jax.device_put(getattr(b, f), everywhere) for f in (
-          "tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id", "versions")})
+    moved = {role: b.map_slots(lambda x: jax.device_put(x, everywhere))
+             for role, b in out.batches.items()}
     return dataclasses.replace(out, batches=moved)
 
   def produce(self, params: Any, questions: Sequence[Mapping[str, Any]], rollout_rng: jax.Array,
@@ -472,18 +460,22 @@ class RLStep:
     frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
     update_metrics, critic_metrics = [], []
     shuffle = np.random.default_rng([config.seed, step])
-    keys = policy_minibatch_keys(config) + tuple(per_token) + \
-        (PACK_KEYS if packer is not None else ())
+    keys = policy_minibatch_keys(config)
+    # The first role's minibatches also carry the method's per-token inputs and the critic's.
+    first_keys = keys + tuple(per_token) + (CRITIC_MINIBATCH if critic_state is not None else ())
     with use_mesh(self.mesh):
       critic_fit = self.critic.batch_metrics(**critic_targets) if critic_targets else {}
       for _ in range(config.rl.ppo_epochs):
         per_role = [minibatches(out.batches[r], scored[r], adv[r],
                                 self.stage.minibatch_rows(config, r), shuffle,
                                 {**critic_targets, **per_token} if r == first else None,
-                                packer=packer if r == first else None) for r in roles]
+                                packer=packer if r == first else None,
+                                keys=first_keys if r == first else keys)
+                    for r in roles]
         for mbs in zip(*per_role):
           if train_policy:
-            mb = {r: {k: m[k] for k in keys if k in m} for r, m in zip(roles, mbs)}
+            mb = {r: {k: m[k] for k in keys + tuple(per_token) + PACK_KEYS if k in m}
+                  for r, m in zip(roles, mbs)}
             trainable, opt_state, m = self.update(
                 trainable, opt_state, mb if self.multi_role else mb[first], *frozen)
             update_metrics.append(m)

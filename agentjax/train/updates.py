@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -239,18 +239,37 @@ def make_roles_update(model: Qwen, optimizer: optax.GradientTransformation,
   return make_guarded_step(objective, optimizer)
 
 
+# A minibatch's fields, named here once: what every policy update reads ([B, L] each), what the
+# off-policy correction adds (the sampler's log-probs), and what the critic's update reads. The
+# step cuts these (and a method's per-token inputs) and the fit check compiles them.
+POLICY_MINIBATCH = ("tokens", "valid", "loss_mask", "old_logp", "ref_logp", "advantages")
+OFF_POLICY_MINIBATCH = ("behav_logp",)
+CRITIC_MINIBATCH = ("tokens", "valid", "old_values", "returns", "value_mask")
+
+
+def policy_minibatch_keys(config: Any) -> tuple[str, ...]:
+  """The minibatch fields every policy update reads: POLICY_MINIBATCH, and OFF_POLICY_MINIBATCH
+  when rl.off_policy_correction weighs the loss by the sampler's log-probs."""
+  return POLICY_MINIBATCH + (OFF_POLICY_MINIBATCH if config.rl.off_policy_correction != "none"
+                             else ())
+
+
 def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Array,
                 size: int, rng: np.random.Generator,
                 extra: Mapping[str, jax.Array] | None = None,
-                packer: MinibatchPacker | None = None) -> list[dict[str, jax.Array]]:
+                packer: MinibatchPacker | None = None,
+                keys: Sequence[str] | None = None) -> list[dict[str, jax.Array]]:
   """Shuffled minibatches of `size` trajectories (the last partial one is dropped).
 
   extra: more [B, ...] arrays cut the same way (the critic's old_values, returns, value_mask).
   packer: with it, each minibatch's trajectories are reordered within it and it carries the
-  maps of its packed rows (PACK_KEYS); the update then runs its forward on those rows."""
+  maps of its packed rows (PACK_KEYS); the update then runs its forward on those rows.
+  keys: the fields to cut (default: every policy field, the off-policy one and `extra`)."""
   arrays = dict(tokens=batch.tokens, valid=batch.valid, loss_mask=batch.loss_mask,
                 old_logp=scored.old_logp, ref_logp=scored.ref_logp, advantages=advantages,
                 behav_logp=batch.logprobs, **(extra or {}))
+  if keys is not None:
+    arrays = {k: arrays[k] for k in dict.fromkeys(keys)}
   order = rng.permutation(batch.tokens.shape[0])
   out = []
   for start in range(0, len(order) - size + 1, size):
@@ -275,5 +294,7 @@ def summarize(metrics: list[Mapping[str, jax.Array]]) -> dict[str, float]:
   return out
 
 
-__all__ = ["PolicyLossConfig", "advantage_kwargs", "compute_advantages", "make_policy_update",
-           "make_roles_update", "minibatches", "policy_loss_config", "summarize"]
+__all__ = ["CRITIC_MINIBATCH", "OFF_POLICY_MINIBATCH", "POLICY_MINIBATCH", "PolicyLossConfig",
+           "advantage_kwargs", "compute_advantages", "make_policy_update",
+           "make_roles_update", "minibatches", "policy_loss_config", "policy_minibatch_keys",
+           "summarize"]
