@@ -904,7 +904,12 @@ def test_eval_rows_report_what_the_threshold_reads():
   assert got["insufficient_share"] == pytest.approx(np.mean(~s))
   assert got["accuracy_sufficient"] == pytest.approx(np.mean(em[s & took] > 0))
   assert got["accuracy_insufficient"] == pytest.approx(np.mean(em[~s & took] > 0))
+  abst = np.array([r["abstained"] for r in rows])
+  assert got["abstain_sufficient"] == pytest.approx(np.mean(abst[s]))  # answers lost on S = 1
   for r in rows:
     if not r["sufficient"]:
       r.update(answer=None, abstained=True, em=0.0)
   assert row_means(rows)["accuracy_insufficient"] == 0.0
+  for r in rows:  # every set insufficient: no sufficient set to abstain on
+    r["sufficient"] = False
+  assert row_means(rows)["abstain_sufficient"] == 0.0

@@ -954,13 +954,19 @@ def report(s: Settings, out: str) -> dict[str, Any]:
   """results.json, the tables (results.md) and the plots under `out` (README.md is written by
   hand around results.md's tables). With s.records: from the records alone (their files laid
   out in a temporary folder), whatever s.root holds."""
-  commands = {j.spec: command_line(j) for j in jobs(s)}
-  settings = dataclasses.asdict(s)
-  if s.records:
-    import tempfile
-    tmp = tempfile.mkdtemp(prefix="coreact_report_")
+  if not s.records:
+    return _report(s, out, {j.spec: command_line(j) for j in jobs(s)}, dataclasses.asdict(s))
+  import tempfile
+  with tempfile.TemporaryDirectory(prefix="coreact_report_") as tmp:  # removed after
     say(f"the report reads {restore_records(s, tmp)} file(s) from the records under {s.records}")
-    s = dataclasses.replace(s, root=tmp)
+    return _report(dataclasses.replace(s, root=tmp), out,
+                   {j.spec: command_line(j) for j in jobs(s)}, dataclasses.asdict(s))
+
+
+def _report(s: Settings, out: str, commands: Mapping[str, str],
+            settings: Mapping[str, Any]) -> dict[str, Any]:
+  """report's work on the outputs under s.root; commands and settings: the study's own (not
+  the temporary folder's)."""
   study = gather(s)
   os.makedirs(out, exist_ok=True)
   study["_curves"] = seed_curves(s)

@@ -502,17 +502,28 @@ def sft_mismatch(recorded: dict, ours) -> list[str]:
   """Fields (dotted) where a recorded SFT config.json differs from `ours` (a ConfigDict), world
   paths and RL-only sections aside; [] when the export it made is the one we would train."""
   from configs import base
-  from agentjax.train.trainer import RECORDED_EXTRAS  # written beside the config, not fields
-  mine = _flat(json.loads(json.dumps(ours.to_dict())))  # tuples as JSON lists, as recorded
-  theirs = _flat({k: v for k, v in recorded.items() if k not in RECORDED_EXTRAS})
+  mine, theirs = _flat_configs(recorded, ours)
   # Fields added to configs/base.py after that run are absent from its record: at their base
   # default they change nothing (e.g. model.lora.* off).
   default = _flat(json.loads(json.dumps(base.get_config("demo").to_dict())))
   added = lambda k: k not in theirs and k in default and mine.get(k) == default[k]  # noqa: E731
-  keep = lambda k: (k not in _WORLD_PATH_KEYS and not k.startswith(_RL_ONLY_SECTIONS)  # noqa: E731
-                    and not added(k))
+  return _differing(mine, theirs, lambda k: (k in _WORLD_PATH_KEYS or added(k)
+                                             or k.startswith(_RL_ONLY_SECTIONS)))
+
+
+def _flat_configs(recorded: dict, ours) -> tuple[dict, dict]:
+  """({dotted field: value} of `ours` (a ConfigDict), of a recorded config.json), both as JSON
+  holds them (tuples as lists), the record's extras (judge identity, adapters) left out."""
+  from agentjax.train.trainer import RECORDED_EXTRAS  # written beside the config, not fields
+  return (_flat(json.loads(json.dumps(ours.to_dict()))),
+          _flat({k: v for k, v in recorded.items() if k not in RECORDED_EXTRAS}))
+
+
+def _differing(mine: dict, theirs: dict, skip) -> list[str]:
+  """The dotted fields, sorted, whose values differ (a field one side lacks differs), but those
+  skip(field) names."""
   return sorted(k for k in set(mine) | set(theirs)
-                if keep(k) and mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
+                if not skip(k) and mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
 
 
 def reuse_sft(root: str, source: str, topk: int) -> str:
@@ -663,18 +674,14 @@ def borrowed_mismatch(spec: str) -> list[str]:
                                             "config.json"))}
   ours = rl_config(root_dir(), size, method, int(seed), _steps(), _STUDY.value,
                    _EVAL_SIZE.value)
-  from agentjax.train.trainer import RECORDED_EXTRAS
-  mine = _flat(json.loads(json.dumps(ours.to_dict())))
   from agentjax.train.upgrade import upgrade_recorded  # a field added since: what it ran with
-  theirs = _flat({k: v for k, v in upgrade_recorded(rec["config"]).items()
-                  if k not in RECORDED_EXTRAS})
+  mine, theirs = _flat_configs(upgrade_recorded(rec["config"]), ours)
   skip = set(_WORLD_PATH_KEYS) | {"train.jax_cache_dir"}
   # The shipped start as read from one checkout or another (.../backbones/research_v2/final)
   tail = lambda path: tuple(str(path).split(os.sep)[-3:])  # noqa: E731
   if tail(mine.get("model.hf_path", "")) == tail(theirs.get("model.hf_path", "")):
     skip.add("model.hf_path")
-  return sorted(k for k in set(mine) | set(theirs)
-                if k not in skip and mine.get(k, "<absent>") != theirs.get(k, "<absent>"))
+  return _differing(mine, theirs, skip.__contains__)
 
 
 def keep_record(spec: str) -> None:
