@@ -12,7 +12,7 @@ from agentjax.benchmarks.common import (FLAGS, copy_bandwidth, device_name, matm
 
 
 def bench_gpu() -> dict:
-  """Issue 30 §6, on an accelerator: the --preset shape (qwen2.5-1.5b when not given) run for
+  """On an accelerator: the --preset shape (qwen2.5-1.5b when not given) run for
   real, random weights, bfloat16 compute. Three figures, each against a ceiling measured in the
   same run (a bf16 matmul of 8192^3 for FLOP/s, a donated x + 1 over 1 GB for bytes/s):
 

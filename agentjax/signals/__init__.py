@@ -114,12 +114,16 @@ class Signal:
     ConfigError naming the field).
   absent_metrics: metrics every RL run logs, at these values when it does not run the signal
     (IGPO's ig_mean and the gold's log-probs: the same keys for every run).
+  scored: its prepare returns probes (ScoredBatch's probe tokens) that the scoring pass scores
+    in the same forward as the first role's log-probs; a stage that cannot carry probes (DAC's
+    roles: stage.probes False) runs without the signal.
   """
   name: str
   provides: frozenset
   build: Callable[[SignalEnv], SignalRunner]
   validate: Callable[[Any, Callable[..., None]], None] | None = None
   absent_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  scored: bool = False
 
 
 SIGNALS = Registry("signal")

@@ -53,4 +53,4 @@ class ProbesRunner(SignalRunner):
 
 
 PROBES = register_signal(Signal("probes", frozenset({"ig"}), ProbesRunner,
-                                absent_metrics=ABSENT))
+                                absent_metrics=ABSENT, scored=True))

@@ -62,7 +62,7 @@ START_QUESTIONS = 100
 REFERENCE = "grpo"
 # 30 steps: a step of 64 trajectories takes ~15-25 s on one core of this CPU (the pilot:
 # docs/results/research/README.md, "Budget"), so a run with its evals is ~12-16 minutes and the 50
-# runs of the plan fit ~6 hours of two workers. Issue 32's 100 steps at 50-95 s a step were ~44
+# runs of the plan fit ~6 hours of two workers. The earlier protocol's 100 steps at 50-95 s a step were ~44
 # core-hours. The lr is constant after warm-up, so a run's first 30 steps are the same at any
 # `steps`.
 STEPS = 30

@@ -263,8 +263,8 @@ class RLStep:
                                  grad_shardings=grad_shardings)
     critic = Critic.build(config, target, updates_per_step(config), micro, mesh) \
         if method.critic else None
-    # A stage that cannot carry IGPO's probes (DAC's roles) runs without them.
-    names = tuple(n for n in method.run_signals(config) if n != "probes" or stage.probes)
+    # A stage that cannot carry probes (DAC's roles) runs without the signals scored with them.
+    names = tuple(n for n in method.run_signals(config) if not SIGNALS[n].scored or stage.probes)
     env = SignalEnv(config, mesh, engine=getattr(stage, "engine", None), target=target,
                     stage=stage, critic=critic)
     role_schedules = {role: make_schedule(rate, *schedule_args(config)[1:])
@@ -364,7 +364,8 @@ class RLStep:
     t0 = time.perf_counter()
     ctx = self._context(out, step, state=state)
     prepared = {name: runner.prepare(ctx) for name, runner in self.signals.items()}
-    scored, packer, pack_stats = self._score(state, out, prepared.get("probes"))
+    probes = next((prepared[n] for n in self.signals if SIGNALS[n].scored), None)
+    scored, packer, pack_stats = self._score(state, out, probes)
     fields, signal_metrics = dict(produced.fields), dict(produced.metrics)
     for name, runner in self.signals.items():
       got = runner.collect(dataclasses.replace(ctx, scored=scored[ctx.role],
