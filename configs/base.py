@@ -6,7 +6,7 @@ from `get_config(arg)` and change what their method needs. The part after the co
   demo         the tiny model on SynthWorld with local BM25, CPU, minutes (what `make demo` runs)
   research     SynthWorld v2 (1-4 hops, distractors) and the research backbone (4 layers, hidden
                256, from scratch on a mixed SFT corpus: launch/backbone.py), the run protocol's
-               settings (issue 32): constant lr after warm-up, 1000 eval questions
+               settings: constant lr after warm-up, 1000 eval questions
   qwen2.5-3b   the IGPO paper's settings: 32 prompts x 16 rollouts, lr 1e-6, KL 0.001
   qwen2.5-7b   (low_var_kl), clip 0.2, max 10 turns, temperature 1.0, gamma 1; NQ + HotpotQA
   qwen3-8b     train, the seven FlashRAG benchmarks for eval, a Search-R1 HTTP retriever
@@ -179,8 +179,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.rl.ig_mode = "log_prob"
   # How the probe's gold answer is tokenized after the template's "<answer> " (rl/info_gain.py
   # PROBE_TOKENS): "natural", as the model writes it; "split", the head and the gold encoded
-  # apart (a lone-space token, then the gold without its leading space: what every study before
-  # 2026-11-26 ran; set it to reproduce them). The demo re-checked with "natural" from the same
+  # apart (a lone-space token, then the gold without its leading space: what the studies before
+  # this default ran; set it to reproduce them). The demo re-checked with "natural" from the same
   # SFT export kept its gain and time (dev F1 +0.043, 4.2 paired s.e., RL 228 s; "split" +0.040,
   # 4.3 s.e., 230 s: docs/BENCHMARKS.md "demo"), so "natural" is the default.
   c.rl.ig_probe_tokens = "natural"
@@ -285,7 +285,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # (methods spec DAC-A1..A8), each one override away.
   c.dac = ml_collections.ConfigDict()
   # The generator's answers per evidence set (m); its advantages are grouped by "question" (every
-  # answer to any evidence set of the question: the default since 2026-11-26) or by "evidence"
+  # answer to any evidence set of the question: the default) or by "evidence"
   # (the m answers to one evidence set: needs m >= 2; the DAC study of docs/results/dac ran it).
   # Why the default changed: grouped by evidence set, every answer of a group shares S, so an
   # S = 0 group's rewards are alpha or 0 and GRPO's z-score cancels alpha exactly (the study's
@@ -556,7 +556,7 @@ def _demo(c):
 
 
 def _research(c):
-  """SynthWorld v2 and the research backbone (issue 32; resized by issue 45 to a protocol that
+  """SynthWorld v2 and the research backbone (sized to a protocol that
   finishes on a 2-core CPU), on a CPU: the demo's settings but for what the world and the
   protocol change. The backbone is a from-scratch Qwen2 of 4 layers, hidden 128 (1,050,240
   parameters with its 2048-token BPE), warm-started by configs/sft.py:research on the mixed
@@ -597,7 +597,7 @@ def _research(c):
   # (docs/results/research/README.md, "Step time": measured at 1536 tokens and top 3).
   c.rl.pack_tokens = 1024
   c.rl.ig_probe_tokens = "natural"  # the gold's tokens as the model writes them (base.py)
-  # 1e-4 (the demo's 3e-5 x 3.3) for 30 steps: about the movement issue 32's 100 steps at 3e-5
+  # 1e-4 (the demo's 3e-5 x 3.3) for 30 steps: about the movement the earlier 100 steps at 3e-5
   # had (a pilot of 8 IGPO steps from the early start, seed 100: no instability).
   c.optimizer.lr = 1e-4
   c.optimizer.warmup_steps = 5

@@ -23,7 +23,7 @@ Presets:
                  An instruction-tuned Qwen follows the abstention instruction from the start;
                  the demo's from-scratch model has never seen it, and without this RL could never
                  sample an abstention (our stand-in, not the paper's).
-  research       SynthWorld v2 from the research backbone (configs/base.py research; issue 33):
+  research       SynthWorld v2 from the research backbone (configs/base.py research):
                  both roles from the backbone, which learned the generator's reading in its SFT
                  (no generator warm start), LoRA rank 32 at 3e-4 as the demo, 2 answers per
                  evidence set, the searcher's first 12 documents as the evidence (4 hops x top
@@ -91,8 +91,8 @@ def get_config(arg: str = "demo"):
     c.rl.pack_tokens = 0  # DAC's two roles score and update padded rows (train/config.py)
     # Every document of the longest chain: 4 hops x top k (top 3 on the issue-32 backbone: at 8
     # the last hop's passage of a 4-hop question was cut, 4-hop F1 0.00 before RL, dev F1 0.492;
-    # at 12 dev F1 0.561, docs/results/dac_research/README.md). With top 2 (the backbone of
-    # issue 45) that is 8, the SFT corpus' own bound.
+    # at 12 dev F1 0.561, docs/results/dac_research/README.md). With top 2 (the shipped
+    # backbone) that is 8, the SFT corpus' own bound.
     c.dac.max_evidence_docs = 4 * c.retrieval.topk
     c.dac.generator_samples = 2  # the demo's: a step about twice a monolithic one on a CPU
     c.dac.generator_max_new_tokens = 32

@@ -1,4 +1,4 @@
-r"""The research backbone (issue 32 §2): SynthWorld v2, the mixed SFT corpus, the tokenizer, the
+r"""The research backbone: SynthWorld v2, the mixed SFT corpus, the tokenizer, the
 from-scratch SFT, and the gate before any RL. Every study of the research preset starts from its
 export ({root}/backbone/sft/hf_export); it is built once, never per study.
 

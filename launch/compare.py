@@ -1,11 +1,11 @@
-r"""The SynthWorld studies: IGPO vs GRPO (docs/results/, issue 6) and CW-GRPO vs GRPO
-(docs/results/cw_grpo/, issue 16), chosen by --study.
+r"""The SynthWorld studies: IGPO vs GRPO (docs/results/) and CW-GRPO vs GRPO
+(docs/results/cw_grpo/), chosen by --study.
 
     python launch/compare.py                          # every size x method x seed, then the report
     python launch/compare.py --sizes=base --seeds=0   # a subset (finished runs are reused)
     python launch/compare.py --report_only            # tables + plots from the finished runs
 
-The PPO rows (issue 20) were run on the base size beside GRPO and IGPO from the current base SFT
+The PPO rows were run on the base size beside GRPO and IGPO from the current base SFT
 start (the CW-GRPO and DAC studies' one), reported in docs/results/ppo:
 
     python launch/compare.py --sizes=base --methods=grpo,igpo,ppo,ppo_turn,ppo_ig \

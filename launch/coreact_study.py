@@ -1,10 +1,10 @@
-r"""The Co-ReAct study on SynthWorld (issue 19 section 5; methods spec §4.9): branch points, the
+r"""The Co-ReAct study on SynthWorld (methods spec §4.9): branch points, the
 rubric generator's warm start and its GRPO under three ranking rewards, and rubric-guided agents.
 
     python launch/coreact_study.py                    # every stage, then the report
     python launch/coreact_study.py --stage=grpo       # one stage (its inputs must exist)
     python launch/coreact_study.py --stage=report     # tables + plots from the finished runs
-    # SynthWorld v2 and the research backbone shipped in the repository (issue 46 §2): the
+    # SynthWorld v2 and the research backbone shipped in the repository: the
     # research settings (coreact.RESEARCH_DEFAULTS: runs/research/coreact, Monte-Carlo branch
     # values, ...), each finished job's record kept in docs/results/coreact_research/runs and
     # committed as it ends; the report from those records alone

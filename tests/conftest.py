@@ -223,3 +223,10 @@ def scripted_world(tmp_path_factory):
   backend = make_backend("bm25", corpus_path=retrieval_fixtures.write_corpus(root / "c.jsonl"),
                          index_dir=str(root / "index"))
   return tok, backend, af.ScriptedAgent(tok)
+
+
+@pytest.fixture(scope="session")
+def world(scripted_world):
+  """scripted_world under the name the rollout and step tests use (a module may define its own
+  `world`, which then wins)."""
+  return scripted_world

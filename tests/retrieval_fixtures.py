@@ -207,3 +207,11 @@ class SlowBackend:
     self.calls += 1
     time.sleep(self.latency_s)
     return self.backend.search(queries, topk)
+
+
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now (bound, then released)."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]

@@ -16,7 +16,7 @@ from agentjax.rl import advantages as adv_lib
 from agentjax.rl import losses as losses_lib
 from agentjax.train import config as config_lib
 from agentjax.train.config import ConfigError
-from agentjax.train.rl import advantage_kwargs, policy_loss_config
+from agentjax.train.updates import advantage_kwargs, policy_loss_config
 from configs import a2tgpo as a2tgpo_config
 from configs import base
 
@@ -336,10 +336,10 @@ def test_ppo_and_gspo_losses_take_a_per_token_clip_scale():
 
 
 def test_the_update_objective_passes_the_methods_loss_inputs():
-  """train/rl.py: a PolicyLossConfig's inputs reach the loss as keywords, from the minibatch."""
+  """train/updates.py: a PolicyLossConfig's inputs reach the loss as keywords, from the minibatch."""
   from agentjax.models.logprobs import sequence_logprobs
   from agentjax.models.qwen import Qwen, QwenConfig, init_params
-  from agentjax.train.rl import PolicyLossConfig, _role_objective
+  from agentjax.train.updates import PolicyLossConfig, role_objective
   cfg = QwenConfig.preset("tiny", vocab_size=64)
   model = Qwen(cfg)
   params = init_params(cfg, jax.random.key(0))
@@ -353,8 +353,8 @@ def test_the_update_objective_passes_the_methods_loss_inputs():
             ref_logp=logp, advantages=jnp.asarray(rng.normal(size=(b, length)), jnp.float32),
             clip_scale=jnp.asarray(rng.uniform(0.2, 2.0, (b, length)), jnp.float32))
   kw = (("clip_high", 0.05), ("clip_low", 0.05))
-  with_input = _role_objective(model, PolicyLossConfig("ppo", kw, inputs=("clip_scale",)))
-  without = _role_objective(model, PolicyLossConfig("ppo", kw))
+  with_input = role_objective(model, PolicyLossConfig("ppo", kw, inputs=("clip_scale",)))
+  without = role_objective(model, PolicyLossConfig("ppo", kw))
   got, _ = with_input(params, mb)
   want, _ = losses_lib.ppo_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
                                 clip_low=0.05, clip_high=0.05, clip_scale=mb["clip_scale"])
@@ -370,7 +370,7 @@ def test_the_update_objective_passes_the_methods_loss_inputs():
 def test_registry_entry_and_config_file():
   config = a2tgpo_config.get_config("demo")
   method = get_method("a2tgpo")
-  assert method.estimator == "a2tgpo" and method.needs_probes(config)
+  assert method.estimator == "a2tgpo" and "probes" in method.run_signals(config)
   assert "gspo_turn" in losses_lib.POLICY_LOSSES
   assert advantage_kwargs(config) == dict(gamma=1.0, alpha=0.3, rescale="sqrt_terms",
                                           scale_by_std=True, clip_beta=0.3, adaptive_clip=True,

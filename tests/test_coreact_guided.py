@@ -29,11 +29,6 @@ SUFFIX = rubric_suffix(RUBRIC)
 RETRY = SUFFIX + retry_suffix(RUBRIC, FAILED)
 
 
-@pytest.fixture(scope="module")
-def world(scripted_world):
-  return scripted_world
-
-
 class Source:
   """A rubric source that gives RUBRIC for every context and records the contexts."""
 

@@ -8,7 +8,6 @@ judge is called for the correct ones of mixed groups only, and its verdicts reac
 from __future__ import annotations
 
 import importlib
-import socket
 
 import jax
 import jax.numpy as jnp
@@ -22,6 +21,7 @@ from agentjax.parallel import make_mesh
 from agentjax.sampling import SamplingParams
 from agentjax.train.step import RLStep
 from tests import agent_fixtures as af
+from tests.retrieval_fixtures import free_port
 
 GROUP, QUESTIONS = 8, 2
 
@@ -59,11 +59,6 @@ def _steps(setup, config, steps=3):
   return out
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def fixed_judge():
@@ -87,7 +82,7 @@ def fixed_judge():
 def test_a_judge_server_that_is_down_costs_rounds_not_the_run(setup):
   """Every call refused: the run trains to the end, each round 0/0, the failures counted; with
   the code's "zero" fallback only the answer rounds of correct trajectories keep their A."""
-  config = _config(backend="openai", base_url=f"http://127.0.0.1:{_free_port()}/v1",
+  config = _config(backend="openai", base_url=f"http://127.0.0.1:{free_port()}/v1",
                    timeout_s=2.0, max_retries=1, retry_backoff_s=0.01)
   metrics = _steps(setup, config)
   assert len(metrics) == 3 and all(np.isfinite(m["loss"]) for m in metrics)

@@ -27,10 +27,10 @@ from agentjax.rl.losses import ppo_loss
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.optim import make_adapter_optimizer
-from agentjax.train.rl import PolicyLossConfig, make_roles_update
+from agentjax.train.updates import PolicyLossConfig, make_roles_update
 from tests import agent_fixtures as af
 from tests.retrieval_fixtures import corpus_rows
-from tests.trainer_fixtures import tiny_config
+from tests.trainer_fixtures import run_metrics, tiny_config
 
 TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_per_s",
           "sampled_tokens_per_s", "eval/seconds", "compiles")
@@ -464,8 +464,7 @@ def _dac_config(world_dir, tokenizer_dir, tmp):
 
 
 def _metrics(workdir, key="reward"):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if f'"{key}"' in line]
+  return run_metrics(workdir, key)
 
 
 @pytest.fixture(scope="module")

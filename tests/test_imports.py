@@ -18,8 +18,8 @@ ROOT = pathlib.Path(agentjax.__file__).parent
 # RL math know nothing of methods, trainers, DAC, Co-ReAct, studies, benchmarks or serving.
 LOWER = ("agentjax.models", "agentjax.sampling", "agentjax.agent", "agentjax.retrieval",
          "agentjax.judge", "agentjax.rl", "agentjax.parallel", "agentjax.data")
-UPPER = ("agentjax.methods", "agentjax.train", "agentjax.dac", "agentjax.coreact",
-         "agentjax.studies", "agentjax.benchmarks", "agentjax.serve")
+UPPER = ("agentjax.methods", "agentjax.signals", "agentjax.train", "agentjax.dac",
+         "agentjax.coreact", "agentjax.studies", "agentjax.benchmarks", "agentjax.serve")
 
 
 def _modules() -> dict[str, pathlib.Path]:

@@ -13,7 +13,7 @@ from agentjax.methods import Method, get_method, register_method
 from agentjax.rl import advantages as adv_lib
 from agentjax.train import config as config_lib
 from agentjax.train.config import ConfigError
-from agentjax.train.rl import advantage_kwargs
+from agentjax.train.updates import advantage_kwargs
 from configs import base
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -22,17 +22,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_every_estimator_has_one_method_and_the_needs_are_the_papers():
   estimators = {name for name in adv_lib.ADVANTAGE_ESTIMATORS if not name.startswith("test_")}
   assert {m.estimator for m in methods.METHODS.values()} == estimators
-  needs = {name: (m.group, m.outcome_only, m.judge, m.critic)
-           for name, m in methods.METHODS.items()}
-  outcome = (True, True, False, False)
+  c = base.get_config()
+  needs = {name: (m.group, m.outcome_only, m.signals_for(c), m.critic)
+           for name, m in methods.METHODS.items() if not name.startswith("test_")}
+  outcome = (True, True, (), False)
+  ppo = (False, False, ("critic",), True)
   assert needs == {"grpo": outcome, "drgrpo": outcome, "gspo": outcome, "rloo": outcome,
-                   "reinforce++": (False, True, False, False),
+                   "reinforce++": (False, True, (), False),
                    "reinforce++_baseline": outcome,
-                   "igpo": (True, False, False, False), "cw_grpo": (True, False, True, False),
-                   "cw_grpo_ig": (True, False, True, False),
-                   "a2tgpo": (True, False, False, False),
-                   "ppo": (False, False, False, True), "ppo_turn": (False, False, False, True),
-                   "ppo_round": (False, False, False, True)}
+                   "igpo": (True, False, ("probes",), False),
+                   "cw_grpo": (True, False, ("judge",), False),
+                   "cw_grpo_ig": (True, False, ("probes", "judge"), False),
+                   "a2tgpo": (True, False, ("probes",), False),
+                   "ppo": ppo, "ppo_turn": ppo, "ppo_round": ppo,
+                   "stepsearch": (False, False, ("critic", "step_rewards"), True)}
   with pytest.raises(KeyError, match="unknown method 'nope'; known"):
     get_method("nope")
 
@@ -56,18 +59,19 @@ def test_settings_are_the_config_sections():
     assert advantage_kwargs(c) == kwargs, name
 
 
-def test_probes_follow_the_entry():
+def test_signals_follow_the_entry():
   c = base.get_config()
-  c.algorithm = "igpo"
-  assert get_method("igpo").needs_probes(c)
-  c.algorithm = "grpo"
-  assert not get_method("grpo").needs_probes(c)
-  c.rl.probe_all = True
-  assert get_method("grpo").needs_probes(c)
+  assert get_method("igpo").run_signals(c) == ("probes",)
+  assert get_method("grpo").run_signals(c) == ()
+  c.rl.probe_all = True  # the probes' metrics for any method
+  assert get_method("grpo").run_signals(c) == ("probes",)
+  assert get_method("igpo").run_signals(c) == ("probes",)
   c.rl.probe_all = False
-  assert not get_method("ppo").needs_probes(c) and "ig" not in get_method("ppo").inputs_for(c)
+  assert get_method("ppo").run_signals(c) == ("critic",)
+  assert "ig" not in get_method("ppo").inputs_for(c)
   c.ppo.ig_weight = 0.5
-  assert get_method("ppo").needs_probes(c) and "ig" in get_method("ppo").inputs_for(c)
+  assert get_method("ppo").run_signals(c) == ("critic", "probes")
+  assert "ig" in get_method("ppo").inputs_for(c)
 
 
 @pytest.fixture
@@ -88,11 +92,21 @@ def test_unmet_needs_fail_at_validation_naming_the_field(scratch_method):
   c = base.get_config()
   c.algorithm = scratch_method(name="test_ig_without_probes", estimator="grpo",
                                inputs=frozenset({"ig", "outcome"}))
-  with pytest.raises(ConfigError, match=r"config\.algorithm='test_ig_without_probes'.*probes"):
+  with pytest.raises(ConfigError, match=r"config\.algorithm='test_ig_without_probes'.*the batch "
+                     r"field 'ig', which none of its signals \[\] provides"):
     config_lib.validate(c)
   c.algorithm = scratch_method(name="test_judge_fields", estimator="grpo",
-                               inputs=frozenset({"retrieval_scores", "outcome"}))
-  with pytest.raises(ConfigError, match=r"config\.algorithm=.*judge"):
+                               inputs=frozenset({"retrieval_scores", "outcome"}),
+                               signals=("probes",))
+  with pytest.raises(ConfigError, match=r"config\.algorithm=.*'retrieval_scores'"):
+    config_lib.validate(c)
+  c.algorithm = scratch_method(name="test_unknown_signal", estimator="grpo",
+                               inputs=frozenset({"outcome"}), signals=("oracle_tea",))
+  with pytest.raises(ConfigError, match=r"unknown signal\(s\) \['oracle_tea'\]"):
+    config_lib.validate(c)
+  c.algorithm = scratch_method(name="test_values_without_critic", estimator="grpo",
+                               inputs=frozenset({"outcome", "values"}), signals=("critic",))
+  with pytest.raises(ConfigError, match=r"trains a critic"):
     config_lib.validate(c)
   c.algorithm = scratch_method(name="test_group", estimator="grpo", inputs=frozenset({"outcome"}))
   c.rollout.group_size = 1
@@ -147,5 +161,5 @@ def test_ig_turn_rewards_times_cw_weights_against_numpy(cw_gamma, fallback):
   c = base.get_config()
   c.algorithm = "cw_grpo_ig"
   m = get_method("cw_grpo_ig")
-  assert m.needs_probes(c) and m.judge and not m.critic
+  assert m.run_signals(c) == ("probes", "judge") and not m.critic
   assert {"ig", "retrieval_scores"} <= m.inputs_for(c)

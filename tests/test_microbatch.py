@@ -21,8 +21,8 @@ from agentjax.rl.info_gain import Probes
 from agentjax.train import config as config_lib
 from agentjax.train.critic import Critic
 from agentjax.rl.microbatch import merge, num_micro, split
-from agentjax.train.rl import (PolicyLossConfig, make_policy_update, make_roles_update,
-                               score_batch)
+from agentjax.train.scoring import score_batch
+from agentjax.train.updates import PolicyLossConfig, make_policy_update, make_roles_update
 
 B, S, V, CHUNK, LR = 6, 12, 64, 16, 0.1
 MICRO = 2  # rows per pass: B = 6 -> 3 micro-batches

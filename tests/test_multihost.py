@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from tests.retrieval_fixtures import free_port
 from tests.subprocess_env import subprocess_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -27,11 +27,6 @@ TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "search_wa
           "tokens_per_s", "sampled_tokens_per_s", "eval/seconds", "compiles", "judge/seconds")
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
 
 def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path,
          algorithm: str = "igpo", async_steps: int = 0, steps: int = 2) -> dict:
@@ -40,7 +35,7 @@ def _run(layout: str, num_processes: int, world_dir, tokenizer_dir, tmp_path,
   out = str(base / "result.npz")
   args = [f"--workdir={base / 'run'}", f"--world_dir={world_dir}",
           f"--tokenizer_dir={tokenizer_dir}", f"--tmp={base}", f"--out={out}",
-          f"--num_processes={num_processes}", f"--port={_free_port()}",
+          f"--num_processes={num_processes}", f"--port={free_port()}",
           f"--algorithm={algorithm}", f"--async_steps={async_steps}", f"--steps={steps}"]
   env = subprocess_env(PYTHONPATH=ROOT)
   procs = [subprocess.Popen([sys.executable, *SCRIPT, *args, f"--process_id={i}"], cwd=ROOT,
@@ -117,7 +112,7 @@ def test_two_processes_match_one_process_with_async_steps_1(world_dir, tokenizer
 
 def test_every_process_gets_process_zeros_search_response():
   env = subprocess_env(PYTHONPATH=ROOT)
-  port = _free_port()
+  port = free_port()
   procs = [subprocess.Popen([sys.executable, *SEARCH_SCRIPT, "--num_processes=2",
                              f"--process_id={i}", f"--port={port}"], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -102,7 +102,7 @@ def test_the_minibatch_carries_the_samplers_log_probs_only_with_a_correction():
   """policy_minibatch_keys: what the step cuts and the fit check compiles (the fit check's update
   once lacked behav_logp under a correction and failed with a KeyError)."""
   from configs.base import get_config
-  from agentjax.train.step import POLICY_MINIBATCH, policy_minibatch_keys
+  from agentjax.train.updates import POLICY_MINIBATCH, policy_minibatch_keys
   c = get_config("demo")
   assert policy_minibatch_keys(c) == POLICY_MINIBATCH
   c.rl.off_policy_correction = "decoupled"

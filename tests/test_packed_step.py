@@ -17,8 +17,9 @@ import pytest
 from agentjax.models.qwen import Qwen, QwenConfig, init_params
 from agentjax.rl.info_gain import Probes
 from agentjax.train import config as config_lib
-from agentjax.train.rl import (PACK_KEYS, MinibatchPacker, PolicyLossConfig, make_policy_update,
-                               plan_scoring, score_batch)
+from agentjax.train.packing import PACK_KEYS, MinibatchPacker
+from agentjax.train.scoring import plan_scoring, score_batch
+from agentjax.train.updates import PolicyLossConfig, make_policy_update
 
 V, CHUNK, LR = 64, 16, 0.1
 CFG = QwenConfig.preset("tiny", vocab_size=V, hidden_size=32, intermediate_size=48, num_layers=1,

@@ -244,7 +244,7 @@ class DropStep:
     rows = [version, version] if again else self.OLDEST[step]
     versions = np.repeat(np.asarray(rows, np.int32)[:, None], 3, axis=1)
     batch = _Batch(jnp.asarray(versions), jnp.ones((2, 3), bool))
-    return Produced(out=_Out({"policy": batch}), judge_fields={}, judge_metrics={},
+    return Produced(out=_Out({"policy": batch}), fields={}, metrics={},
                     rollout_s=0.0, produce_s=0.0, version=version)
 
   def consume(self, state, produced, step, rng, t_step):

@@ -3,7 +3,6 @@ PPO, and the trainer end to end (policy + critic trained, resumed exactly, evalu
 
 from __future__ import annotations
 
-import json
 import os
 
 import jax
@@ -19,11 +18,12 @@ from agentjax.rl import outcome_rewards
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.critic import Critic
-from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy_update,
-                               minibatches, score_batch)
-from agentjax.train.step import CRITIC_MINIBATCH, POLICY_MINIBATCH
+from agentjax.train.scoring import score_batch
+from agentjax.train.updates import (PolicyLossConfig, compute_advantages, make_policy_update,
+                                    minibatches)
+from agentjax.train.updates import CRITIC_MINIBATCH, POLICY_MINIBATCH
 from tests import agent_fixtures as af
-from tests.trainer_fixtures import tiny_config
+from tests.trainer_fixtures import run_metrics, tiny_config
 
 # ------------------------------------------------------------------------------ presets
 
@@ -203,11 +203,6 @@ TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_pe
           "sampled_tokens_per_s", "eval/seconds", "compiles")
 
 
-def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
-
 @pytest.fixture(scope="module")
 def ppo_runs(world_dir, tokenizer, tmp_path_factory):
   """configs/ppo.py:demo on the tiny world, one critic-only warm-up step: run A 3 steps; run B
@@ -225,7 +220,7 @@ def ppo_runs(world_dir, tokenizer, tmp_path_factory):
 
 def test_ppo_trains_policy_and_critic_resumes_exactly_and_exports_both(ppo_runs):
   config, tmp, a, b1, b2 = ppo_runs
-  rows = [r for r in _metrics(os.path.join(tmp, "a")) if "reward" in r]
+  rows = [r for r in run_metrics(os.path.join(tmp, "a")) if "reward" in r]
   assert [r["step"] for r in rows] == [1, 2, 3]
   for key in ("critic/value_loss", "critic/explained_variance", "critic/value_mean",
               "critic/return_mean", "critic/value_clip_fraction", "critic/grad_norm"):
@@ -237,7 +232,7 @@ def test_ppo_trains_policy_and_critic_resumes_exactly_and_exports_both(ppo_runs)
   assert a["evals"][3]["n"] == config.data.eval_size  # evaluated at the end
   # Resume: every metric, the policy and the critic equal the uninterrupted run's.
   assert b1["step"] == 2 and b2["step"] == 3
-  rows_b = {r["step"]: r for r in _metrics(os.path.join(tmp, "b")) if "reward" in r}
+  rows_b = {r["step"]: r for r in run_metrics(os.path.join(tmp, "b")) if "reward" in r}
   for r in rows:
     for key, value in r.items():
       if key not in TIMING:

@@ -24,6 +24,7 @@ from agentjax.retrieval import (BM25Backend, CorpusError, Document, HttpSearchBa
                                 make_backend, make_server, start_in_thread)
 from agentjax.retrieval import http as http_client
 from tests import retrieval_fixtures as fx
+from tests.retrieval_fixtures import free_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Targeted queries -> the one right document (founders and names occur in one document only).
@@ -68,11 +69,6 @@ def _client(url, **kwargs):
             **kwargs}
   return HttpSearchBackend(url, **kwargs)
 
-
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
 
 
 def _post(url, body: bytes):
@@ -219,7 +215,7 @@ def test_http_client_matches_local_backend_through_server(bm25, serve):
   assert client.stats.as_dict() | {"seconds": 0} == {
       "calls": 1, "queries": len(queries), "failed_queries": 0, "retries": 0, "seconds": 0}
   assert client.health() == {"status": "ok", "num_docs": 30}
-  assert _client(f"http://127.0.0.1:{_free_port()}/retrieve").health() is None
+  assert _client(f"http://127.0.0.1:{free_port()}/retrieve").health() is None
 
   # Search-R1 clients that do not ask for scores get bare documents.
   status, body = _post(server.url, json.dumps({"queries": ["Xandrith"], "topk": 1}).encode())
@@ -256,7 +252,7 @@ def test_retriever_down_returns_errors_naming_url_with_bounded_retries(monkeypat
   sleeps = []
   monkeypatch.setattr(http_client, "time", types.SimpleNamespace(perf_counter=time.perf_counter,
                                                                  sleep=sleeps.append))
-  url = f"http://127.0.0.1:{_free_port()}/retrieve"
+  url = f"http://127.0.0.1:{free_port()}/retrieve"
   client = _client(url, max_retries=3, backoff_s=0.25, max_backoff_s=0.6)
   response = client.search(["a", "b", "c"], topk=3)
   assert response.documents == [[], [], []] and response.num_failed == 3

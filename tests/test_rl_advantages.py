@@ -19,7 +19,7 @@ import pytest
 from absl.testing import absltest, parameterized
 
 from agentjax.rl import advantages as adv_lib
-from agentjax.train import rl as rl_lib
+from agentjax.train import updates as rl_lib
 
 SEEDS = (0, 1, 2)
 
@@ -475,10 +475,6 @@ class TurnLevelTest(chex.TestCase):
       turns = ref_igpo_turns(d["ig"], d["outcome"], d["num_turns"], d["group_ids"], gamma,
                              norm_mode)
       assert_close(adv, ref_tokens_from_turns(turns, d["turn_id"], d["loss_mask"]))
-      valid_ig = [d["ig"][i, k] for i in range(10) for k in range(d["num_turns"][i] - 1)]
-      assert_close(stats["ig_mean"], np.mean(valid_ig))
-      assert_close(stats["ig_std"], np.std(valid_ig))
-      assert_close(stats["ig_count"], len(valid_ig))
       assert_close(stats["collapse_fraction"], ref_collapse(d["outcome"], d["group_ids"]))
       assert_close(stats["zero_adv_fraction"], ref_zero_adv(adv, d["group_ids"],
                                                            d["loss_mask"]))
@@ -527,8 +523,7 @@ class TurnLevelTest(chex.TestCase):
       fn = self.variant(functools.partial(adv_lib.igpo_advantages, norm_mode=mode, gamma=0.5))
       adv, stats = fn(**d)
       assert_close(adv, want)
-      assert_close(stats["ig_count"], 0.0)
-      assert_close(stats["ig_mean"], 0.0)
+      assert "ig_mean" not in stats  # the probes signal's metric, computed once there
 
   @chex.variants(with_jit=True, without_jit=True)
   def test_igpo_hand_case(self):
@@ -800,9 +795,11 @@ def make_collapsed_batch(seed, ig_shift=0.0, num_t=3, length=16):
   ret = rng.uniform(size=(b, num_t)).astype(np.float32)
   think = rng.uniform(size=(b, num_t)).astype(np.float32)
   values = rng.normal(size=mask.shape).astype(np.float32)
+  steps = rng.normal(size=(b, num_t)).astype(np.float32)  # StepSearch's step rewards
   d = dict(outcome=outcome, group_ids=ids, num_turns=num_turns, turn_id=turn_id, loss_mask=mask,
-           ig=ig, retrieval_scores=ret, thinking_scores=think, values=values)
-  assert set(d) == adv_lib.BATCH_FIELDS
+           ig=ig, retrieval_scores=ret, thinking_scores=think, values=values, step_rewards=steps)
+  d = {k: v for k, v in d.items() if k in adv_lib.BATCH_FIELDS}  # the registered ones
+  assert set(d) == adv_lib.BATCH_FIELDS, "a registered batch field has no test values here"
   return d, collapsed
 
 
@@ -831,6 +828,8 @@ def ref_estimator(name, d, kw):
   if name == "cw_grpo_ig":
     return ref_cw_grpo_ig(d, kw.get("gamma", 1.0), kw.get("cw_gamma", 100.0),
                           kw.get("cw_all_zero_fallback", "zero"), **std)[0]
+  if name == "stepsearch":  # PPO's token GAE with the step rewards as the turns' rewards
+    return ref_ppo(dict(d, ig=d["step_rewards"]), "token", ig_weight=1.0, **kw)[0]
   if name == "a2tgpo":
     from tests.test_a2tgpo import ref_a2tgpo
     return ref_a2tgpo(d, **std)[0]
@@ -864,7 +863,7 @@ class CollapsedGroupsTest(absltest.TestCase):
             adv, stats = adv_lib.get_advantage_estimator(name)(**batch, **kw)
             adv = np.asarray(adv)
             assert_close(adv, ref_estimator(name, batch, kw))
-            if name in WHITENED or name in CRITIC:
+            if name in WHITENED or name in CRITIC or name == "stepsearch":
               continue  # see test_whitened_all_equal_batch; a critic is the critic's baseline
             np.testing.assert_array_equal(adv[collapsed], 0.0)
             self.assertTrue(np.all(np.abs(adv[~collapsed]).max(axis=1) > 1e-3))
@@ -946,7 +945,7 @@ class StdEstimatorTest(absltest.TestCase):
 
 
 # ---------------------------------------------------------------------------------------------
-# Config -> estimator keywords (agentjax.train.rl.advantage_kwargs).
+# Config -> estimator keywords (agentjax.train.updates.advantage_kwargs).
 # ---------------------------------------------------------------------------------------------
 
 

@@ -11,40 +11,36 @@ import pytest
 from agentjax.agent import RolloutConfig, RolloutEngine
 from agentjax.rl import build_probes, outcome_rewards
 from agentjax.sampling import SamplingParams
-from agentjax.train.rl import (PolicyLossConfig, compute_advantages, make_policy_update,
-                               minibatches, score_batch, summarize)
+from agentjax.train.scoring import score_batch
+from agentjax.train.updates import (PolicyLossConfig, compute_advantages, make_policy_update,
+                                    minibatches, summarize)
 from tests import agent_fixtures as af
 
 
-@pytest.fixture(scope="module")
-def setup(scripted_world):
-  return scripted_world
-
-
-def make_engine(setup, max_turns):
+def make_engine(world, max_turns):
   """Every test samples 2 questions x 12 in a 512-slot cache: extend, generate and the scoring
   pass compile once for the module (max_turns is a host-side loop bound)."""
-  tok, backend, agent = setup
+  tok, backend, agent = world
   return RolloutEngine(agent.cfg, tok, backend, RolloutConfig(
       group_size=12, max_turns=max_turns, max_new_tokens=8, max_obs_tokens=48,
       max_total_tokens=512, topk=2, sampling=SamplingParams(temperature=1.0)))
 
 
 @pytest.fixture(scope="module")
-def update(setup):
+def update(world):
   """(optimizer, jitted policy update), shared: the update does not depend on the estimator."""
   # Plain SGD: Adam's per-parameter normalization turns the near-zero gradients of this
   # one-hot scripted model into full-size steps and destabilizes it.
   optimizer = optax.sgd(0.3)
-  return optimizer, make_policy_update(make_engine(setup, 1).model, optimizer, PolicyLossConfig(
+  return optimizer, make_policy_update(make_engine(world, 1).model, optimizer, PolicyLossConfig(
       name="ppo", kwargs=(("kl_coef", 1e-3), ("kl_estimator", "low_var_kl"))))
 
 
 @pytest.mark.parametrize("estimator", ["grpo", "igpo"])
-def test_rl_steps_raise_the_reward(setup, update, estimator):
-  tok, backend, agent = setup
+def test_rl_steps_raise_the_reward(world, update, estimator):
+  tok, backend, agent = world
   # One turn: after </think> the policy either answers (F1 = 1) or searches and runs out of turns.
-  engine = make_engine(setup, max_turns=2 if estimator == "igpo" else 1)
+  engine = make_engine(world, max_turns=2 if estimator == "igpo" else 1)
   params = agent.params(af.SEARCH, af.ANSWER)
   ref_params = jax.tree.map(lambda x: x.copy(), params)
   optimizer, update = update
@@ -77,9 +73,9 @@ def test_rl_steps_raise_the_reward(setup, update, estimator):
   assert rewards[0] <= 0.9 and np.mean(rewards[-2:]) >= 0.95, rewards
 
 
-def test_non_finite_update_is_skipped(setup, update):
-  tok, backend, agent = setup
-  engine = make_engine(setup, max_turns=1)
+def test_non_finite_update_is_skipped(world, update):
+  tok, backend, agent = world
+  engine = make_engine(world, max_turns=1)
   params = agent.params(af.SEARCH, af.ANSWER)
   batch, _ = engine.run(params, ["q", "r"], jax.random.key(0))
   scored = score_batch(engine.model, params, params, batch, None)
@@ -93,14 +89,14 @@ def test_non_finite_update_is_skipped(setup, update):
   jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, params), before)
 
 
-def test_off_policy_correction_scales_the_update_by_its_weights(setup):
+def test_off_policy_correction_scales_the_update_by_its_weights(world):
   """One SGD update with rl.off_policy_correction = "tis" on the sampler's own log-probs (the
   step's minibatch carries them as behav_logp), one compiled program: with every sampled
   token's behaviour log-prob equal to the scoring pass's the weights are 1 (the uncorrected
   update); with it log 4 above (ratio 1/4) the update is exactly 1/4 of that (no KL, no entropy:
   the loss is linear in the weights). Decoupled's dropping and every weight: tests/test_offpolicy.py."""
-  tok, backend, agent = setup
-  engine = make_engine(setup, max_turns=1)
+  tok, backend, agent = world
+  engine = make_engine(world, max_turns=1)
   params = agent.params(af.SEARCH, af.ANSWER)
   batch, _ = engine.run(params, ["q", "r"], jax.random.key(0))
   scored = score_batch(engine.model, params, None, batch, None)

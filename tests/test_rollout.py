@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 
 import jax
 import numpy as np
@@ -14,13 +13,9 @@ from agentjax.agent import (INVALID, SEARCH, SEARCH_R1, TOOL_CALL, Action, Rollo
 from agentjax.retrieval import HttpSearchBackend
 from agentjax.sampling import SamplingParams
 from tests import agent_fixtures as af
+from tests.retrieval_fixtures import free_port
 
 QUESTIONS = ["Who founded Zorvath?", "Where is Quellmoor?"]
-
-
-@pytest.fixture(scope="module")
-def world(scripted_world):
-  return scripted_world
 
 
 def assert_consistent(batch):
@@ -152,14 +147,9 @@ def test_invalid_actions_and_eos(world):
   assert_consistent(batch)
 
 
-def _free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
 
 def test_retriever_down_gives_error_observation(world):
-  down = HttpSearchBackend(f"http://127.0.0.1:{_free_port()}/retrieve", timeout_s=0.5,
+  down = HttpSearchBackend(f"http://127.0.0.1:{free_port()}/retrieve", timeout_s=0.5,
                            max_retries=1, backoff_s=0.01)
   tok, _, agent = world
   eng = engine(world, backend=down, max_turns=2)

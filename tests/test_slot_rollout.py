@@ -21,11 +21,6 @@ from tests.test_rollout import QUESTIONS, assert_consistent, assert_turn_records
 SAMPLED = SamplingParams(temperature=1.0)
 
 
-@pytest.fixture(scope="module")
-def world(scripted_world):
-  return scripted_world
-
-
 def make(world, backend=None, **overrides):
   tok, default_backend, agent = world
   kw = dict(group_size=2, max_turns=3, max_new_tokens=16, max_obs_tokens=96,

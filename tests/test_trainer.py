@@ -18,7 +18,7 @@ import pytest
 from agentjax.train import config as config_lib
 from agentjax.train.checkpoint import CheckpointMismatchError
 from agentjax.train.trainer import QuestionStream, eval_benchmarks, train
-from tests.trainer_fixtures import tiny_config
+from tests.trainer_fixtures import run_metrics, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG_FILES = ("igpo", "grpo", "drgrpo", "rloo", "reinforcepp", "gspo", "sft")
@@ -36,11 +36,6 @@ def _config_module(name):
 @pytest.fixture(scope="module")
 def tokenizer_dir(tokenizer):
   return tokenizer.name_or_path
-
-
-def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
 
 
 def _tb_events(workdir):
@@ -250,7 +245,7 @@ def runs(world_dir, tokenizer_dir, tmp_path_factory):
 def test_run_writes_metrics_tensorboard_checkpoints_evals_and_export(runs):
   config, tmp, a, _, _ = runs
   workdir = os.path.join(tmp, "a")
-  rows = [r for r in _metrics(workdir) if "reward" in r]
+  rows = [r for r in run_metrics(workdir) if "reward" in r]
   assert [r["step"] for r in rows] == [1, 2, 3]
   for key in ("reward", "f1", "em", "format_error_rate", "turns", "ig_mean", "ig_std",
               "collapse_fraction", "kl", "clip_fraction", "entropy", "tokens_per_s",
@@ -284,8 +279,8 @@ def test_resumed_run_repeats_the_uninterrupted_one(runs):
   _, tmp, a, b1, b2 = runs
   assert b1["step"] == 2 and b1["hf_export"] is None  # preempted: no export yet
   assert b2["step"] == 3
-  rows_a = {r["step"]: r for r in _metrics(os.path.join(tmp, "a"))}
-  rows_b = {r["step"]: r for r in _metrics(os.path.join(tmp, "b"))}
+  rows_a = {r["step"]: r for r in run_metrics(os.path.join(tmp, "a"))}
+  rows_b = {r["step"]: r for r in run_metrics(os.path.join(tmp, "b"))}
   assert sorted(rows_a) == sorted(rows_b) == [1, 2, 3]
   for step in (1, 2, 3):
     for key, value in rows_a[step].items():
@@ -305,7 +300,7 @@ def test_resumed_run_repeats_the_uninterrupted_one(runs):
   stray = [i for i, step, value in rewards if step == 3 and value == -1.0]
   kept = [i for i, step, value in rewards if step == 3 and value != -1.0]
   assert len(stray) == len(kept) == 1 and stray[0] < purges[0][0] < kept[0]
-  step3 = [r["reward"] for r in _metrics(os.path.join(tmp, "b"))
+  step3 = [r["reward"] for r in run_metrics(os.path.join(tmp, "b"))
            if "reward" in r and r["step"] == 3]
   assert step3 == [pytest.approx([value for i, _, value in rewards if i == kept[0]][0])]
 
@@ -318,13 +313,13 @@ def test_async_steps_overlap_rollouts_and_restart_them_on_resume(runs):
   checkpoint (staleness 0)."""
   import shutil
   config, tmp, _, _, _ = runs
-  rows_a = {r["step"]: r for r in _metrics(os.path.join(tmp, "a")) if "reward" in r}
+  rows_a = {r["step"]: r for r in run_metrics(os.path.join(tmp, "a")) if "reward" in r}
   c = config.copy_and_resolve_references()
   c.train.async_steps = 1
   config_lib.validate(c)
   out = train(c, os.path.join(tmp, "async"), stop_after=2)
   assert out["step"] == 2
-  rows = {r["step"]: r for r in _metrics(os.path.join(tmp, "async")) if "reward" in r}
+  rows = {r["step"]: r for r in run_metrics(os.path.join(tmp, "async")) if "reward" in r}
   assert [rows[s]["async/staleness"] for s in (1, 2)] == [0.0, 1.0]
   for key in ("reward", "f1", "turns", "ig_mean", "search_queries", "kl", "loss"):
     assert rows[1][key] == rows_a[1][key], key
@@ -336,7 +331,7 @@ def test_async_steps_overlap_rollouts_and_restart_them_on_resume(runs):
   assert resumed["step"] == synced["step"] == 3
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(resumed["params"]),
                jax.device_get(synced["params"]))
-  last = [r for r in _metrics(os.path.join(tmp, "async")) if r.get("step") == 3 and "reward" in r]
+  last = [r for r in run_metrics(os.path.join(tmp, "async")) if r.get("step") == 3 and "reward" in r]
   assert last[-1]["async/staleness"] == 0.0
 
 
@@ -411,7 +406,7 @@ def test_probe_all_measures_gt_entropy_without_changing_grpo_training(world_dir,
     config.train.export_hf = False
     workdir = str(tmp_path / f"probe_{probe_all}")
     out[probe_all] = (train(config, workdir)["params"],
-                      [r for r in _metrics(workdir) if "reward" in r])
+                      [r for r in run_metrics(workdir) if "reward" in r])
   (p0, rows0), (p1, rows1) = out[False], out[True]
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
                jax.device_get(p0), jax.device_get(p1))
@@ -457,7 +452,7 @@ def test_resume_drops_a_half_written_metrics_line(runs):
   path = os.path.join(tmp, "b", "metrics.jsonl")
   assert any(f"{path}:" in w and "dropping an unreadable metrics line" in w for w in warnings)
   assert all(line.strip() for line in open(path))
-  assert _metrics(os.path.join(tmp, "b"))  # every line parses again
+  assert run_metrics(os.path.join(tmp, "b"))  # every line parses again
 
 
 def test_eval_runs_after_the_checkpoint_of_its_step(world_dir, tokenizer_dir, tmp_path,
@@ -494,7 +489,7 @@ def test_eval_runs_after_the_checkpoint_of_its_step(world_dir, tokenizer_dir, tm
   monkeypatch.setattr(trainer, "evaluate", real_evaluate)
   out = train(config, workdir)
   assert out["step"] == 5 and sorted(out["evals"]) == [5]  # eval 4 finished: not redone
-  assert [r["step"] for r in _metrics(workdir) if "reward" in r] == [1, 2, 3, 4, 5]
+  assert [r["step"] for r in run_metrics(workdir) if "reward" in r] == [1, 2, 3, 4, 5]
 
 
 def test_a_streak_of_non_finite_updates_stops_the_run_with_a_checkpoint(
@@ -514,7 +509,7 @@ def test_a_streak_of_non_finite_updates_stops_the_run_with_a_checkpoint(
   with pytest.raises(TrainingDivergedError, match="train.max_skipped_updates=3"):
     train(config, workdir)
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
-  rows = [r for r in _metrics(workdir) if "reward" in r]
+  rows = [r for r in run_metrics(workdir) if "reward" in r]
   assert [(r["step"], r["skipped_updates"]) for r in rows] == [(1, 2.0), (2, 2.0)]
   # The checkpoint holds the last good parameters: here the initial ones (nothing was applied).
   from agentjax.parallel import make_mesh
@@ -581,7 +576,7 @@ def test_a_retriever_that_stays_down_stops_the_run_naming_it(world_dir, tokenize
   assert "retrieval.max_failed_steps=2" in str(err.value)
   assert made[-1].calls > 0
   assert sorted(os.listdir(os.path.join(workdir, "checkpoints"))) == ["2"]
-  rows = [r for r in _metrics(workdir) if "reward" in r]
+  rows = [r for r in run_metrics(workdir) if "reward" in r]
   assert [r["search_failure_rate"] for r in rows] == [1.0, 1.0]
 
 
@@ -592,7 +587,7 @@ def test_a_retriever_that_comes_back_within_the_window_costs_nothing(
   _search_every_turn(monkeypatch, down_at_steps={0, 2})
   out = train(config, str(tmp_path / "flaky"))
   assert out["step"] == 3
-  rows = [r for r in _metrics(str(tmp_path / "flaky")) if "reward" in r]
+  rows = [r for r in run_metrics(str(tmp_path / "flaky")) if "reward" in r]
   assert [r["search_failure_rate"] for r in rows] == [1.0, 0.0, 1.0]
   assert all(r["search_queries"] > 0 for r in rows)
 
@@ -605,7 +600,7 @@ def test_sft_trains_exports_and_a_rerun_is_a_no_op(world_dir, tokenizer_dir, tmp
   out = train(config, str(tmp_path / "sft"))
   assert os.path.isfile(os.path.join(out["hf_export"], "config.json"))
   assert os.path.isfile(os.path.join(out["hf_export"], "tokenizer_config.json"))
-  assert [r["step"] for r in _metrics(str(tmp_path / "sft"))] == [1, 2, 3]
+  assert [r["step"] for r in run_metrics(str(tmp_path / "sft"))] == [1, 2, 3]
   assert train(config, str(tmp_path / "sft"))["skipped"]
 
 
@@ -620,7 +615,7 @@ def test_sft_preempted_and_resumed_repeats_the_uninterrupted_run(world_dir, toke
   resumed = train(config, str(tmp_path / "cut"))
   assert resumed["step"] == 3 and resumed["hf_export"]
   rows = lambda d: [{k: v for k, v in r.items() if k != "seconds"}  # noqa: E731
-                    for r in _metrics(str(tmp_path / d))]
+                    for r in run_metrics(str(tmp_path / d))]
   assert rows("cut") == rows("whole")  # same batches, identical losses (one machine, CPU)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(whole["params"]),
                jax.device_get(resumed["params"]))

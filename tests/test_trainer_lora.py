@@ -18,7 +18,7 @@ from agentjax.models.qwen.checkpoint import load_hf, save_hf
 from agentjax.train.checkpoint import CheckpointMismatchError
 from agentjax.train.optim import make_adapter_optimizer
 from agentjax.train.trainer import train
-from tests.trainer_fixtures import tiny_config
+from tests.trainer_fixtures import run_metrics, tiny_config
 
 TIMING = ("rollout_s", "scoring_s", "update_s", "step_s", "search_s", "tokens_per_s",
           "sampled_tokens_per_s", "eval/seconds", "compiles")
@@ -37,8 +37,7 @@ def _lora_config(world_dir, tokenizer_dir, tmp, trainer="rl"):
 
 
 def _metrics(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f if '"reward"' in line]
+  return run_metrics(workdir, "reward")
 
 
 @pytest.fixture(scope="module")

@@ -43,3 +43,12 @@ def tiny_config(world_dir: str, tokenizer_dir: str, tmp: str, algorithm: str = "
   c.sft.max_len = 512
   c.sft.micro_batches = 1  # the demo's 4 does not divide 2, and one shape compiles once
   return c
+
+
+def run_metrics(workdir, key: str | None = None) -> list[dict]:
+  """A run's metrics.jsonl rows (those that have `key`, when given: "reward" for the steps)."""
+  import json
+  import os
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    rows = [json.loads(line) for line in f if line.strip()]
+  return [r for r in rows if key is None or key in r]

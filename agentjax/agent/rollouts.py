@@ -20,7 +20,7 @@ import numpy as np
 class Rollouts:
   """One step's rollouts.
 
-  batches: {role: TrajectoryBatch}, trimmed to the slots used (train/rl.trim).
+  batches: {role: TrajectoryBatch}, trimmed to the slots used (train/scoring.trim).
   rewards: {role: [B_role] float32 outcome rewards} (what the advantages read).
   summary: the metrics every RL run logs of what it answers: reward, f1, em, format_error_rate,
     sufficiency_rate, answered, truncated, turns.

@@ -80,6 +80,15 @@ class TrajectoryBatch:
   answers: np.ndarray      # [B] object: answer text ("" if none); host-side
   turns: np.ndarray        # [B] object: tuple of num_turns[b] TurnRecords (host-side text)
 
+  def map_slots(self, fn: Any) -> "TrajectoryBatch":
+    """fn applied to each [B, S] device array (SLOT_FIELDS), the host fields kept: a cut to
+    fewer slots, a move to other devices."""
+    return self.replace(**{f: fn(getattr(self, f)) for f in SLOT_FIELDS})
+
+
+# TrajectoryBatch's [B, S] device arrays, over cache slots.
+SLOT_FIELDS = ("tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id", "versions")
+
 
 class TrajectoryBook:
   """The host-side bookkeeping of a rollout's trajectories (text, actions, outcomes, lengths),

@@ -433,18 +433,18 @@ def score_programs(s: Setup, rows: int, width: int, turns: int, probes: bool, pr
   slices of micro_batch rows when the code takes them (RLStep's micro_batch)."""
   import jax.numpy as jnp
   from agentjax.models.qwen import Qwen
-  from agentjax.train import rl as rl_lib
+  from agentjax.train import scoring as scoring_lib
   rl = s.config.rl
   model, params = Qwen(s.cfg, lora=s.spec), s.params
   batch = _rows(s, rows, width, tokens=jnp.int32, valid=jnp.bool_)
-  plain = rl_lib._plain_logprobs
+  plain = scoring_lib.plain_logprobs
   micro = (micro_batch,) if _takes(plain, "micro_batch") else ()
   note = f"{rows} x {width} tokens" + (f", {micro_batch} rows a pass" if micro_batch else "")
   out = []
   if probes:
     a = probe_tokens
     i32, b = jnp.int32, jnp.bool_
-    packed = getattr(rl_lib, "_packed_scores", None) or rl_lib.score_packed
+    packed = scoring_lib.packed_scores
     kwargs = dict(mode=rl.ig_mode, chunk=rl.chunk)
     if _takes(packed, "micro_batch"):
       kwargs["micro_batch"] = micro_batch
@@ -507,7 +507,7 @@ def update_programs(s: Setup, width: int, rl_step: Any) -> list[Program]:
   critic its values (scoring) and its update on the same minibatch."""
   import jax.numpy as jnp
   from agentjax.methods import get_method
-  from agentjax.train.step import CRITIC_MINIBATCH, policy_minibatch_keys
+  from agentjax.train.updates import CRITIC_MINIBATCH, policy_minibatch_keys
   rl = s.config.rl
   f32 = jnp.float32
   dtypes = dict(tokens=jnp.int32, valid=jnp.bool_, loss_mask=jnp.bool_, old_logp=f32,
@@ -612,7 +612,7 @@ def build_programs(config: Any, mesh: Any, cfg: Any, prompt_tokens: int = 0,
     return programs, s
   from agentjax.train.step import RLStep
   rl_step = RLStep.build(quiet, mesh, engine, s.optimizer, s.ref, target=s.target)
-  programs += score_programs(s, batch_rows, width, r.max_turns, rl_step.with_probes,
+  programs += score_programs(s, batch_rows, width, r.max_turns, "probes" in rl_step.signal_names,
                              probe_tokens=probe_tokens,
                              micro_batch=getattr(rl_step, "micro_batch", 0))
   programs += update_programs(s, width, rl_step)
@@ -630,7 +630,8 @@ def dac_programs(s: Setup, config: Any, rollout: Any, batch_rows: int, width: in
   from agentjax.dac.roles import DacSettings
   from agentjax.dac.stage import DacRollout
   from agentjax.sampling import cache_size
-  from agentjax.train.step import RLStep, policy_minibatch_keys
+  from agentjax.train.step import RLStep
+  from agentjax.train.updates import policy_minibatch_keys
   settings = DacSettings.from_config(config)
   m = settings.generator_samples
   generator = dataclasses.replace(

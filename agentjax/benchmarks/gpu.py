@@ -12,7 +12,7 @@ from agentjax.benchmarks.common import (FLAGS, copy_bandwidth, device_name, matm
 
 
 def bench_gpu() -> dict:
-  """Issue 30 §6, on an accelerator: the --preset shape (qwen2.5-1.5b when not given) run for
+  """On an accelerator: the --preset shape (qwen2.5-1.5b when not given) run for
   real, random weights, bfloat16 compute. Three figures, each against a ceiling measured in the
   same run (a bf16 matmul of 8192^3 for FLOP/s, a donated x + 1 over 1 GB for bytes/s):
 
@@ -20,7 +20,7 @@ def bench_gpu() -> dict:
     (the decode layout), a 1024-slot cache read through sampling.kv_window_size's window, at
     batch 16 and 128. tokens/s over the HBM roofline: each step must read every weight once
     and the K/V of the window for every row, bytes / measured bandwidth = the fastest step.
-  train: one full fine-tuning policy update (train/rl.make_policy_update, configs/base's loss and
+  train: one full fine-tuning policy update (train/updates.make_policy_update, configs/base's loss and
     AdamW, float32 master params, bf16 compute, remat full, model.attention auto) on [4, 4096]
     tokens. MFU = model FLOPs (6 x matmul params x tokens, plus causal attention 6 x layers x
     L^2/2 x 2 x heads x head_dim per row) / step time / measured peak; HFU also counts the
@@ -41,7 +41,7 @@ def bench_gpu() -> dict:
   from agentjax.sampling import (SamplingParams, StopTable, decode_layout, extend, generate,
                                  init_state, kv_window_arg, kv_window_size)
   from agentjax.train.optim import make_optimizer
-  from agentjax.train.rl import make_policy_update, policy_loss_config
+  from agentjax.train.updates import make_policy_update, policy_loss_config
 
   preset = FLAGS.preset if FLAGS["preset"].present else "qwen2.5-1.5b"
   bf16 = "bfloat16"

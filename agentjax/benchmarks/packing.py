@@ -13,7 +13,7 @@ def _packing_figures(batches: list, pack_tokens: int, max_turns: int, multiple: 
   """Padded vs packed computed tokens over `batches` of (lengths [B], num_turns [B], probe_valid
   [B, K, A] from info_gain.build_probes).
 
-  Padded: each batch as train/rl.trim leaves it (every row as wide as the longest trajectory,
+  Padded: each batch as train/scoring.trim leaves it (every row as wide as the longest trajectory,
   rounded up to `multiple`); packed: train/packing.plan_packing into rows of pack_tokens. The
   same for IGPO's scoring layout (each row followed by max_turns probes of A slots each): padded
   B x (S + T*K*A), packed (probes of turns past num_turns dropped) rows of pack_tokens + T*K*A."""
@@ -61,7 +61,7 @@ def _packing_report(name: str, batches: list, budget: int, max_turns: int) -> di
 
 
 def bench_packing() -> dict:
-  """packing_efficiency (real tokens / computed tokens) of padded vs packed batches (issue 30 §3)
+  """packing_efficiency (real tokens / computed tokens) of padded vs packed batches
   on two length distributions; compute-free apart from the rollouts that produce the lengths.
 
   demo: the demo's SFT demonstrations (SynthWorld, its BPE tokenizer, retrieval.topk 1, laid out

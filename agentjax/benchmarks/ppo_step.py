@@ -33,7 +33,7 @@ def bench_ppo_step() -> dict:
   from agentjax.train.adapters import TrainTarget
   from agentjax.train.critic import Critic
   from agentjax.train.optim import make_optimizer
-  from agentjax.train.rl import make_policy_update, policy_loss_config
+  from agentjax.train.updates import make_policy_update, policy_loss_config
 
   config = ppo_config.get_config("qwen2.5-3b")
   rl, o = config.rl, config.optimizer

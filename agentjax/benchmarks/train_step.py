@@ -38,7 +38,7 @@ def _train_step_memory(compiled, found) -> dict:
 
 
 def bench_train_step() -> dict:
-  """One PPO-clip minibatch update (train/rl.make_policy_update) with LoRA adapters on a frozen
+  """One PPO-clip minibatch update (train/updates.make_policy_update) with LoRA adapters on a frozen
   backbone against full fine-tuning, same model shape, minibatch and loss.
 
   Loss and optimizer as train/step.py builds them from configs/base.py's qwen2.5-3b preset (the
@@ -73,7 +73,7 @@ def bench_train_step() -> dict:
   from agentjax.models.qwen import (Qwen, QwenConfig, abstract_params, adapter_abstract,
                                     init_adapters, init_params)
   from agentjax.train.optim import make_adapter_optimizer, make_optimizer
-  from agentjax.train.rl import make_policy_update, policy_loss_config
+  from agentjax.train.updates import make_policy_update, policy_loss_config
 
   config = base_config.get_config("qwen2.5-3b")
   o = config.optimizer

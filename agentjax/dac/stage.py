@@ -7,7 +7,7 @@ both roles' rewards, and the "dac/..." metrics.
 RLStep runs the rest as for any method, per role: each role's old and reference log-probs (the
 reference: the backbone, no adapter), its advantages with config.algorithm (the searcher's
 grouped by question, the generator's by evidence set or by question: dac.generator_group), and
-one update of both adapters per pair of minibatches (train/rl.make_roles_update: each epoch
+one update of both adapters per pair of minibatches (train/updates.make_roles_update: each epoch
 splits the searcher's E trajectories into E / rl.minibatch_size minibatches and the generator's
 E * m answers into as many), each adapter with its own AdamW, rate and gradient clip.
 

@@ -13,7 +13,7 @@ from agentjax.jsonl import iter_json_objects
 # 2000 invented entities, 1- and 2-hop questions only (the tiny models cannot do 3 hops).
 DEMO_WORLD = dict(seed=0, n_entities=2000, n_train=4000, n_dev=500, n_test=500,
                   hop_weights=(1.0, 1.0, 0.0))
-# SynthWorld v2, the research world (issue 32): 1- to 4-hop questions (0.2, 0.3, 0.3, 0.2), 1.5
+# SynthWorld v2, the research world: 1- to 4-hop questions (0.2, 0.3, 0.3, 0.2), 1.5
 # distractor passages per entity that name two entities and a relation's words without a fact,
 # and 30% of persons sharing a family name with another: searches can be wasted inside one
 # trajectory, and more than one round is needed to answer most questions. 1000 dev and 1000

@@ -4,8 +4,8 @@ it reads from the config, what it needs of the step, its validation and its metr
     from agentjax.methods import get_method
     method = get_method(config.algorithm)
     method.settings(config)        # the estimator's keyword arguments (cw.gamma, ppo.lam, ...)
-    method.needs_probes(config)    # IGPO's ground-truth probes in the scoring pass
-    method.judge, method.critic    # a judge pass before the advantages; a value model
+    method.run_signals(config)     # the signals the step runs for it ("probes", "judge", ...)
+    method.critic                  # trains a value model beside the policy
 
 The step, the config validation and the trainer read the entry, never the method's name. Every
 module of this package registers its methods when the package is imported (pkgutil below): a new
@@ -27,18 +27,12 @@ from typing import Any, Callable, Mapping
 
 from agentjax.registry import Registry
 from agentjax.rl.advantages import BATCH_FIELDS, get_advantage_estimator
+from agentjax.signals import SIGNALS
 
-# Batch fields the step provides to every estimator; the others come from a stage a method
-# declares: "ig" from the probes (needs_probes), the judge's verdicts, the critic's values.
+# Batch fields the step provides to every estimator; the others come from the signals a method
+# declares (agentjax/signals: "ig" from "probes", the judge's verdicts from "judge", the
+# critic's values from "critic", ...).
 STEP_FIELDS = frozenset({"outcome", "group_ids", "loss_mask", "turn_id", "num_turns"})
-PROBE_FIELDS = frozenset({"ig"})
-JUDGE_FIELDS = frozenset({"retrieval_scores", "thinking_scores"})
-CRITIC_FIELDS = frozenset({"values"})
-
-
-def _never(config: Any) -> bool:
-  del config
-  return False
 
 
 def _no_settings(config: Any) -> dict[str, Any]:
@@ -58,16 +52,16 @@ class Method:
   estimator: the advantage estimator's registered name (agentjax/rl/advantages.py registry).
   inputs: the batch fields the estimator reads (a subset of rl.advantages.BATCH_FIELDS), or
     config -> those fields when settings decide (PPO reads "ig" only with ppo.ig_weight > 0):
-    the step provides STEP_FIELDS, "ig" only with probes, the judge's fields only with `judge`,
-    "values" only with `critic` (an unmet input fails at config validation, naming the field).
+    the step provides STEP_FIELDS, the method's signals the rest (an input no declared signal
+    provides fails at config validation, naming the field).
+  signals: the signals the step runs for this method (agentjax/signals registry names), or
+    config -> those names (PPO runs "probes" only with ppo.ig_weight > 0).
   settings: config -> the estimator's keyword arguments (its config section and defaults).
   group: compares the rollouts of one question (needs rollout.group_size >= 2).
   outcome_only: per-trajectory outcome advantages from `outcome` and `group_ids` alone: usable
     where there are no turns to credit (DAC's roles, the rubric generator).
-  probes: config -> whether the scoring pass runs the ground-truth probes (information gain)
-    for this method's own inputs (rl.probe_all adds them to any run, for the metrics).
-  judge: reads per-round judge verdicts (a judge pass between rewards and advantages).
-  critic: trains a value model (PPO's critic; its targets come back as value_targets).
+  critic: trains a value model (PPO's critic, whose values are the "critic" signal; its targets
+    come back as value_targets).
   value_targets: the keys of the estimator's stats that are the critic's regression targets.
   loss_inputs: the keys of the estimator's stats that are [B, L] per-token inputs of the policy
     loss, passed to it as keywords of the same name (A²TGPO's "clip_scale"), or config -> those
@@ -81,10 +75,9 @@ class Method:
   estimator: str
   inputs: frozenset | Callable[[Any], frozenset]
   settings: Callable[[Any], dict[str, Any]] = _no_settings
+  signals: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
   group: bool = True
   outcome_only: bool = False
-  probes: Callable[[Any], bool] = _never
-  judge: bool = False
   critic: bool = False
   value_targets: tuple[str, ...] = ()
   loss_inputs: tuple[str, ...] | Callable[[Any], tuple[str, ...]] = ()
@@ -99,9 +92,15 @@ class Method:
     """The per-token policy-loss inputs the estimator returns at `config`'s settings."""
     return tuple(self.loss_inputs(config) if callable(self.loss_inputs) else self.loss_inputs)
 
-  def needs_probes(self, config: Any) -> bool:
-    """Whether a run of this method scores IGPO's ground-truth probes."""
-    return bool(self.probes(config) or config.rl.probe_all)
+  def signals_for(self, config: Any) -> tuple[str, ...]:
+    """The signals this method reads at `config`'s settings."""
+    return tuple(self.signals(config) if callable(self.signals) else self.signals)
+
+  def run_signals(self, config: Any) -> tuple[str, ...]:
+    """The signals a run of this method runs: its own, and IGPO's probes with rl.probe_all (for
+    the metrics: information gain of any method's searches)."""
+    names = self.signals_for(config)
+    return names + (("probes",) if config.rl.probe_all and "probes" not in names else ())
 
   def check(self, config: Any, fail: Callable[..., None]) -> None:
     """The checks every method gets from its entry, then its own `validate`."""
@@ -109,14 +108,21 @@ class Method:
     if self.group and group < 2:
       fail("rollout.group_size", group, f"algorithm {self.name!r} normalizes within the group "
            "of each question and needs group_size >= 2")
-    inputs = self.inputs_for(config)
-    if PROBE_FIELDS & inputs and not self.probes(config):
-      fail("algorithm", self.name, "reads information gain ('ig') but its entry runs no "
-           "probes (Method.probes)")
-    if JUDGE_FIELDS & inputs and not self.judge:
-      fail("algorithm", self.name, "reads judge verdicts but its entry sets judge=False")
-    if CRITIC_FIELDS & inputs and not self.critic:
-      fail("algorithm", self.name, "reads critic values but its entry sets critic=False")
+    inputs, signals = self.inputs_for(config), self.signals_for(config)
+    unknown = [s for s in signals if s not in SIGNALS]
+    if unknown:
+      fail("algorithm", self.name, f"declares the unknown signal(s) {unknown}; known: "
+           f"{SIGNALS.known()}")
+    for name in signals:  # each signal's own checks
+      if SIGNALS[name].validate is not None:
+        SIGNALS[name].validate(config, fail)
+    provided = set(STEP_FIELDS).union(*(SIGNALS[s].provides for s in signals))
+    for field in sorted(inputs - provided):
+      fail("algorithm", self.name, f"reads the batch field {field!r}, which none of its "
+           f"signals {list(signals)} provides")
+    if ("critic" in signals) != self.critic:
+      fail("algorithm", self.name, "a method that trains a critic reads its values (signal "
+           "'critic'), and only such a method does")
     needs = self.loss_inputs_for(config)
     if needs:  # the loss must take them (else a TypeError deep inside the jitted update)
       from agentjax.rl.losses import get_policy_loss
@@ -153,6 +159,19 @@ def outcome_methods() -> list[str]:
   return sorted(name for name, m in METHODS.items() if m.outcome_only)
 
 
+def section_settings(config: Any, name: str, defaults: Mapping[str, Any],
+                     fail: Callable[..., None] | None = None) -> dict[str, Any]:
+  """A method's own config section (config.<name>, which the base config does not have: a
+  config without it runs `defaults`) over `defaults`. With `fail`, a key the method does not
+  know fails naming the field."""
+  section = config[name] if name in config else {}
+  unknown = sorted(set(section.keys()) - set(defaults))
+  if unknown and fail is not None:
+    fail(f"{name}.{unknown[0]}", section[unknown[0]],
+         f"unknown {name} setting; known: {sorted(defaults)}")
+  return {k: section[k] if k in section else v for k, v in defaults.items()}
+
+
 def std_settings(config: Any) -> dict[str, Any]:
   """rl.std_estimator and rl.std_eps (as `eps`), for estimators that divide by a group std."""
   return dict(std_estimator=config.rl.std_estimator, eps=config.rl.std_eps)
@@ -161,6 +180,5 @@ def std_settings(config: Any) -> dict[str, Any]:
 for _module in pkgutil.iter_modules(__path__):
   importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["CRITIC_FIELDS", "JUDGE_FIELDS", "METHODS", "Method", "PROBE_FIELDS", "STEP_FIELDS",
-           "outcome_methods",
-           "get_method", "register_method", "std_settings"]
+__all__ = ["METHODS", "Method", "STEP_FIELDS", "get_method", "outcome_methods",
+           "register_method", "section_settings", "std_settings"]

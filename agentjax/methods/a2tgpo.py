@@ -70,12 +70,12 @@ from typing import Any, Callable, Mapping
 import jax
 import jax.numpy as jnp
 
-from agentjax.methods import Method, register_method, std_settings
-from agentjax.rl.advantages import (_masked_mean_std, discounted_turn_returns,
-                                    grpo_outcome_advantages, group_normalize, ig_statistics,
+from agentjax.methods import Method, register_method, section_settings, std_settings
+from agentjax.rl.advantages import (masked_mean_std, discounted_turn_returns,
+                                    grpo_outcome_advantages, group_normalize,
                                     igpo_turn_rewards, outcome_stats, register_advantage,
                                     turn_to_token)
-from agentjax.rl.losses import _clipped_objective, _prepare, grouped_ratio, register_policy_loss
+from agentjax.rl.losses import grouped_ratio, policy_objective, register_policy_loss
 
 Array = jax.Array
 _F32 = jnp.float32
@@ -182,10 +182,9 @@ def a2tgpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Ar
                             std_estimator=std_estimator, eps=eps)
   adv = turn_to_token(terms["turn_adv"], turn_id, loss_mask)
   stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
-  stats.update(ig_statistics(ig, num_turns))
   mask = jnp.asarray(loss_mask).astype(bool) & (jnp.asarray(turn_id) >= 0)
   scale = jnp.where(mask, turn_to_token(terms["clip_scale"], turn_id, mask), 1.0)  # [B, L]
-  clip_mean, clip_std = _masked_mean_std(scale, mask)
+  clip_mean, clip_std = masked_mean_std(scale, mask)
   stats.update(clip_scale_mean=clip_mean, clip_scale_std=clip_std)
   if adaptive_clip:
     stats["clip_scale"] = scale
@@ -235,15 +234,15 @@ def gspo_turn_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: A
   inferred from the advantages (`advantage_runs`), as the code does. Defaults: the official
   script's clip range (3e-3, 4e-3). Arguments and metrics as agentjax/rl/losses.py `ppo_loss`.
   """
-  logp, old_logp, mask = _prepare(logp, old_logp, loss_mask)
+  return policy_objective(turn_ratio, **locals())  # every argument, as the loss was called
+
+
+def turn_ratio(logp: Array, old_logp: Array, mask: Array, advantages: Array,
+               segment_ids: Array | None) -> Array:
+  """The turn-level ratio of `gspo_turn_loss`: grouped_ratio over the turns inferred from the
+  advantages (`advantage_runs`)."""
   runs = jnp.where(mask, advantage_runs(advantages, mask, segment_ids), 0)
-  ratio = grouped_ratio(logp, old_logp, mask, runs)
-  return _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy,
-                            clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
-                            kl_coef=kl_coef, kl_estimator=kl_estimator,
-                            entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length, totals=totals, segment_ids=segment_ids,
-                            clip_scale=clip_scale)
+  return grouped_ratio(logp, old_logp, mask, runs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,8 +252,7 @@ def gspo_turn_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: A
 
 def _section(config: Any) -> dict[str, Any]:
   """config.a2tgpo over DEFAULTS (a config without the section gets the defaults)."""
-  section = config.get("a2tgpo", None) or {}
-  return {k: section.get(k, v) for k, v in DEFAULTS.items()}
+  return section_settings(config, "a2tgpo", DEFAULTS)
 
 
 def _settings(config: Any) -> dict[str, Any]:
@@ -265,12 +263,7 @@ def _settings(config: Any) -> dict[str, Any]:
 
 
 def _validate(config: Any, fail: Callable[..., None]) -> None:
-  section = config.get("a2tgpo", None) or {}
-  unknown = sorted(set(section.keys()) - set(DEFAULTS))
-  if unknown:
-    fail(f"a2tgpo.{unknown[0]}", section[unknown[0]],
-         f"unknown A²TGPO setting; known: {sorted(DEFAULTS)}")
-  s = _section(config)
+  s = section_settings(config, "a2tgpo", DEFAULTS, fail)
   checks = (("gamma", 0.0 <= s["gamma"] <= 1.0, "must be in [0, 1]"),
             ("alpha", s["alpha"] >= 0.0, "must be >= 0 (0: the outcome advantage alone)"),
             ("rescale", s["rescale"] in RESCALES, f"must be one of {list(RESCALES)}"),
@@ -296,5 +289,5 @@ def _metrics(stats: Mapping[str, Any]) -> dict[str, float]:
 register_method(Method(
     name="a2tgpo", estimator="a2tgpo",
     inputs=frozenset({"ig", "outcome", "num_turns", "group_ids", "turn_id", "loss_mask"}),
-    settings=_settings, probes=lambda config: True, validate=_validate, metrics=_metrics,
+    settings=_settings, signals=("probes",), validate=_validate, metrics=_metrics,
     loss_inputs=_loss_inputs))

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from agentjax.methods import Method, register_method, std_settings
 from agentjax.rl.advantages import (contribution_multipliers, grpo_outcome_advantages,
-                                    ig_statistics, igpo_turn_advantages, outcome_stats,
+                                    igpo_turn_advantages, outcome_stats,
                                     register_advantage, turn_to_token)
 
 Array = jax.Array
@@ -35,7 +35,7 @@ register_method(Method(
     name="cw_grpo", estimator="cw_grpo",
     inputs=frozenset({"outcome", "group_ids", "retrieval_scores", "thinking_scores", "turn_id",
                       "num_turns", "loss_mask"}),
-    settings=_settings, judge=True, metrics=_metrics))
+    settings=_settings, signals=("judge",), metrics=_metrics))
 
 
 # ------------------------------------------------------------------ composition: IG x CW weights
@@ -78,7 +78,6 @@ def cw_grpo_ig_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids
                                          all_zero_fallback=cw_all_zero_fallback)
   adv = turn_to_token(turn_adv * mult, turn_id, loss_mask)
   stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
-  stats.update(ig_statistics(ig, num_turns))
   stats["cw_fallback_count"] = jnp.sum(fired).astype(jnp.float32)
   stats["cw_judged_positive"] = jnp.sum(positive).astype(jnp.float32)
   return adv, stats
@@ -88,4 +87,4 @@ register_method(Method(
     name="cw_grpo_ig", estimator="cw_grpo_ig",
     inputs=frozenset({"ig", "outcome", "num_turns", "group_ids", "turn_id", "loss_mask",
                       "retrieval_scores", "thinking_scores"}),
-    settings=_composed_settings, probes=lambda config: True, judge=True, metrics=_metrics))
+    settings=_composed_settings, signals=("probes", "judge"), metrics=_metrics))

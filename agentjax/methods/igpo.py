@@ -25,4 +25,4 @@ def _validate(config: Any, fail: Callable[..., None]) -> None:
 register_method(Method(
     name="igpo", estimator="igpo",
     inputs=frozenset({"ig", "outcome", "num_turns", "group_ids", "turn_id", "loss_mask"}),
-    settings=_settings, probes=lambda config: True, validate=_validate))
+    settings=_settings, signals=("probes",), validate=_validate))

@@ -25,5 +25,6 @@ for _name in ("ppo", "ppo_turn", "ppo_round"):
   register_method(Method(
       name=_name, estimator=_name, inputs=_inputs,
       settings=_settings, group=False, critic=True,
-      probes=lambda config: float(config.ppo.ig_weight) > 0,
+      signals=lambda config: ("critic",) + (("probes",) if float(config.ppo.ig_weight) > 0
+                                            else ()),
       value_targets=("returns", "value_mask")))

@@ -53,8 +53,15 @@ _F32 = jnp.float32
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 
 # Per-batch inputs an estimator may or may not consume; the registry drops the unused ones.
-BATCH_FIELDS = frozenset({"outcome", "group_ids", "loss_mask", "turn_id", "num_turns", "ig",
-                          "retrieval_scores", "thinking_scores", "values"})
+# The step's own fields, and those of the built-in signals (agentjax/signals): a new signal adds
+# its own (register_batch_field).
+BATCH_FIELDS = {"outcome", "group_ids", "loss_mask", "turn_id", "num_turns", "ig",
+                "retrieval_scores", "thinking_scores", "values"}
+
+
+def register_batch_field(name: str) -> None:
+  """Makes `name` a batch field: an estimator that does not take it is not handed it."""
+  BATCH_FIELDS.add(name)
 
 
 def register_advantage(name: str):
@@ -198,7 +205,7 @@ def _broadcast_to_tokens(per_traj: Array, loss_mask: Array) -> Array:
   return jnp.where(jnp.asarray(loss_mask).astype(bool), per_traj.astype(_F32)[:, None], 0.0)
 
 
-def _masked_mean_std(x: Array, mask: Array) -> tuple[Array, Array]:
+def masked_mean_std(x: Array, mask: Array) -> tuple[Array, Array]:
   """Mean and population std of x over mask, as scalars (0, 0 for an empty mask): the moments
   of one pool (`_pool_moments`), so equal values give exactly their value and std 0."""
   m = _pool_moments(jnp.asarray(x).astype(_F32), jnp.asarray(mask).astype(bool)[None], 0)
@@ -284,7 +291,7 @@ def ig_statistics(ig: Array, num_turns: Array) -> dict[str, Array]:
     {"ig_mean", "ig_std", "ig_count"} scalars (mean/std are 0 when there is no such turn).
   """
   valid = turn_mask_from(jnp.asarray(num_turns) - 1, ig.shape[1])
-  mean, std = _masked_mean_std(ig.astype(_F32), valid)
+  mean, std = masked_mean_std(ig.astype(_F32), valid)
   return {"ig_mean": mean, "ig_std": std, "ig_count": jnp.sum(valid).astype(_F32)}
 
 
@@ -335,8 +342,8 @@ def gt_entropy_reduction(v: Array, num_turns: Array) -> Array:
 
 def outcome_stats(outcome: Array, group_ids: Array, adv: Array, loss_mask: Array,
                    collapse_tol: float) -> dict[str, Array]:
-  r_mean, r_std = _masked_mean_std(outcome.astype(_F32), jnp.ones(outcome.shape, bool))
-  a_mean, a_std = _masked_mean_std(adv, jnp.asarray(loss_mask).astype(bool))
+  r_mean, r_std = masked_mean_std(outcome.astype(_F32), jnp.ones(outcome.shape, bool))
+  a_mean, a_std = masked_mean_std(adv, jnp.asarray(loss_mask).astype(bool))
   return {"reward_mean": r_mean, "reward_std": r_std,
           "collapse_fraction": advantage_collapse_fraction(outcome, group_ids, collapse_tol),
           "zero_adv_fraction": zero_advantage_fraction(adv, group_ids, loss_mask, collapse_tol),
@@ -558,9 +565,7 @@ def igpo_advantages(ig: Array, outcome: Array, num_turns: Array, group_ids: Arra
                                   outcome_weight=outcome_weight, std_estimator=std_estimator,
                                   eps=eps)
   adv = turn_to_token(turn_adv, turn_id, loss_mask)
-  stats = outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
-  stats.update(ig_statistics(ig, num_turns))
-  return adv, stats
+  return adv, outcome_stats(jnp.asarray(outcome), group_ids, adv, loss_mask, collapse_tol)
 
 
 # CW-GRPO's readings of "every contribution is 0" (cw.all_zero_fallback); see

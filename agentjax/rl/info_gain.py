@@ -52,7 +52,7 @@ ALIAS_MODES = ("first", "max")
 # How the gold answer's tokens meet the template's head (rl.ig_probe_tokens). "natural": the
 # whitespace that ends the head goes with the gold, so the gold is tokenized as the model writes
 # it after "<answer> " (byte-level BPE: "<answer>", " Kef", "urn"); "split": head and gold
-# encoded apart, as before 2026-11-26, which leaves a lone " " token the model never saw before
+# encoded apart (what the studies before this default ran), which leaves a lone " " token the model never saw before
 # a word, and a first gold token it never saw after "<answer>" (on the research backbone's
 # teacher transcripts the gold's mean log-prob after the searches was -11.4 split, -4.5
 # natural, and the searches' summed gain -0.37 split, +2.52 natural).

@@ -243,11 +243,35 @@ def _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entrop
   return loss, jax.tree.map(jax.lax.stop_gradient, metrics)
 
 
-def _prepare(logp, old_logp, loss_mask):
+def policy_objective(ratio_fn: Callable[..., Array], logp: Array, old_logp: Array,
+                     advantages: Array, loss_mask: Array, *, segment_ids: Array | None = None,
+                     **settings) -> tuple[Array, dict[str, Array]]:
+  """The clipped policy objective every registered policy loss is, given its ratio:
+  ratio_fn(logp, old_logp, mask, advantages, segment_ids) -> [B, L] (1 off the mask), on the
+  masked float32 log-probs; `settings` are the loss's keywords (`ppo_loss`'s arguments). A new
+  policy loss is a ratio function and a signature that names its defaults (e.g. A²TGPO's
+  gspo_turn in agentjax/methods/a2tgpo.py)."""
   mask = jnp.asarray(loss_mask).astype(bool)
   logp = jnp.where(mask, logp.astype(_F32), 0.0)
   old_logp = jnp.where(mask, old_logp.astype(_F32), 0.0)
-  return logp, old_logp, mask
+  ratio = ratio_fn(logp, old_logp, mask, advantages, segment_ids)
+  return _clipped_objective(ratio, advantages, mask, logp, old_logp,
+                            settings.pop("ref_logp", None), settings.pop("entropy", None),
+                            segment_ids=segment_ids, **settings)
+
+
+def token_ratio(logp: Array, old_logp: Array, mask: Array, advantages: Array,
+                segment_ids: Array | None) -> Array:
+  """PPO's per-token ratio exp(logp - old_logp) (clamped to [-20, 20] in log space)."""
+  del mask, advantages, segment_ids
+  return jnp.exp(jnp.clip(logp - old_logp, -20.0, 20.0))
+
+
+def sequence_ratio(logp: Array, old_logp: Array, mask: Array, advantages: Array,
+                   segment_ids: Array | None) -> Array:
+  """GSPO's sequence ratio (grouped_ratio over each trajectory: a row, or a packed segment)."""
+  del advantages
+  return grouped_ratio(logp, old_logp, mask, segment_ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -292,14 +316,7 @@ def ppo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array, 
     dual_clip_fraction, approx_kl = mean(old_logp - logp), ratio_mean, ratio_max, and kl /
     entropy (masked means) when given. All metrics are means over sampled tokens.
   """
-  logp, old_logp, mask = _prepare(logp, old_logp, loss_mask)
-  ratio = jnp.exp(jnp.clip(logp - old_logp, -20.0, 20.0))
-  return _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy,
-                            clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
-                            kl_coef=kl_coef, kl_estimator=kl_estimator,
-                            entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length, totals=totals, segment_ids=segment_ids,
-                            clip_scale=clip_scale, token_weights=token_weights)
+  return policy_objective(token_ratio, **locals())  # every argument, as the loss was called
 
 
 def grouped_ratio(logp: Array, old_logp: Array, mask: Array,
@@ -335,14 +352,7 @@ def gspo_loss(logp: Array, old_logp: Array, advantages: Array, loss_mask: Array,
   its own advantage. Clipping is of s_b, so it switches on or off for whole sequences. Default
   clip range is the GSPO paper's (3e-4, 4e-4). Arguments and metrics as in `ppo_loss`.
   """
-  logp, old_logp, mask = _prepare(logp, old_logp, loss_mask)
-  ratio = grouped_ratio(logp, old_logp, mask, segment_ids)
-  return _clipped_objective(ratio, advantages, mask, logp, old_logp, ref_logp, entropy,
-                            clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip,
-                            kl_coef=kl_coef, kl_estimator=kl_estimator,
-                            entropy_coef=entropy_coef, aggregation=aggregation,
-                            norm_length=norm_length, totals=totals, segment_ids=segment_ids,
-                            clip_scale=clip_scale, token_weights=token_weights)
+  return policy_objective(sequence_ratio, **locals())  # every argument, as the loss was called
 
 
 # ---------------------------------------------------------------------------------------------

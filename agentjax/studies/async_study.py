@@ -1,4 +1,4 @@
-r"""The asynchronous-RL study (issue 34; `python launch/compare.py --study=async`): GRPO and IGPO
+r"""The asynchronous-RL study (`python launch/compare.py --study=async`): GRPO and IGPO
 with train.async_steps 0, 1 and 2 from the same SFT start, same settings and seeds.
 
 Declared before the runs:

@@ -1,4 +1,4 @@
-"""The research backbone's SFT corpus (issue 32 §2): one mixed JSONL, so that one from-scratch model
+"""The research backbone's SFT corpus: one mixed JSONL, so that one from-scratch model
 can be the starting point of every study (configs/base.py preset "research"; launch/backbone.py).
 
     rows = backbone_demos(searcher_demos, backend, topk=3, corpus=docs, entities=names,
@@ -252,7 +252,7 @@ def rubric_following(completer: Any, rows: Sequence[Mapping[str, Any]], backend:
 
 def gate(config: Any, hf_path: str, *, world: str = "v2", stop_early_rate: float = 0.5,
          n: int = 1000) -> dict[str, Any]:
-  """The backbone's gate before any RL (issue 32 §2), greedy, on dev: the search agent's F1 per
+  """The backbone's gate before any RL, greedy, on dev: the search agent's F1 per
   hop count (the first n dev questions, the eval of every study), the generator's reading of
   evidence sets, and the rubric-following rate. Goals: 1-hop F1 >= 0.8 (GATE)."""
   import copy
@@ -282,7 +282,7 @@ def gate(config: Any, hf_path: str, *, world: str = "v2", stop_early_rate: float
   return out
 
 
-# ------------------------------------------------------------------ the shipped backbone (issue 45)
+# ------------------------------------------------------------------ the shipped backbone -------
 
 # Where the backbone lives in the repository (relative to its root): one Hugging Face folder per
 # start (final: the finished SFT; early: an early SFT checkpoint, the sparse-reward regime's

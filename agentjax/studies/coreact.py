@@ -1,4 +1,4 @@
-"""The Co-ReAct study on SynthWorld (issue 19 section 5; methods spec §4.9), as a library (its
+"""The Co-ReAct study on SynthWorld (methods spec §4.9), as a library (its
 command line: launch/coreact_study.py): the runs of its stages (jobs: collect, sft, grpo, guided;
 each a subprocess of the repository's own launchers), their scheduler (each run claimed as the
 sweep claims its runs, agentjax/studies/sweep.py), and the report: branch-point statistics, the
@@ -41,7 +41,7 @@ VARIANTS = {
 DEMO_VARIANTS = ("react", "coreact_untrained", "coreact_untrained_verify", "coreact_trained",
                  "coreact_trained_verify", "bon_self", "bon_rubric")  # docs/results/coreact
 TRAINED_REWARD = "listwise"  # the generator the guided variants use
-# The research study's variants (issue 46 §2): ReAct; rubrics by the warm start and by each
+# The research study's variants: ReAct; rubrics by the warm start and by each
 # reward's trained generator (shadow suffix, verify and one retry), the list-wise one also
 # without verify; Best-of-N by self-score and by the list-wise rubric's score.
 RESEARCH_VARIANTS = ("react", "coreact_untrained_verify", "coreact_trained",
@@ -92,7 +92,7 @@ class Settings:
   commit_records: bool = False  # git-commit each record as it is written
 
 
-# The research study's settings (issue 46 §2; docs/results/coreact_research/README.md), used by
+# The research study's settings (docs/results/coreact_research/README.md), used by
 # launch/coreact_study.py --family=research for every flag not given: the world and runs under
 # runs/research (shared with the research sweep), its records in the results folder.
 RESEARCH_DEFAULTS = {"root": "runs/research/coreact", "world": "runs/research",

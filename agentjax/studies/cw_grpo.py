@@ -1,4 +1,4 @@
-r"""The CW-GRPO study (issue 16 section 5; `python launch/compare.py --study=cw_grpo`:
+r"""The CW-GRPO study (`python launch/compare.py --study=cw_grpo`:
 runs/cw_grpo -> docs/results/cw_grpo).
 
 The base size only, from the base SFT export of `make demo` (--sft_from=runs/demo: its world and

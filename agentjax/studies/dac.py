@@ -1,4 +1,4 @@
-r"""DAC's study (issue 18 section 4; `python launch/compare.py --study=dac`: runs/dac ->
+r"""DAC's study (`python launch/compare.py --study=dac`: runs/dac ->
 docs/results/dac).
 
 The monolithic policy by GRPO with full fine-tuning and with one LoRA adapter, against DAC
@@ -27,7 +27,7 @@ from agentjax.studies.runs import (GENERATOR_SFT, SPLITS, point_at_world, read_j
                                    split_result, write_json)
 
 
-# DAC's study (issue 18 section 4): the monolithic policy by GRPO with full fine-tuning and with
+# DAC's study: the monolithic policy by GRPO with full fine-tuning and with
 # one LoRA adapter (the LoRA study's rank, alpha and rate: separates "decomposition" from "LoRA"),
 # against DAC (configs/dac.py:demo, two LoRA roles) and its ablations: the searcher rewarded by S
 # alone (no abstention term), no hard-positive augmentation, alpha 0.1 / 0.5 (dac is 0.3).
@@ -136,7 +136,7 @@ def dac_split(config, root: str, split: str) -> dict:
 
 
 def augmented_dev_rows(config, workdir: str) -> list[dict]:
-  """The augmentation check's rollouts (issue 18 section 4, methods spec 5.9): the run's final
+  """The augmentation check's rollouts (methods spec 5.9): the run's final
   searcher and generator, greedy, one answer per evidence set, on the dev questions the trainer's
   final eval used, with dac.augment_rate = 1: every sufficient evidence set gets augment_k hard
   distractors (answer-free retriever hits for the searcher's own queries) shuffled in, as in
@@ -220,7 +220,7 @@ AUG_KEYS = ("accuracy_clean", "accuracy_augmented", "accuracy_drop", "abstain_ra
             "abstain_rate_augmented", "n_augmented_sufficient", "consistency")
 
 
-# The alpha sweep around the DAC agent's threshold before RL (issue 33): alpha* / 3, alpha*,
+# The alpha sweep around the DAC agent's threshold before RL: alpha* / 3, alpha*,
 # 3 alpha* (DAC_RESEARCH_METHODS' dac_astar arms).
 ALPHA_FACTORS = (1 / 3, 1.0, 3.0)
 
@@ -265,7 +265,7 @@ def resolve_alpha_star(value: AlphaStar, start: dict | None, where: str) -> floa
   return round(star * value.factor, 6)
 
 
-# DAC on SynthWorld v2 from the research backbone (issues 33 §1, 46 §1; configs/dac.py:research):
+# DAC on SynthWorld v2 from the research backbone (configs/dac.py:research):
 # the backbone learned the generator's reading (its corpus' evidence rows), so both roles start
 # from it, with no generator warm start. GRPO is the research study's own arm (its records,
 # sweep.Study.borrow); the alpha arms sit at alpha* / 3, alpha* and 3 alpha*, alpha* measured on

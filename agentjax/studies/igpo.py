@@ -1,4 +1,4 @@
-r"""The IGPO study: IGPO vs GRPO and the other estimators on SynthWorld (docs/results/, issue 6;
+r"""The IGPO study: IGPO vs GRPO and the other estimators on SynthWorld (docs/results/;
 `python launch/compare.py`, --study=igpo).
 
 Every method starts from the same SFT warm start of its model size and runs the demo RL settings

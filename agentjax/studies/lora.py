@@ -1,4 +1,4 @@
-r"""The LoRA study (issue 17 section 5; `python launch/compare.py --study=lora`: runs/lora ->
+r"""The LoRA study (`python launch/compare.py --study=lora`: runs/lora ->
 docs/results/lora).
 
 The wide size, its SFT start trained by the sweep, IGPO (configs/igpo.py:demo, the IGPO study's

@@ -1,4 +1,4 @@
-"""A finished run's compact record, kept in the repository (issue 45 §2): a lost machine loses only
+"""A finished run's compact record, kept in the repository: a lost machine loses only
 the runs in flight, and a study's report rebuilds from the repository alone.
 
     path = write_record(out, "backbone/igpo/3", result, workdir, code)

@@ -1,4 +1,4 @@
-r"""The research study (issues 32 and 45): the methods on SynthWorld v2 from the research backbone
+r"""The research study: the methods on SynthWorld v2 from the research backbone
 shipped in the repository (backbones/research_v2), sized to finish on a 2-core CPU
 (`python launch/compare.py --study=research`; docs/results/research/README.md).
 
@@ -62,7 +62,7 @@ START_QUESTIONS = 100
 REFERENCE = "grpo"
 # 30 steps: a step of 64 trajectories takes ~15-25 s on one core of this CPU (the pilot:
 # docs/results/research/README.md, "Budget"), so a run with its evals is ~12-16 minutes and the 50
-# runs of the plan fit ~6 hours of two workers. Issue 32's 100 steps at 50-95 s a step were ~44
+# runs of the plan fit ~6 hours of two workers. The earlier protocol's 100 steps at 50-95 s a step were ~44
 # core-hours. The lr is constant after warm-up, so a run's first 30 steps are the same at any
 # `steps`.
 STEPS = 30
@@ -76,7 +76,7 @@ PAPER_CLAIMS = {
 }
 
 
-# The order of the runs, declared before them (issue 45 §4: if the budget forces a choice, the
+# The order of the runs, declared before them (if the budget forces a choice, the
 # headline pair in both regimes first, then CW-GRPO, then the rest): phase by phase; the
 # headline pair's and the rest's regime by regime (the sparse one first: the methods' mechanisms
 # act most there), CW-GRPO's both regimes seed by seed. The headline pair takes 5 seeds, every
@@ -85,7 +85,7 @@ HEADLINE = ("grpo", "igpo")
 PHASES = (HEADLINE, ("cw_grpo",), ("igpo_separate", "ppo_ig", "cw_grpo_ig", "a2tgpo"))
 REGIME_ORDER = ("backbone_early", "backbone")
 SEEDS = {**{m: 5 for m in HEADLINE}, **{m: 3 for m in RESEARCH_METHODS if m not in HEADLINE}}
-# What the 6-hour budget leaves out (issue 45 §1, §4), decided from the study's own first runs:
+# What the 6-hour budget leaves out, decided from the study's own first runs:
 # the whole plan measured ~6.8 hours of two workers (docs/results/research/README.md, "Budget"),
 # so the tail of the declared order, the last phase's 12 runs in the full regime (~1.5 hours), is
 # not run. The sparse regime is where the mechanisms act; its runs of those arms are kept.

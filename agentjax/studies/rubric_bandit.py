@@ -1,5 +1,5 @@
 """List-wise vs pairwise vs top-1 without language generation: a categorical policy over fixed
-rubrics, trained on each rank reward (issue 33 section 2; `python launch/coreact_study.py
+rubrics, trained on each rank reward (`python launch/coreact_study.py
 --stage=categorical`).
 
     tables = reward_tables(rubrics, rows, settings, applier)       # once per branch file

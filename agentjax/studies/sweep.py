@@ -107,7 +107,7 @@ STUDIES = {
                       steps=RESEARCH_STEPS, starts=tuple(RESEARCH_REGIMES.items()),
                       records=True, eval_questions=RESEARCH_EVAL, plan=research_plan,
                       seeds=("0", "1", "2", "3", "4")),
-    # DAC on the research backbone (issue 33 §1; agentjax/studies/dac.py DAC_RESEARCH_METHODS):
+    # DAC on the research backbone (agentjax/studies/dac.py DAC_RESEARCH_METHODS):
     # the same root and protocol as "research" (its GRPO runs are this study's reference), both
     # roles from the backbone, alpha arms around the alpha* of the DAC agent before RL.
     # Its start and its GRPO arm are the research study's (borrow): their records are read from

@@ -1,5 +1,5 @@
 """What a world offers credit assignment, measured on a policy's sampled rollouts before any RL
-(issue 32 §1; `python launch/backbone.py --stages=properties`).
+(`python launch/backbone.py --stages=properties`).
 
     props = measure(config, hf_path, questions=200)      # -> {root}/backbone/properties.json
 
@@ -128,7 +128,7 @@ def measure(config: Any, hf_path: str, questions: int = 200, seed: int = 0,
   from agentjax.rl.info_gain import ANSWER_TEMPLATES
   from agentjax.train.builders import (load_model, load_questions, make_search_backend,
                                        rollout_config)
-  from agentjax.train.rl import score_batch, trim
+  from agentjax.train.scoring import score_batch, trim
   if chunk_questions < 1:
     raise ValueError(f"chunk_questions must be >= 1, got {chunk_questions}")
   c = copy.deepcopy(config)

@@ -34,7 +34,7 @@ from agentjax.train.kinds import TRAINER_KINDS, trainer_kind
 from agentjax.train.pipeline import STALE_MODES
 
 JUDGE_BACKENDS = ("none",) + tuple(BUILTIN_JUDGES)
-# rl.pack_tokens is a multiple of this: the multiple train/rl.trim rounds padded widths to, so a
+# rl.pack_tokens is a multiple of this: the multiple train/scoring.trim rounds padded widths to, so a
 # packed row lines up with attention blocks and log-prob chunks as a padded one does.
 PACK_MULTIPLE = 128
 
@@ -221,6 +221,7 @@ def lora_inits(config: Any) -> dict[str, str]:
 
 
 def _validate_rl(config: Any) -> None:
+  """The RL fields: the method and its losses, then the rollout, the batch sizes, retrieval."""
   algorithm = _get(config, "algorithm")
   if algorithm not in METHODS:
     _fail("algorithm", algorithm, f"unknown algorithm; known: {sorted(METHODS)}")
@@ -247,25 +248,35 @@ def _validate_rl(config: Any) -> None:
     _fail("rl.std_estimator", _get(config, "rl.std_estimator"),
           f"must be one of {list(STD_ESTIMATORS)}")
   _non_negative(config, "rl.std_eps")
-  if _get(config, "rollout.protocol") not in PROTOCOLS:
-    _fail("rollout.protocol", _get(config, "rollout.protocol"),
-          f"unknown protocol; known: {sorted(PROTOCOLS)}")
-  _positive(config, "rollout.group_size", "rollout.max_turns", "rollout.max_new_tokens",
-            "rollout.max_obs_tokens", "rollout.max_total_tokens", "rollout.temperature",
-            "rl.prompts_per_step", "rl.minibatch_size", "rl.ppo_epochs", "retrieval.topk",
+  _positive(config, "rl.prompts_per_step", "rl.minibatch_size", "rl.ppo_epochs", "retrieval.topk",
             "train.eval_batch", "rl.chunk")
   _non_negative(config, "rl.kl_coef", "rl.entropy_coef", "rl.clip_low", "rl.clip_high",
-                "rollout.top_k", "data.eval_size")
+                "data.eval_size")
   if not 0.0 <= _get(config, "rl.gamma") <= 1.0:
     _fail("rl.gamma", _get(config, "rl.gamma"), "must be in [0, 1]")
   if method.critic:
     _validate_critic(config)
-  if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
-    _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
   if _get(config, "rl.off_policy_correction") not in CORRECTIONS:
     _fail("rl.off_policy_correction", _get(config, "rl.off_policy_correction"),
           f"must be one of {list(CORRECTIONS)}")
   _positive(config, "rl.off_policy_cap")
+  _validate_rollout(config)
+  method.check(config, _fail)  # group size, inputs the step can provide, the method's own checks
+  _validate_batches(config)
+  _validate_retrieval(config)
+  benchmark_list(_get(config, "data.train"), "data.train")
+  benchmark_list(_get(config, "data.eval"), "data.eval")
+
+
+def _validate_rollout(config: Any) -> None:
+  if _get(config, "rollout.protocol") not in PROTOCOLS:
+    _fail("rollout.protocol", _get(config, "rollout.protocol"),
+          f"unknown protocol; known: {sorted(PROTOCOLS)}")
+  _positive(config, "rollout.group_size", "rollout.max_turns", "rollout.max_new_tokens",
+            "rollout.max_obs_tokens", "rollout.max_total_tokens", "rollout.temperature")
+  _non_negative(config, "rollout.top_k")
+  if not 0.0 < _get(config, "rollout.top_p") <= 1.0:
+    _fail("rollout.top_p", _get(config, "rollout.top_p"), "must be in (0, 1]")
   penalty = _get(config, "rollout.repetition_penalty")
   if isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not penalty > 0:
     _fail("rollout.repetition_penalty", penalty, "must be a number > 0 (1.0: off)")
@@ -280,14 +291,27 @@ def _validate_rl(config: Any) -> None:
   if not 0.0 < _get(config, "rollout.refill_fraction") <= 1.0:
     _fail("rollout.refill_fraction", _get(config, "rollout.refill_fraction"),
           "must be in (0, 1]")
-  group = _get(config, "rollout.group_size")
-  method.check(config, _fail)  # group size, inputs the step can provide, the method's own checks
-  batch = _get(config, "rl.prompts_per_step") * group
+  kv_min = config.rollout.kv_window_min
+  if isinstance(kv_min, bool) or not isinstance(kv_min, int) or kv_min < 0:
+    _fail("rollout.kv_window_min", kv_min, "must be an int >= 0 (0: decode reads the whole cache)")
+  prefill_rows = config.rollout.prefill_rows
+  if isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0:
+    _fail("rollout.prefill_rows", prefill_rows, "must be an int >= 0 (0: every prompt in one "
+          "prefill call)")
+  new, obs, total = (_get(config, f"rollout.{k}") for k in
+                     ("max_new_tokens", "max_obs_tokens", "max_total_tokens"))
+  if new + obs >= total:
+    _fail("rollout.max_total_tokens", total, f"leaves no room for a prompt: one turn alone "
+          f"takes max_new_tokens + max_obs_tokens = {new + obs} tokens")
+
+
+def _validate_batches(config: Any) -> None:
+  """Minibatches divide the step's batch; micro-batches the minibatch; packed rows' size."""
+  batch = _get(config, "rl.prompts_per_step") * _get(config, "rollout.group_size")
   mb = _get(config, "rl.minibatch_size")
   if mb > batch or batch % mb:
     _fail("rl.minibatch_size", mb, f"must divide the batch of prompts_per_step * group_size = "
           f"{batch} trajectories")
-  # Configs recorded before micro-batching read the one-pass default.
   micro = config.rl.micro_batch_size
   if isinstance(micro, bool) or not isinstance(micro, int) or micro < 0:
     _fail("rl.micro_batch_size", micro, "must be an int >= 0 (0: the whole minibatch at once)")
@@ -301,25 +325,15 @@ def _validate_rl(config: Any) -> None:
   elif micro and mb % micro:
     _fail("rl.micro_batch_size", micro, f"must divide rl.minibatch_size={mb} (with the mesh's "
           f"data x fsdp devices: trajectories per device per pass)")
-  # Configs recorded before packing read 0 (padded rows).
   pack = config.rl.pack_tokens
   if isinstance(pack, bool) or not isinstance(pack, int) or pack < 0 or pack % PACK_MULTIPLE:
     _fail("rl.pack_tokens", pack, f"must be 0 (padded rows) or a positive multiple of "
           f"{PACK_MULTIPLE} (tokens per packed row)")
   if pack and _get(config, "trainer") == "dac":
     _fail("rl.pack_tokens", pack, "DAC's roles score and update padded rows; set it to 0")
-  kv_min = config.rollout.kv_window_min
-  if isinstance(kv_min, bool) or not isinstance(kv_min, int) or kv_min < 0:
-    _fail("rollout.kv_window_min", kv_min, "must be an int >= 0 (0: decode reads the whole cache)")
-  prefill_rows = config.rollout.prefill_rows
-  if isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0:
-    _fail("rollout.prefill_rows", prefill_rows, "must be an int >= 0 (0: every prompt in one "
-          "prefill call)")
-  new, obs, total = (_get(config, f"rollout.{k}") for k in
-                     ("max_new_tokens", "max_obs_tokens", "max_total_tokens"))
-  if new + obs >= total:
-    _fail("rollout.max_total_tokens", total, f"leaves no room for a prompt: one turn alone "
-          f"takes max_new_tokens + max_obs_tokens = {new + obs} tokens")
+
+
+def _validate_retrieval(config: Any) -> None:
   backend = _get(config, "retrieval.backend")
   if backend == "bm25":
     path = _get(config, "retrieval.corpus_path")
@@ -332,9 +346,6 @@ def _validate_rl(config: Any) -> None:
       _fail("retrieval.url", url, "the http backend needs an http(s):// URL")
   else:
     _fail("retrieval.backend", backend, "must be 'bm25' or 'http'")
-  benchmark_list(_get(config, "data.train"), "data.train")
-  benchmark_list(_get(config, "data.eval"), "data.eval")
-
 
 def _validate_critic(config: Any) -> None:
   """The PPO estimators' settings (ppo.*, critic.*)."""
@@ -431,11 +442,12 @@ def _validate_judge(config: Any, method: Any) -> None:
   if backend not in JUDGE_BACKENDS and backend not in JUDGES:  # built in, or registered
     _fail("judge.backend", backend, f"must be one of {list(JUDGE_BACKENDS)} or a backend "
           f"registered with agentjax.judge.register_judge")
-  if method.judge and backend == "none":
+  judged = "judge" in method.signals_for(config)
+  if judged and backend == "none":
     _fail("judge.backend", backend, f"algorithm {method.name!r} needs per-round judge verdicts: "
           f"set judge.backend to one of {list(JUDGE_BACKENDS[1:])}")
-  if not method.judge and backend != "none":  # calls whose verdicts nothing reads
-    judged = sorted(name for name, m in METHODS.items() if m.judge)
+  if not judged and backend != "none":  # calls whose verdicts nothing reads
+    judged = sorted(name for name, m in METHODS.items() if "judge" in m.signals_for(config))
     _fail("judge.backend", backend, f"algorithm {method.name!r} does not read judge verdicts "
           f"(only {judged} do): set judge.backend=none")
   if _get(config, "judge.noise") not in NOISE_MODES:

@@ -36,6 +36,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentjax.rl.microbatch import num_micro
+
 Array = jax.Array
 
 
@@ -354,7 +356,7 @@ def pack_trajectories(tokens: Array, valid: Array, positions: Array | None,
 
 def padded_efficiency(lengths: np.ndarray, multiple: int = 128,
                       cache_len: int | None = None) -> float:
-  """real tokens / computed tokens of a padded batch trimmed as train/rl.trim does (every row
+  """real tokens / computed tokens of a padded batch trimmed as train/scoring.trim does (every row
   as wide as the longest, rounded up to `multiple`, at most cache_len)."""
   lengths = np.asarray(lengths)
   longest = int(lengths.max(initial=0))
@@ -373,3 +375,48 @@ def packed_sequence_logprobs(model, params, batch: PackedBatch, chunk: int = 256
   logp, ent = packed_logprobs(model, params, batch.tokens, batch.positions, batch.segment_ids,
                               chunk=chunk, with_entropy=with_entropy)
   return batch.index.unpack(logp), (None if ent is None else batch.index.unpack(ent))
+
+
+# The key of a packed minibatch's segment ids (PackIndex.arrays): its presence selects the packed
+# forward in the update.
+PACK_SEGMENT_IDS = "pack_segment_ids"
+# What MinibatchPacker adds to a minibatch: PackIndex.arrays()'s keys, one per map.
+PACK_KEYS = tuple(f"pack_{f.name}" for f in dataclasses.fields(PackIndex)
+                  if f.metadata.get("pytree_node", True))
+
+
+@dataclasses.dataclass
+class MinibatchPacker:
+  """Plans each minibatch's packed rows on the host (train/packing.py), for `minibatches`.
+
+  valid: [B, S] bool, the batch's real tokens (host: one transfer per step).
+  pack_tokens: tokens per packed row (rl.pack_tokens).
+  micro_batch: the update's rows per pass (0: one pass): the minibatch is reordered so that its
+    strided micro-batches carry balanced token counts (packing.micro_batch_order) and each
+    micro-batch is packed on its own (plan_micro_packing), as microbatch.split will cut it.
+  row_multiple: each micro-batch's packed row count is a multiple of it (the devices the rows
+    are sharded over).
+  plans: every plan made, in order (packing_efficiency)."""
+
+  valid: np.ndarray
+  pack_tokens: int
+  micro_batch: int = 0
+  row_multiple: int = 1
+  plans: list[PackPlan] = dataclasses.field(default_factory=list)
+
+  def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, dict[str, jax.Array]]:
+    """idx [b] (the minibatch's trajectories) -> (idx reordered, the packed rows' maps
+    ({PACK_KEYS}: [n * R_m, W] and [b, ...] arrays, split by microbatch.split like the rest))."""
+    keep = self.valid[idx]
+    n = num_micro(len(idx), self.micro_batch)
+    if n > 1:  # the order does not change the loss: every aggregation sums over trajectories
+      idx = idx[micro_batch_order(keep.sum(axis=1), n)]
+      keep = self.valid[idx]
+    plan = plan_micro_packing(keep, self.pack_tokens, n, row_multiple=self.row_multiple)
+    self.plans.append(plan)
+    return idx, plan.index().arrays()
+
+  def stats(self) -> dict[str, float]:
+    """packing_efficiency: real / computed slots over the packed rows of every plan."""
+    real = sum(p.real_tokens for p in self.plans)
+    return {"packing_efficiency": real / max(sum(p.source.size for p in self.plans), 1)}

@@ -462,6 +462,36 @@ def _round_robin_batches(n: int, batch_size: int, rng: np.random.Generator):
     order = order[batch_size:]
 
 
+def _sft_examples(cfg: QwenConfig, tokenizer: Any, demos: Sequence[Mapping[str, Any]],
+                  protocol: Protocol, use_chat_template: bool, also_protocols: Sequence[Protocol],
+                  extra_examples: Sequence[Example], max_len: int) -> list[Example]:
+  """The demonstrations tokenized, then the extra examples; warns about truncation, and raises
+  when a token id does not fit the model's vocabulary."""
+  examples = tokenize_demos(tokenizer, demos, protocol, use_chat_template, also_protocols)
+  examples += list(extra_examples)
+  lengths = np.array([len(ids) for ids, _ in examples])
+  if (lengths > max_len).any():
+    log.warning("%d of %d demos exceed max_len=%d tokens (longest %d) and are truncated",
+                int((lengths > max_len).sum()), len(examples), max_len, int(lengths.max()))
+  top = max(max(ids) for ids, _ in examples)
+  if top >= cfg.vocab_size:
+    raise ValueError(f"token id {top} >= model vocab_size {cfg.vocab_size}: the tokenizer does "
+                     "not fit the model")
+  return examples
+
+
+def _sft_restore(state: dict, checkpointer: Any) -> tuple[dict, int, int]:
+  """(state, steps done, updates applied): the checkpointer's latest, or the fresh state at 0.
+  Updates applied is the optimizer's own count (skipped steps do not advance it)."""
+  if checkpointer is not None:
+    restored = checkpointer.restore_or_none(abstract_state(state))
+    if restored is not None:
+      state, data_state, start = restored
+      log.info("sft: resumed from %s at step %d", checkpointer.step_dir(start), start)
+      return state, start, int(data_state["applied"])
+  return state, 0, 0
+
+
 def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mapping[str, Any]], *,
             steps: int, batch_size: int, max_len: int, lr: float, seed: int = 0,
             warmup_steps: int | None = None, weight_decay: float = 0.0, b2: float = 0.95,
@@ -510,16 +540,8 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   if micro_batches < 1 or batch_size % micro_batches:
     raise ValueError(f"micro_batches={micro_batches} must be >= 1 and divide batch_size="
                      f"{batch_size}")
-  examples = tokenize_demos(tokenizer, demos, protocol, use_chat_template, also_protocols)
-  examples += list(extra_examples)
-  lengths = np.array([len(ids) for ids, _ in examples])
-  if (lengths > max_len).any():
-    log.warning("%d of %d demos exceed max_len=%d tokens (longest %d) and are truncated",
-                int((lengths > max_len).sum()), len(examples), max_len, int(lengths.max()))
-  top = max(max(ids) for ids, _ in examples)
-  if top >= cfg.vocab_size:
-    raise ValueError(f"token id {top} >= model vocab_size {cfg.vocab_size}: the tokenizer does "
-                     "not fit the model")
+  examples = _sft_examples(cfg, tokenizer, demos, protocol, use_chat_template, also_protocols,
+                           extra_examples, max_len)
   pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
   if warmup_steps is None:
     warmup_steps = max(1, steps // 20)
@@ -532,14 +554,8 @@ def run_sft(cfg: QwenConfig, params: Any, tokenizer: Any, demos: Sequence[Mappin
   else:
     optimizer = make_optimizer(lr, warmup_steps, steps, weight_decay, clip_norm, final_lr_ratio,
                                b2)
-  state = {"params": params, "opt_state": optimizer.init(params)}
-  start, applied = 0, 0  # applied: the optimizer's own count (skipped steps do not advance it)
-  if checkpointer is not None:
-    restored = checkpointer.restore_or_none(abstract_state(state))
-    if restored is not None:
-      state, data_state, start = restored
-      applied = int(data_state["applied"])
-      log.info("sft: resumed from %s at step %d", checkpointer.step_dir(start), start)
+  state, start, applied = _sft_restore(
+      {"params": params, "opt_state": optimizer.init(params)}, checkpointer)
   step_fn = make_sft_step(model, optimizer, chunk=chunk)
   batches = _round_robin_batches(len(examples), batch_size, np.random.default_rng(seed))
   for _ in range(start):  # the batches a resumed run has already trained on

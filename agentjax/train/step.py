@@ -5,21 +5,22 @@
 
   1. rollouts and rewards: the rollout stage (agent/rollouts.py): AgentRollout here (one agent,
      role "policy", outcome rewards or a task's own), dac/stage.DacRollout (two roles)
-  2. the judge's verdicts per round, when the method reads them (Method.judge; CW-GRPO)
-  3. scoring per role: old and reference log-probs, IGPO's probes when the method needs them
-     (Method.needs_probes), the critic's values (Method.critic)
+  2. the signals' produce hooks (agentjax/signals: e.g. CW-GRPO's judge, a reward from the
+     retrieved documents)
+  3. scoring per role (old and reference log-probs, with the signals' scoring inputs: IGPO's
+     probes), then the signals' collect hooks (the information gain, the critic's values)
   4. advantages per role with the method's estimator and settings (agentjax/methods)
   5. PPO-clip updates: minibatch k of every role in update k (one role: make_policy_update;
      several: make_roles_update), with a critic its update on the same minibatch
-  6. metrics: the same keys for every run, plus the method's and the stage's own
+  6. metrics: the same keys for every run, plus the signals', the method's and the stage's own
 
-The step reads the method's registry entry, never its name. The loop (agentjax/train/trainer.py)
-keeps what is not the step: data order, checkpoints, eval, preemption and the fault rules.
+The step reads the method's registry entry (its estimator and signals), never its name, and runs
+whatever signals it names. The loop (agentjax/train/trainer.py) keeps what is not the step: data
+order, checkpoints, eval, preemption and the fault rules.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import itertools
 import time
@@ -32,36 +33,24 @@ import optax
 
 from agentjax.agent import RolloutEngine
 from agentjax.agent.rollouts import Rollouts
-from agentjax.judge import build_judge
-from agentjax.judge.oracle import gold_chain, ig_gold_sums, ig_pairs
-from agentjax.judge.stage import JudgePass
 from agentjax.methods import get_method
 from agentjax.models.qwen import param_shardings
 from agentjax.parallel import use_mesh
-from agentjax.parallel.host import DEVICE_TURN, to_host
-from agentjax.rl import build_probes, outcome_rewards
-from agentjax.rl.advantages import gt_logprob_ends, ig_statistics
+from agentjax.parallel.host import to_host
+from agentjax.rl import outcome_rewards
 from agentjax.rl.evidence import evidence_set, sufficient
-from agentjax.rl.info_gain import ANSWER_TEMPLATES
 from agentjax.rl.offpolicy import mismatch_metrics
+from agentjax.signals import SIGNALS, SignalEnv, StepContext, absent_metrics
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.critic import Critic
 from agentjax.rl.microbatch import global_micro
 from agentjax.train.optim import make_schedule
-from agentjax.train.rl import (PACK_KEYS, MinibatchPacker, advantage_kwargs, compute_advantages,
-                               make_policy_update, make_roles_update, minibatches, plan_scoring,
-                               policy_loss_config, summarize, score_batch, trim)
-
-
-# What each update reads of a minibatch (minibatches() cuts every array of the step).
-POLICY_MINIBATCH = ("tokens", "valid", "loss_mask", "old_logp", "ref_logp", "advantages")
-
-
-def policy_minibatch_keys(config: Any) -> tuple[str, ...]:
-  """The minibatch fields every policy update reads: POLICY_MINIBATCH, and the sampler's
-  log-probs ("behav_logp") when rl.off_policy_correction weighs the loss by them."""
-  return POLICY_MINIBATCH + (("behav_logp",) if config.rl.off_policy_correction != "none" else ())
-CRITIC_MINIBATCH = ("tokens", "valid", "old_values", "returns", "value_mask")
+from agentjax.train.packing import PACK_KEYS, MinibatchPacker
+from agentjax.train.scoring import plan_scoring, score_batch, trim
+from agentjax.train.updates import (CRITIC_MINIBATCH, advantage_kwargs,
+                                    compute_advantages, make_policy_update, make_roles_update,
+                                    minibatches, policy_loss_config, policy_minibatch_keys,
+                                    summarize)
 
 
 def updates_per_step(config: Any) -> int:
@@ -115,14 +104,15 @@ class StepOutput:
 
 @dataclasses.dataclass
 class Produced:
-  """What RLStep.produce hands to RLStep.consume: the stage's rollouts and rewards, the judge's
-  fields (CW-GRPO's per-round scores) and metrics, the seconds of the rollout and of the whole
-  production, and `version`: the number of updates the rollout's parameters had had when it
-  began. `token_versions`: with rollout.partial, (versions [B, S], sampled [B, S]) of the first
-  role's batch on the host, which the pipeline fills and reads (train/pipeline.py)."""
+  """What RLStep.produce hands to RLStep.consume: the stage's rollouts and rewards, the fields
+  and metrics of the signals' produce hooks (CW-GRPO's per-round verdicts), the seconds of the
+  rollout and of the whole production, and `version`: the number of updates the rollout's
+  parameters had had when it began. `token_versions`: with rollout.partial, (versions [B, S],
+  sampled [B, S]) of the first role's batch on the host, which the pipeline fills and reads
+  (train/pipeline.py)."""
   out: Rollouts
-  judge_fields: Mapping[str, jax.Array]
-  judge_metrics: Mapping[str, float]
+  fields: Mapping[str, jax.Array]
+  metrics: Mapping[str, float]
   rollout_s: float
   produce_s: float
   version: int
@@ -165,12 +155,13 @@ class AgentRollout:
     if self.task_rewards is not None:  # the task's own reward; no gold answers to score against
       outcome, task_metrics = self.task_rewards(batch, questions)
       f1 = em = np.zeros(len(answers), np.float32)
-    else:
-      outcome = outcome_rewards(answers, row_golds, metric=rl.reward_metric,
-                                format_ok=batch.format_valid if rl.penalize_format else None,
-                                format_penalty=rl.format_penalty)
+    else:  # each answer scored once; the reward is one of the two (and the format penalty)
       f1 = outcome_rewards(answers, row_golds, metric="f1")
       em = outcome_rewards(answers, row_golds, metric="em")
+      outcome = {"f1": f1, "em": em}[rl.reward_metric]
+      if rl.penalize_format:
+        outcome = np.where(np.asarray(batch.format_valid, bool), outcome,
+                           np.float32(rl.format_penalty)).astype(np.float32)
     is_sufficient = np.array([
         sufficient(evidence_set([t.documents for t in turns]), g, config.dac.sufficiency_match)
         for turns, g in zip(batch.turns, row_golds)], bool)
@@ -201,9 +192,12 @@ class RLStep:
   update: Callable
   ref_params: Any
   schedule: optax.Schedule
-  with_probes: bool
   adv_kwargs: Mapping[str, Any]
-  judge_pass: JudgePass | None = None  # CW-GRPO: verdicts per round between rewards and advantages
+  # The signals the run's method reads (agentjax/signals), in run order; `signals` builds their
+  # runners on first use (the fit check builds a step without running it).
+  signal_env: SignalEnv | None = None
+  signal_names: tuple[str, ...] = ()
+  _runners: dict[str, Any] | None = None
   target: TrainTarget | None = None  # what is trained: the whole model, or LoRA adapters
   ref_model: Any = None              # the reference's module when not the policy's (LoRA)
   # PPO's value model (Method.critic; its state is state["critic"]).
@@ -226,6 +220,13 @@ class RLStep:
   @property
   def multi_role(self) -> bool:
     return len(self.stage.roles) > 1
+
+  @property
+  def signals(self) -> dict[str, Any]:
+    """{name: runner} of the run's signals, built on first use."""
+    if self._runners is None:
+      self._runners = {n: SIGNALS[n].build(self.signal_env) for n in self.signal_names}
+    return self._runners
 
   @classmethod
   def build(cls, config: Any, mesh: jax.sharding.Mesh, stage: Any,
@@ -260,17 +261,18 @@ class RLStep:
     else:  # one update of every role's adapter on its own minibatch
       update = make_roles_update(model, optimizer, losses, micro_batch=micro,
                                  grad_shardings=grad_shardings)
-    judge = build_judge(config.judge, mesh=mesh)
     critic = Critic.build(config, target, updates_per_step(config), micro, mesh) \
         if method.critic else None
+    # A stage that cannot carry probes (DAC's roles) runs without the signals scored with them.
+    names = tuple(n for n in method.run_signals(config) if not SIGNALS[n].scored or stage.probes)
+    env = SignalEnv(config, mesh, engine=getattr(stage, "engine", None), target=target,
+                    stage=stage, critic=critic)
     role_schedules = {role: make_schedule(rate, *schedule_args(config)[1:])
                       for role, rate in target.learning_rates(config.optimizer.lr).items()
                       if role in stage.roles} if len(stage.roles) > 1 else None
     return cls(config=config, mesh=mesh, stage=stage, update=update, ref_params=ref_params,
                schedule=make_schedule(*schedule_args(config)),  # the optimizer's, for logging
-               with_probes=stage.probes and method.needs_probes(config),
-               adv_kwargs=advantage_kwargs(config),
-               judge_pass=JudgePass(judge, config.judge) if judge is not None else None,
+               adv_kwargs=advantage_kwargs(config), signal_env=env, signal_names=names,
                target=target, ref_model=ref_model, critic=critic,
                micro_batch=micro, pack_tokens=rl.pack_tokens,
                role_schedules=role_schedules, sampler_mesh=sampler_mesh)
@@ -304,10 +306,8 @@ class RLStep:
     if self.sampler_mesh is None:
       return out
     everywhere = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-    moved = {}
-    for role, b in out.batches.items():
-      moved[role] = b.replace(**{f: jax.device_put(getattr(b, f), everywhere) for f in (
-          "tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id", "versions")})
+    moved = {role: b.map_slots(lambda x: jax.device_put(x, everywhere))
+             for role, b in out.batches.items()}
     return dataclasses.replace(out, batches=moved)
 
   def produce(self, params: Any, questions: Sequence[Mapping[str, Any]], rollout_rng: jax.Array,
@@ -321,7 +321,6 @@ class RLStep:
     stages with `partial` only): the rollout continues with (or restarts from) the newest.
     Every sampled token's version is in the batches' `versions`."""
     config, mesh = self.config, self.sampler_mesh or self.mesh
-    first = self.stage.roles[0]
     if self.sampler_mesh is not None:  # the key comes from the trainer's state
       rollout_rng = jax.device_put(rollout_rng, jax.sharding.NamedSharding(
           mesh, jax.sharding.PartitionSpec()))
@@ -339,47 +338,71 @@ class RLStep:
                          feed=feed.map(self.target.rollout_params), version=version)
     t_rollout = time.perf_counter() - t0
 
-    # 2. the judge's verdicts per round (CW-GRPO), every call of the step at once
-    judge_fields, judge_metrics = {}, {}
-    if self.judge_pass is not None:
-      batch, rewards = out.batches[first], out.rewards[first]
-      local = self.judge_pass.identity["backend"] == "local"  # it runs on the devices
-      with contextlib.nullcontext() if local else DEVICE_TURN.host_wait():
-        scores = self.judge_pass(batch.turns, batch.num_turns, batch.group_ids, rewards,
-                                 out.row_questions, num_t=batch.turn_ends.shape[1] - 1,
-                                 rng=np.random.default_rng([config.seed, step, 1]))
-      judge_fields = dict(retrieval_scores=jnp.asarray(scores.retrieval),
-                          thinking_scores=jnp.asarray(scores.thinking))
-      judge_metrics = scores.metrics
-    return Produced(out=out, judge_fields=judge_fields, judge_metrics=judge_metrics,
-                    rollout_s=t_rollout, produce_s=time.perf_counter() - t0, version=version)
+    # 2. the signals' work on the rollouts (CW-GRPO's judge: every call of the step at once)
+    fields, metrics = {}, {}
+    ctx = self._context(out, step)
+    for runner in self.signals.values():
+      got = runner.produce(ctx)
+      if got is not None:
+        fields.update(got.fields)
+        metrics.update(got.metrics)
+    return Produced(out=out, fields=fields, metrics=metrics, rollout_s=t_rollout,
+                    produce_s=time.perf_counter() - t0, version=version)
+
+  def _context(self, out: Rollouts, step: int, **more: Any) -> StepContext:
+    """The step as the signals see it (its first role's rows)."""
+    first = self.stage.roles[0]
+    return StepContext(config=self.config, step=step, rollouts=out, role=first,
+                       batch=out.batches[first], **more)
 
   def consume(self, state: Mapping[str, Any], produced: Produced, step: int, rng: jax.Array,
               t_step: float) -> StepOutput:
-    """Stages 3-6 of step `step` on what produce made: scoring with the state's parameters,
-    advantages, the PPO-clip updates, the metrics. rng: the new state's key; t_step: when the
-    step began (step_s counts from there)."""
-    config, rl, mesh = self.config, self.config.rl, self.mesh
-    method = get_method(config.algorithm)
-    roles = self.stage.roles
-    first = roles[0]
-    out, judge_fields, judge_metrics = produced.out, produced.judge_fields, produced.judge_metrics
-    out = self._to_trainer(out)
-    t_rollout = produced.rollout_s
-    batches, rewards = out.batches, out.rewards
+    """Stages 3-6 of step `step` on what produce made: scoring with the state's parameters and
+    the signals, advantages, the PPO-clip updates, the metrics. rng: the new state's key;
+    t_step: when the step began (step_s counts from there)."""
+    out = self._to_trainer(produced.out)
+    t0 = time.perf_counter()
+    ctx = self._context(out, step, state=state)
+    prepared = {name: runner.prepare(ctx) for name, runner in self.signals.items()}
+    probes = next((prepared[n] for n in self.signals if SIGNALS[n].scored), None)
+    scored, packer, pack_stats = self._score(state, out, probes)
+    fields, signal_metrics = dict(produced.fields), dict(produced.metrics)
+    for name, runner in self.signals.items():
+      got = runner.collect(dataclasses.replace(ctx, scored=scored[ctx.role],
+                                               prepared=prepared[name]))
+      if got is not None:
+        fields.update(got.fields)
+        signal_metrics.update(got.metrics)
+    adv, adv_stats, per_token, critic_targets = self._advantages(out, scored, fields)
+    t_score = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    new_state, upd, crit, skipped = self._update(state, out, scored, adv, per_token,
+                                                 critic_targets, packer, step)
+    new_state["rng"] = rng
+    t_update = time.perf_counter() - t0
+    timing = {"rollout_s": produced.rollout_s, "scoring_s": t_score, "update_s": t_update,
+              "step_s": time.perf_counter() - t_step}
+    metrics = self._metrics(out, scored, adv_stats, upd, crit, skipped, step, pack_stats,
+                            packer, timing, {**signal_metrics, **out.metrics})
+    return StepOutput(state=new_state, metrics=metrics, update_skipped=skipped,
+                      search_queries=int(out.engine["search_queries"]),
+                      search_failed=out.search_failed,
+                      search_last_error=out.engine.get("search_last_error"))
+
+  def _score(self, state: Mapping[str, Any], out: Rollouts, probes: Any
+             ) -> tuple[dict[str, Any], MinibatchPacker | None, dict[str, float]]:
+    """Stage 3: one scoring pass per role with the state's parameters: old (and reference)
+    log-probs, and on the first role's rows the probes' scores. With rl.pack_tokens, the packed
+    rows of the scoring and of the updates are planned first (one transfer of `valid`).
+    Returns ({role: ScoredBatch}, the updates' MinibatchPacker or None, packing stats)."""
+    roles, first, mesh = self.stage.roles, self.stage.roles[0], self.mesh
     with use_mesh(mesh):
       params = self.target.rollout_params(state["params"])  # the scoring pass's (this version)
     role_params = params if self.multi_role else {first: params}
-
-    # 3. one scoring pass per role: old (and reference) log-probs, IGPO's ground-truth probes
-    t0 = time.perf_counter()
-    probes = build_probes(self.engine.encode, out.row_golds,
-                          template=ANSWER_TEMPLATES[config.rollout.protocol],
-                          tokens=rl.ig_probe_tokens) \
-        if self.with_probes else None
     packer, score_plans, pack_stats = None, None, {}
-    if self.pack_tokens:  # plan the packed rows of scoring and updates: one transfer of valid
-      batch = batches[first]
+    if self.pack_tokens:
+      batch = out.batches[first]
       host_valid = np.asarray(to_host(batch.valid), bool)
       devices = global_micro(1, mesh)  # the packed rows are sharded over data x fsdp too
       score_plans = plan_scoring(host_valid, batch.num_turns, batch.turn_ends.shape[1] - 1,
@@ -388,56 +411,72 @@ class RLStep:
       packer = MinibatchPacker(host_valid, self.pack_tokens, micro_batch=self.micro_batch,
                                row_multiple=devices)
       pack_stats = score_plans.stats()
-    scored, adv, adv_stats = {}, {}, {}
-    value_targets, critic_fit = {}, {}
+    model = self.target.model if self.multi_role else self.engine.model
     with use_mesh(mesh):
-      for role in roles:
-        scored[role] = score_batch(self.target.model if self.multi_role else self.engine.model,
-                                   role_params[role], self.ref_params, batches[role],
-                                   probes if role == first else None, mode=rl.ig_mode,
-                                   chunk=rl.chunk, ref_model=self.ref_model,
-                                   micro_batch=self.micro_batch,
-                                   packing=score_plans if role == first else None)
-      critic_fields = {}
-      if self.critic is not None:  # PPO: the critic's values of the states tokens are sampled in
-        critic_fields["values"] = self.critic.values(state["critic"]["params"],
-                                                     batches[first].tokens, batches[first].valid)
-      # 4. advantages, per role
-      for role in roles:
-        extra = {**judge_fields, **critic_fields} if role == first else {}
-        adv[role], adv_stats[role] = compute_advantages(method.estimator, batches[role],
-                                                        rewards[role], scored[role].ig,
-                                                        extra=extra, **self.adv_kwargs)
-      # The estimator's [B, L] inputs of the policy loss (A²TGPO's clip scale), cut into
-      # minibatches with the rest.
-      loss_inputs = {k: adv_stats[first].pop(k) for k in method.loss_inputs_for(config)}
-      if self.critic is not None:  # the critic's regression targets and the slots they are on
-        value_targets = dict(old_values=critic_fields["values"],
-                             **{k: adv_stats[first].pop(k) for k in method.value_targets})
-        critic_fit = self.critic.batch_metrics(**value_targets)  # of the values as scored
-      jax.block_until_ready(adv)
-    t_score = time.perf_counter() - t0
+      scored = {role: score_batch(model, role_params[role], self.ref_params, out.batches[role],
+                                  probes if role == first else None, mode=self.config.rl.ig_mode,
+                                  chunk=self.config.rl.chunk, ref_model=self.ref_model,
+                                  micro_batch=self.micro_batch,
+                                  packing=score_plans if role == first else None)
+                for role in roles}
+    return scored, packer, pack_stats
 
-    # 5. PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable): update k
-    # trains every role on its minibatch k; with a critic, its update on the same minibatch
-    # (during critic.warmup_steps only the critic's)
-    t0 = time.perf_counter()
+  def _advantages(self, out: Rollouts, scored: Mapping[str, Any], fields: Mapping[str, Any]
+                  ) -> tuple[dict, dict, dict, dict]:
+    """Stage 4: each role's advantages by the method's estimator, the signals' fields on the
+    first role's rows. Returns ({role: [B, L]}, {role: stats}, the first role's per-token policy
+    loss inputs (A²TGPO's clip scale), the critic's targets {old_values, returns, value_mask}
+    ({} without a critic))."""
+    method = get_method(self.config.algorithm)
+    first = self.stage.roles[0]
+    adv, stats = {}, {}
+    with use_mesh(self.mesh):
+      for role in self.stage.roles:
+        extra = {k: v for k, v in fields.items() if k != "ig"} if role == first else {}
+        ig = fields.get("ig", scored[role].ig) if role == first else scored[role].ig
+        adv[role], stats[role] = compute_advantages(method.estimator, out.batches[role],
+                                                    out.rewards[role], ig, extra=extra,
+                                                    **self.adv_kwargs)
+      per_token = {k: stats[first].pop(k) for k in method.loss_inputs_for(self.config)}
+      targets = {}
+      if self.critic is not None:  # the critic's regression targets and the slots they are on
+        targets = dict(old_values=fields["values"],
+                       **{k: stats[first].pop(k) for k in method.value_targets})
+      jax.block_until_ready(adv)
+    return adv, stats, per_token, targets
+
+  def _update(self, state: Mapping[str, Any], out: Rollouts, scored: Mapping[str, Any],
+              adv: Mapping[str, Any], per_token: Mapping[str, Any],
+              critic_targets: Mapping[str, Any], packer: MinibatchPacker | None, step: int
+              ) -> tuple[dict[str, Any], dict[str, float], dict[str, Any], list[int]]:
+    """Stage 5: PPO-clip minibatch updates (minibatch shuffles seeded by the step: resumable).
+    Update k trains every role on its minibatch k; with a critic, its update on the same
+    minibatch (during critic.warmup_steps only the critic's). Returns (the new state without
+    its rng, the policy updates' summary, {"summary", "per_update", "fit"} of the critic's, one
+    skipped flag per update)."""
+    config, roles, first = self.config, self.stage.roles, self.stage.roles[0]
     trainable, opt_state = state["params"], state["opt_state"]
     critic_state = dict(state["critic"]) if self.critic is not None else None
     train_policy = self.critic is None or step >= self.critic.warmup_steps
     frozen = self.target.frozen  # LoRA: the backbone, read by the update, never written
     update_metrics, critic_metrics = [], []
     shuffle = np.random.default_rng([config.seed, step])
-    keys = policy_minibatch_keys(config) + tuple(loss_inputs) + \
-        (PACK_KEYS if packer is not None else ())
-    with use_mesh(mesh):
-      for _ in range(rl.ppo_epochs):
-        per_role = [minibatches(batches[r], scored[r], adv[r], self.stage.minibatch_rows(config, r),
-                                shuffle, {**value_targets, **loss_inputs} if r == first else None,
-                                packer=packer if r == first else None) for r in roles]
+    keys = policy_minibatch_keys(config)
+    # The first role's minibatches also carry the method's per-token inputs and the critic's.
+    first_keys = keys + tuple(per_token) + (CRITIC_MINIBATCH if critic_state is not None else ())
+    with use_mesh(self.mesh):
+      critic_fit = self.critic.batch_metrics(**critic_targets) if critic_targets else {}
+      for _ in range(config.rl.ppo_epochs):
+        per_role = [minibatches(out.batches[r], scored[r], adv[r],
+                                self.stage.minibatch_rows(config, r), shuffle,
+                                {**critic_targets, **per_token} if r == first else None,
+                                packer=packer if r == first else None,
+                                keys=first_keys if r == first else keys)
+                    for r in roles]
         for mbs in zip(*per_role):
           if train_policy:
-            mb = {r: {k: m[k] for k in keys if k in m} for r, m in zip(roles, mbs)}
+            mb = {r: {k: m[k] for k in keys + tuple(per_token) + PACK_KEYS if k in m}
+                  for r, m in zip(roles, mbs)}
             trainable, opt_state, m = self.update(
                 trainable, opt_state, mb if self.multi_role else mb[first], *frozen)
             update_metrics.append(m)
@@ -448,21 +487,26 @@ class RLStep:
             critic_metrics.append(m)
     update_metrics, critic_metrics, critic_fit = to_host(  # one transfer
         (update_metrics, critic_metrics, critic_fit))
-    upd = summarize(update_metrics)
-    crit = summarize(critic_metrics)
     # One entry per minibatch: skipped when the policy's or the critic's update was not applied.
     skipped = [int(max(a, b)) for a, b in itertools.zip_longest(
         [m["skipped"] for m in update_metrics], [m["skipped"] for m in critic_metrics],
         fillvalue=0)]
-    t_update = time.perf_counter() - t0
+    new_state = {"params": trainable, "opt_state": opt_state}
+    if critic_state is not None:
+      new_state["critic"] = critic_state
+    crit = {"summary": summarize(critic_metrics), "per_update": critic_metrics,
+            "fit": critic_fit, "policy_frozen": not train_policy}
+    return new_state, summarize(update_metrics), crit, skipped
 
-    # 6. metrics: the same keys for every run (several roles: the mean over the roles, and each
-    # role's as "<role>/<name>")
-    engine = out.engine
-    ig = ig_statistics(scored[first].ig, jnp.asarray(batches[first].num_turns))
-    gt_before, gt_after = (map(float, gt_logprob_ends(
-        scored[first].values, jnp.asarray(batches[first].num_turns)))
-        if self.with_probes else (0.0, 0.0))
+  def _metrics(self, out: Rollouts, scored: Mapping[str, Any], adv_stats: Mapping[str, Any],
+               upd: Mapping[str, float], crit: Mapping[str, Any], skipped: list[int], step: int,
+               pack_stats: dict[str, float], packer: MinibatchPacker | None,
+               timing: Mapping[str, float], own: Mapping[str, float]) -> dict[str, float]:
+    """Stage 6: the same keys for every run (several roles: the mean over the roles, and each
+    role's as "<role>/<name>"), then the critic's, the signals' and the stage's (`own`), and the
+    method's."""
+    config, roles, first = self.config, self.stage.roles, self.stage.roles[0]
+    batches, engine = out.batches, out.engine
     valid_tokens = float(to_host(sum(jnp.sum(batches[r].valid) for r in roles)))
     # Real tokens / computed tokens: of the trimmed padded batch, and of what the policy's
     # update computed (its packed rows; the padded batch when rl.pack_tokens is 0).
@@ -470,9 +514,8 @@ class RLStep:
     if packer is not None and packer.plans:
       pack_stats.update(packer.stats())
     pack_stats.setdefault("packing_efficiency", padded_efficiency)
-    step_s = time.perf_counter() - t_step
-    queries = int(engine["search_queries"])
-    failed = out.search_failed
+    queries, failed = int(engine["search_queries"]), out.search_failed
+    updates = step * updates_per_step(config)
 
     def across_roles(name: str) -> float:
       if not self.multi_role:
@@ -480,64 +523,51 @@ class RLStep:
       return float(np.mean([upd.get(f"{r}/{name}", 0.0) for r in roles]))
 
     metrics = {
-        **out.summary,
+        **out.summary, **absent_metrics(),
         "search_queries": float(queries), "search_failures": float(failed),
         "search_failure_rate": failed / queries if queries else 0.0,
-        "ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
         "collapse_fraction": float(np.mean([adv_stats[r]["collapse_fraction"] for r in roles])),
         "zero_adv_fraction": float(np.mean([adv_stats[r]["zero_adv_fraction"] for r in roles])),
-        # the ground truth's log-prob before the searches and after them (issue 32 §4), and
-        # their difference, the reduction IGPO's paper plots
-        "gt_logprob_before": gt_before, "gt_logprob_after": gt_after,
-        "gt_entropy_reduction": gt_after - gt_before,
         "adv_std": float(np.mean([adv_stats[r].get("adv_std", 0.0) for r in roles])),
         "kl": across_roles("kl"), "approx_kl": across_roles("approx_kl"),
         "clip_fraction": across_roles("clip_fraction"), "entropy": across_roles("entropy"),
         "loss": upd.get("loss", 0.0), "grad_norm": upd.get("grad_norm", 0.0),
-        "skipped_updates": float(sum(skipped)),
-        "lr": float(self.schedule(step * updates_per_step(config))),
-        "sampled_tokens_per_s": engine["sampled_tokens"] / max(t_rollout, 1e-9),
-        "tokens_per_s": valid_tokens / max(step_s, 1e-9),
-        "rollout_s": t_rollout, "scoring_s": t_score, "update_s": t_update, "step_s": step_s,
+        "skipped_updates": float(sum(skipped)), "lr": float(self.schedule(updates)),
+        "sampled_tokens_per_s": engine["sampled_tokens"] / max(timing["rollout_s"], 1e-9),
+        "tokens_per_s": valid_tokens / max(timing["step_s"], 1e-9), **timing,
         "search_s": engine["search_s"],
         # the rollout engine's decode efficiency (docs/BENCHMARKS.md rollout_mix)
         "useful_row_share": engine["decode_useful_row_steps"]
         / max(engine["decode_row_steps"], 1.0),
         "search_wait_s": engine["search_wait_s"],
-        "padded_efficiency": padded_efficiency, **pack_stats, **judge_metrics, **out.metrics}
+        "padded_efficiency": padded_efficiency, **pack_stats, **own}
     if self.multi_role:
       for r in roles:
         metrics.update({f"{r}/{k}": upd.get(f"{r}/{k}", 0.0)
                         for k in ("kl", "approx_kl", "clip_fraction", "entropy", "loss")})
-        metrics[f"{r}/lr"] = float(self.role_schedules[r](step * updates_per_step(config))) \
+        metrics[f"{r}/lr"] = float(self.role_schedules[r](updates)) \
             if r in self.role_schedules else metrics["lr"]
     if self.critic is not None:
-      # The update's loss and clip fraction (mean over minibatches); the values' fit as scored.
-      metrics["critic/value_loss"] = crit.get("critic/value_loss", 0.0)
-      metrics["critic/value_clip_fraction"] = crit.get("critic/value_clip_fraction", 0.0)
-      metrics.update({k: float(v) for k, v in critic_fit.items()})
-      metrics["critic/grad_norm"] = crit.get("grad_norm", 0.0)
-      metrics["critic/lr"] = float(self.critic.schedule(step * updates_per_step(config)))
-      metrics["critic/skipped_updates"] = float(sum(int(m["skipped"]) for m in critic_metrics))
-      metrics["critic/policy_frozen"] = float(not train_policy)
-    metrics.update(method.metrics(adv_stats[first]))  # e.g. CW-GRPO's fallback
-    if self.with_probes and any(gold_chain(q)[1] is None for q in out.row_questions):
-      # Questions with a gold chain (SynthWorld): IG of each non-answer turn against "it
-      # retrieved a new gold document", as sums the study pools over steps (ig_gold_summary).
-      metrics.update(ig_gold_sums(*ig_pairs(np.asarray(to_host(scored[first].ig)),
-                                            np.asarray(batches[first].num_turns),
-                                            out.row_questions, batches[first].turns)))
+      metrics.update(self._critic_metrics(crit, updates))
+    metrics.update(get_method(config.algorithm).metrics(adv_stats[first]))  # CW-GRPO's fallback
     # The sampler's log-probs against the trainer's scoring pass (agentjax/rl/offpolicy.py):
     # ~0 on CPU in float32; what bf16 kernels or stale parameters open up.
     gaps = to_host([mismatch_metrics(batches[r].logprobs, scored[r].old_logp,
                                      batches[r].loss_mask) for r in roles])
     metrics.update({k: float(np.mean([g[k] for g in gaps])) for k in gaps[0]})
-    if rl.off_policy_correction != "none":
+    if config.rl.off_policy_correction != "none":
       metrics.update({k: across_roles(k) for k in ("offpolicy/weight_mean",
                                                      "offpolicy/capped_share")})
-    new_state = {"params": trainable, "opt_state": opt_state, "rng": rng}
-    if critic_state is not None:
-      new_state["critic"] = critic_state
-    return StepOutput(state=new_state,
-                      metrics=metrics, update_skipped=skipped, search_queries=queries,
-                      search_failed=failed, search_last_error=engine.get("search_last_error"))
+    return metrics
+
+  def _critic_metrics(self, crit: Mapping[str, Any], updates: int) -> dict[str, float]:
+    """The critic's update loss and clip fraction (mean over minibatches), its values' fit as
+    scored, its gradient norm, rate and skipped updates."""
+    summary = crit["summary"]
+    return {"critic/value_loss": summary.get("critic/value_loss", 0.0),
+            "critic/value_clip_fraction": summary.get("critic/value_clip_fraction", 0.0),
+            **{k: float(v) for k, v in crit["fit"].items()},
+            "critic/grad_norm": summary.get("grad_norm", 0.0),
+            "critic/lr": float(self.critic.schedule(updates)),
+            "critic/skipped_updates": float(sum(int(m["skipped"]) for m in crit["per_update"])),
+            "critic/policy_frozen": float(crit["policy_frozen"])}

@@ -274,15 +274,26 @@ class FaultWatch:
     return None
 
 
-def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
-  """The RL loop (module docstring). stop_after: stop (with a checkpoint) once that many steps
-  are done, as a preemption would; re-running resumes. Returns a summary dict.
+@dataclasses.dataclass
+class RLParts:
+  """What an RL run is made of (`build_rl`), before any checkpoint is restored."""
+  mesh: Any
+  cfg: QwenConfig
+  tokenizer: Any
+  target: TrainTarget  # the whole model, or LoRA adapters on a frozen backbone
+  task: Any  # a task that scores its own rollouts (the rubric generator's), or None for QA
+  stream: QuestionStream  # the train questions, in the seed's order
+  dev: list  # the dev questions (data.eval_size of them when set)
+  eval_name: str
+  eval_engine: RolloutEngine  # greedy
+  state: dict  # the fresh train state {params, opt_state, rng, ...}
+  rl_step: RLStep
+  sampler_mesh: Any = None  # the split placement's sampler devices (train.async_steps)
 
-  Raises TrainingDivergedError / RetrieverUnavailableError (after checkpointing the step) when a
-  FaultWatch rule stops the run."""
-  workdir = os.path.expanduser(workdir)
-  exported = _recover_export(os.path.join(workdir, EXPORT_DIR))
-  sampler_mesh = None  # the split placement's sampler devices (train.async_steps)
+
+def build_rl(config: Any) -> RLParts:
+  """Mesh, model, data, rollout engines, train state and the step of an RL run."""
+  sampler_mesh = None
   if config.mesh.sampler_devices:
     mesh, sampler_mesh = split_meshes(config.mesh.sampler_devices, config.mesh.data,
                                       config.mesh.fsdp, config.mesh.tensor,
@@ -290,15 +301,12 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   else:
     mesh = make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
   cfg, params, tokenizer = load_model(config, mesh)
-  model_name = config.model.hf_path or config.model.preset
-  log.info("model %s (%s, %s parameters) on mesh %s", model_name, cfg.model_type,
-           f"{sum(x.size for x in jax.tree.leaves(params)):,}", dict(mesh.shape))
-  rl = config.rl
-  # What is trained: the whole model, or LoRA adapters on it (then `params` is the frozen backbone).
+  log.info("model %s (%s, %s parameters) on mesh %s", config.model.hf_path or config.model.preset,
+           cfg.model_type, f"{sum(x.size for x in jax.tree.leaves(params)):,}", dict(mesh.shape))
   target = TrainTarget.build(config, cfg, params, mesh)
   # The KL reference: a frozen copy of the initial params (updates donate the policy's), or with
   # LoRA the backbone itself run without adapters (no copy).
-  ref_params, ref_model = target.reference(rl.kl_coef)
+  ref_params, ref_model = target.reference(config.rl.kl_coef)
 
   kind = trainer_kind(config)  # what this trainer rolls out, on which records (train/kinds.py)
   if kind.load_data is not None:  # e.g. Co-ReAct's rubric generator: branch points
@@ -311,10 +319,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   stream = QuestionStream(train_records, config.seed)
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
-  backend = make_search_backend(config)
-  engine, eval_engine = make_agents(config, cfg, tokenizer, backend, mesh, target.spec,
-                                    train_mesh=sampler_mesh)
-  # A task that is not question answering scores the rollouts itself (the rubric generator's).
+  engine, eval_engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh,
+                                    target.spec, train_mesh=sampler_mesh)
   task = kind.make_task(config, mesh, engine) if kind.make_task is not None else None
   searcher = kind.prompt_agent(engine)
   longest = max(len(searcher.prompt_ids(r["question"])) for r in stream.records + dev)
@@ -323,7 +329,6 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
         f"config.rollout.max_total_tokens={config.rollout.max_total_tokens}: a {longest}-token "
         f"prompt plus one turn (max_new_tokens={config.rollout.max_new_tokens}) does not fit")
 
-  steps = config.train.steps
   optimizer, state = init_train_state(config, cfg, params, mesh, target)
   # The rollout stage: the kind's (DAC's two roles, both adapters updated by every step), or
   # one agent.
@@ -331,8 +336,123 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
            else AgentRollout(engine, task))
   rl_step = RLStep.build(config, mesh, stage, optimizer, ref_params, target=target,
                          ref_model=ref_model, sampler_mesh=sampler_mesh)
+  return RLParts(mesh, cfg, tokenizer, target, task, stream, dev, eval_name, eval_engine, state,
+                 rl_step, sampler_mesh)
 
-  ckpt = make_checkpointer(config, workdir, target)
+
+class RLEvals:
+  """The run's greedy evals: every train.eval_every steps and at the end, on the dev split (or,
+  for a task, its own held-out scores), written to eval/<step>.json and logged as eval/*."""
+
+  def __init__(self, config: Any, workdir: str, parts: RLParts, writer: MetricsWriter):
+    self.config, self.workdir, self.parts, self.writer = config, workdir, parts, writer
+    self.results: dict[int, dict[str, Any]] = {}
+
+  def due(self, at_step: int) -> bool:
+    every = self.config.train.eval_every
+    return bool(every) and at_step % every == 0 and 0 < at_step < self.config.train.steps
+
+  def path(self, at_step: int) -> str:
+    return os.path.join(self.workdir, "eval", f"{at_step}.json")
+
+  def __call__(self, at_step: int, params: Any) -> dict[str, Any]:
+    p, c = self.parts, self.config
+    t0 = time.perf_counter()
+    with use_mesh(p.mesh):
+      if p.task is not None:
+        result = p.task.evaluate(p.eval_engine, p.target.rollout_params(params), p.dev,
+                                 c.train.eval_batch)
+      else:
+        result = evaluate(p.eval_engine, p.target.rollout_params(params), p.dev,
+                          c.train.eval_batch)
+    if p.task is not None:
+      _write_json(self.path(at_step), dict(result, step=at_step, benchmark=p.eval_name))
+      metrics = {f"eval/{k}": result[k] for k in p.task.eval_scores}
+      log.info("eval at step %d on %s", at_step, p.task.describe(result))
+    else:
+      _write_json(self.path(at_step), dict(result, step=at_step, benchmark=p.eval_name,
+                                           split=c.data.eval_split))
+      metrics = {f"eval/{k}": result[k] for k in ("f1", "em", "format_ok", "turns")}
+      # DAC: coverage, accuracy when answered, abstention rate
+      metrics.update({f"eval/{k}": result[k] for k in ABSTENTION_SCORES if k in result})
+      log.info("eval at step %d on %s/%s (%d questions): F1 %.4f EM %.4f", at_step, p.eval_name,
+               c.data.eval_split, result["n"], result["f1"], result["em"])
+    metrics["eval/seconds"] = time.perf_counter() - t0
+    self.writer.write(at_step, metrics)
+    self.results[at_step] = result
+    return result
+
+  def final(self, params: Any, finished_before: bool, ckpt: Checkpointer) -> None:
+    """The last step's eval, unless a finished run is re-run (process 0 wrote its file)."""
+    steps = self.config.train.steps
+    if steps in self.results:
+      return
+    if finished_before and _exists_on_primary(self.path(steps)):
+      self.results[steps] = broadcast_from_primary(
+          _read_json(self.path(steps)) if jax.process_index() == 0 else None)
+    else:
+      ckpt.wait()  # the last checkpoint is on disk before an eval that may crash
+      self(steps, params)
+
+  def summary(self) -> dict[int, dict[str, Any]]:
+    """Each eval's headline scores (a task's eval_scores, else F1 and EM) and its size."""
+    keys = (tuple(self.parts.task.eval_scores) if self.parts.task is not None
+            else ("f1", "em")) + ("n",)
+    return {k: {key: v[key] for key in keys} for k, v in self.results.items()}
+
+
+def _rollout_pipeline(config: Any, rl_step: RLStep, stream: QuestionStream, step: int,
+                      position: int, stop_after: int | None) -> RolloutPipeline:
+  """train.async_steps: rollouts of the next steps overlap this step's update."""
+  per_step = config.rl.prompts_per_step
+  steps = config.train.steps
+  return RolloutPipeline(
+      rl_step, lambda j: stream.take(position + (j - step) * per_step, per_step),
+      config.train.async_steps, end=steps if stop_after is None else min(steps, stop_after),
+      partial=config.rollout.partial, stale=config.train.stale,
+      max_staleness=config.train.max_staleness)
+
+
+def _log_step(config: Any, step: int, metrics: Mapping[str, float], out: StepOutput,
+              faults: FaultWatch, postfix: Sequence[str]) -> None:
+  if metrics["skipped_updates"]:
+    log.warning("step %d: %d update(s) skipped (non-finite loss or gradient); params kept "
+                "(%d in a row)", step, int(metrics["skipped_updates"]), faults.skipped_streak)
+  if out.search_failed:
+    log.warning("step %d: the retriever failed %d of %d queries; last error: %s", step,
+                out.search_failed, out.search_queries, out.search_last_error)
+  if config.train.log_every and step % config.train.log_every == 0:
+    log.info("step %d/%d " + " ".join(f"{k} %.4g" for k in postfix), step, config.train.steps,
+             *[metrics[k] for k in postfix])
+
+
+def _export_rl(config: Any, workdir: str, parts: RLParts, state: dict) -> str | None:
+  """The finished run's exports: the critic (PPO), each adapter as a PEFT folder (LoRA) and the
+  Hugging Face model (the policy adapter merged); returns the HF export's path."""
+  critic = getattr(parts.rl_step, "critic", None)
+  if critic is not None and config.train.export_hf:  # before hf_export, which marks the end
+    log.info("export critic: %s", critic.export(os.path.join(workdir, CRITIC_EXPORT_DIR),
+                                               state["critic"]["params"], parts.tokenizer))
+  written = parts.target.export(workdir, state["params"], parts.tokenizer,
+                                os.path.join(workdir, EXPORT_DIR) if config.train.export_hf
+                                else None)
+  for what, path in written.items():
+    log.info("export %s: %s", what, path)
+  return written.get("hf_export")
+
+
+def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[str, Any]:
+  """The RL loop (module docstring). stop_after: stop (with a checkpoint) once that many steps
+  are done, as a preemption would; re-running resumes. Returns a summary dict.
+
+  Raises TrainingDivergedError / RetrieverUnavailableError (after checkpointing the step) when a
+  FaultWatch rule stops the run."""
+  workdir = os.path.expanduser(workdir)
+  exported = _recover_export(os.path.join(workdir, EXPORT_DIR))
+  parts = build_rl(config)
+  state, rl_step, stream, steps = parts.state, parts.rl_step, parts.stream, config.train.steps
+
+  ckpt = make_checkpointer(config, workdir, parts.target)
   restored = ckpt.restore_or_none(abstract_state(state))
   step, position, data_state = 0, 0, None
   if restored is not None:
@@ -340,71 +460,24 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
     position = int(data_state["position"])
     log.info("resumed from %s at step %d (question position %d)", ckpt.step_dir(step), step,
              position)
+  finished_before = restored is not None and restored[2] == steps
   faults = FaultWatch.from_config(config, data_state)
   writer = MetricsWriter(workdir, steps, step, prefix=config.algorithm)
-
-  def eval_due(at_step: int) -> bool:
-    return bool(config.train.eval_every) and at_step % config.train.eval_every == 0 \
-        and 0 < at_step < steps
-
-  def eval_path(at_step: int) -> str:
-    return os.path.join(workdir, "eval", f"{at_step}.json")
-
-  def run_eval(at_step: int) -> dict[str, Any]:
-    if task is not None:
-      return run_task_eval(at_step)
-    t0 = time.perf_counter()
-    with use_mesh(mesh):
-      result = evaluate(eval_engine, target.rollout_params(state["params"]), dev,
-                        config.train.eval_batch)
-    _write_json(eval_path(at_step),
-                dict(result, step=at_step, benchmark=eval_name, split=config.data.eval_split))
-    metrics = {"eval/f1": result["f1"], "eval/em": result["em"],
-               "eval/format_ok": result["format_ok"], "eval/turns": result["turns"],
-               "eval/seconds": time.perf_counter() - t0}
-    for key in ABSTENTION_SCORES:  # DAC: coverage, accuracy when answered, abstention rate
-      if key in result:
-        metrics[f"eval/{key}"] = result[key]
-    writer.write(at_step, metrics)
-    log.info("eval at step %d on %s/%s (%d questions): F1 %.4f EM %.4f", at_step, eval_name,
-             config.data.eval_split, result["n"], result["f1"], result["em"])
-    return result
-
-  def run_task_eval(at_step: int) -> dict[str, Any]:
-    """A task's own held-out scores (the rubric generator's: greedy rubrics of the dev branch
-    points), logged as eval/<task.eval_scores>."""
-    t0 = time.perf_counter()
-    with use_mesh(mesh):
-      result = task.evaluate(eval_engine, target.rollout_params(state["params"]), dev,
-                             config.train.eval_batch)
-    _write_json(eval_path(at_step), dict(result, step=at_step, benchmark=eval_name))
-    metrics = {f"eval/{k}": result[k] for k in task.eval_scores}
-    metrics["eval/seconds"] = time.perf_counter() - t0
-    writer.write(at_step, metrics)
-    log.info("eval at step %d on %s", at_step, task.describe(result))
-    return result
-
-  def save(at_step: int, force: bool) -> None:
-    ckpt.save(at_step, state, {"position": position, "faults": faults.state()}, force=force)
-
-  evals = {}
-  postfix = task.progress if task is not None else \
+  evals = RLEvals(config, workdir, parts, writer)
+  postfix = parts.task.progress if parts.task is not None else \
       ("reward", "f1", "format_error_rate", "turns", "ig_mean", "kl", "step_s")
+  save = lambda at, force: ckpt.save(  # noqa: E731
+      at, state, {"position": position, "faults": faults.state()}, force=force)
+
   compiles = CompileCounter()  # programs compiled by this process since the loop started
   with _Preemption() as preempt, contextlib.ExitStack() as stack:
     if config.train.eval_at_start and step == 0:
-      evals[0] = run_eval(0)
-    if eval_due(step) and not _exists_on_primary(eval_path(step)):
-      evals[step] = run_eval(step)  # the run stopped during this step's eval: do it again
+      evals(0, state["params"])
+    if evals.due(step) and not _exists_on_primary(evals.path(step)):
+      evals(step, state["params"])  # the run stopped during this step's eval: do it again
     pipeline = None
     if config.train.async_steps:
-      start, at = step, position
-      pipeline = RolloutPipeline(
-          rl_step, lambda j: stream.take(at + (j - start) * rl.prompts_per_step,
-                                         rl.prompts_per_step), config.train.async_steps,
-          end=steps if stop_after is None else min(steps, stop_after),
-          partial=config.rollout.partial, stale=config.train.stale,
-          max_staleness=config.train.max_staleness)
+      pipeline = _rollout_pipeline(config, rl_step, stream, step, position, stop_after)
       stack.callback(pipeline.close)  # also when the loop raises: no thread left running
       if pipeline.turns:
         # This thread holds the devices for the loop (evals, checkpoints and collectives
@@ -412,72 +485,44 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
         stack.enter_context(DEVICE_TURN.hold())
     while step < steps and not any_process(preempt.requested):
       out = pipeline.step(state, step) if pipeline is not None else \
-          rl_step(state, stream.take(position, rl.prompts_per_step), step)
+          rl_step(state, stream.take(position, config.rl.prompts_per_step), step)
       state = out.state
       step += 1
-      position += rl.prompts_per_step
+      position += config.rl.prompts_per_step
       fault = faults.observe(out, step)
-
       metrics = dict(out.metrics, position=position, compiles=float(compiles.count))
-      if metrics["skipped_updates"]:
-        log.warning("step %d: %d update(s) skipped (non-finite loss or gradient); params kept "
-                    "(%d in a row)", step, int(metrics["skipped_updates"]),
-                    faults.skipped_streak)
-      if out.search_failed:
-        log.warning("step %d: the retriever failed %d of %d queries; last error: %s", step,
-                    out.search_failed, out.search_queries, out.search_last_error)
       writer.write(step, metrics, postfix)
-      if config.train.log_every and step % config.train.log_every == 0:
-        log.info("step %d/%d " + " ".join(f"{k} %.4g" for k in postfix), step, steps,
-                 *[metrics[k] for k in postfix])
+      _log_step(config, step, metrics, out, faults, postfix)
 
       # Checkpoint before eval: an eval that crashes (OOM, kill) never costs the step.
       stopping = (fault is not None or any_process(preempt.requested)
                   or (stop_after is not None and step >= stop_after))
-      save(step, force=stopping or eval_due(step) or step == steps)
+      save(step, force=stopping or evals.due(step) or step == steps)
       if fault is not None:
         ckpt.close()
         writer.close()
         raise fault
       if stopping:
         break
-      if eval_due(step):
+      if evals.due(step):
         ckpt.wait()  # the step's checkpoint is on disk before an eval that may crash or be killed
-        evals[step] = run_eval(step)
+        evals(step, state["params"])
     if step < steps:
       log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
 
-  if step >= steps and steps not in evals:
-    if restored is not None and restored[2] == steps and _exists_on_primary(eval_path(steps)):
-      # A finished run re-run: nothing to redo (process 0 wrote the file).
-      evals[steps] = broadcast_from_primary(
-          _read_json(eval_path(steps)) if jax.process_index() == 0 else None)
-    else:
-      ckpt.wait()
-      evals[steps] = run_eval(steps)
+  if step >= steps:
+    evals.final(state["params"], finished_before, ckpt)
   save(step, force=True)
   ckpt.close()
   writer.close()
   export = None
-  if step >= steps and not (restored is not None and restored[2] == steps and exported):
-    critic = getattr(rl_step, "critic", None)
-    if critic is not None and config.train.export_hf:  # before hf_export, which marks the end
-      log.info("export critic: %s", critic.export(os.path.join(workdir, CRITIC_EXPORT_DIR),
-                                                 state["critic"]["params"], tokenizer))
-    # Each adapter as a PEFT folder (LoRA), and the HF model with the policy adapter merged.
-    written = target.export(workdir, state["params"], tokenizer,
-                            os.path.join(workdir, EXPORT_DIR) if config.train.export_hf else None)
-    export = written.get("hf_export")
-    for what, path in written.items():
-      log.info("export %s: %s", what, path)
+  if step >= steps and not (finished_before and exported):
+    export = _export_rl(config, workdir, parts, state)
   elif step >= steps and exported:
     export = os.path.join(workdir, EXPORT_DIR)
   return {"step": step, "workdir": workdir, "hf_export": export,
-          "tensorboard": os.path.join(workdir, "tensorboard"),
-          "evals": {k: {key: v[key] for key in (
-              tuple(task.eval_scores) if task is not None else ("f1", "em")) + ("n",)}
-              for k, v in evals.items()},
-          "params": state["params"], "cfg": cfg,
+          "tensorboard": os.path.join(workdir, "tensorboard"), "evals": evals.summary(),
+          "params": state["params"], "cfg": parts.cfg,
           "critic_params": state["critic"]["params"] if "critic" in state else None}
 
 # ============================================================================ eval
