@@ -3,6 +3,8 @@ programs rather than one per step or turn."""
 
 from __future__ import annotations
 
+import logging
+
 import jax
 
 # Recorded around the backend's compile, which includes reading a program back from a persistent
@@ -58,3 +60,52 @@ def use_persistent_cache(folder: str) -> str | None:
   os.makedirs(folder, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", folder)
   return folder
+
+
+class CompileLog:
+  """The programs compiled while it is open, by name (jax's "Finished XLA compilation of
+  jit(<name>) in <s> sec" debug record, which every backend compile writes, a persistent-cache
+  read included): `programs` lists (name, seconds) in order; `take()` returns those since the
+  last take. Use as a context manager; the records are not printed.
+
+      with CompileLog() as log:
+        step(...)
+        first = log.take()   # [("jit(update)", 3.2), ...]
+  """
+
+  _LOGGER = "jax._src.dispatch"
+  _PREFIX = "Finished XLA compilation of "
+
+  def __init__(self):
+    self.programs: list[tuple[str, float]] = []
+    self._taken = 0
+    log = self
+
+    class _Handler(logging.Handler):
+      def emit(self, record: logging.LogRecord) -> None:
+        message = record.getMessage()
+        if message.startswith(CompileLog._PREFIX):
+          name, _, rest = message[len(CompileLog._PREFIX):].rpartition(" in ")
+          log.programs.append((name, float(rest.split()[0])))
+
+    self._handler = _Handler(level=logging.DEBUG)
+
+  def __enter__(self) -> "CompileLog":
+    logger = logging.getLogger(self._LOGGER)
+    self._saved = (logger.level, logger.propagate)
+    logger.setLevel(logging.DEBUG)
+    logger.propagate = False  # debug records stay out of the run's log
+    logger.addHandler(self._handler)
+    return self
+
+  def __exit__(self, *_) -> None:
+    logger = logging.getLogger(self._LOGGER)
+    logger.removeHandler(self._handler)
+    logger.setLevel(self._saved[0])
+    logger.propagate = self._saved[1]
+
+  def take(self) -> list[tuple[str, float]]:
+    """The programs compiled since the last take (or since the log opened)."""
+    new = self.programs[self._taken:]
+    self._taken = len(self.programs)
+    return new

@@ -78,3 +78,32 @@ def test_seconds_sum_the_compile_durations_jax_reports():
   ours = durations[before:]
   assert len(ours) == 2 and counter.seconds > 0
   np.testing.assert_allclose(counter.seconds, sum(ours), rtol=1e-9)
+
+
+def test_compile_log_names_each_program_and_takes_them_step_by_step():
+  """CompileLog: one entry per program produced, named as jit names it, with its seconds; take()
+  splits them at its calls; a second call on a seen shape adds nothing; the same counts as
+  CompileCounter; jax's logger is left as it was."""
+  import logging
+  from agentjax.compiles import CompileLog
+
+  def scale_rows(x):
+    return x * 2.0
+
+  program = jax.jit(scale_rows)
+  three, five = jnp.ones(3), jnp.ones(5)  # made before: their own programs are not logged
+  logger = logging.getLogger("jax._src.dispatch")
+  level, propagate = logger.level, logger.propagate
+  with CompileLog() as log:
+    counter = CompileCounter()
+    program(three)
+    first = log.take()
+    program(three)  # jit's own cache: nothing
+    program(five)  # a new shape: a new program
+    second = log.take()
+    assert counter.count == len(log.programs)
+  assert [name for name, _ in first] == ["jit(scale_rows)"]
+  assert [name for name, _ in second] == ["jit(scale_rows)"]
+  assert all(seconds >= 0.0 for _, seconds in log.programs)
+  assert log.take() == []
+  assert (logger.level, logger.propagate) == (level, propagate)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from agentjax.benchmarks.async_rl import bench_async
 from agentjax.benchmarks.attention import bench_attention
+from agentjax.benchmarks.compiles import bench_compiles
 from agentjax.benchmarks.coreact import bench_coreact
 from agentjax.benchmarks.decode import bench_decode
 from agentjax.benchmarks.decode_window import bench_decode_window
@@ -30,4 +31,4 @@ BENCHES = {"gpu": bench_gpu, "forward": bench_forward, "decode": bench_decode, "
            "info_gain": bench_info_gain, "attention": bench_attention, "rewards": bench_rewards, "synthworld": bench_synthworld,
            "sft_step": bench_sft_step, "judge": bench_judge, "train_step": bench_train_step,
            "coreact": bench_coreact, "ppo_step": bench_ppo_step,
-           "fit": bench_fit, "async": bench_async}
+           "fit": bench_fit, "async": bench_async, "compiles": bench_compiles}
