@@ -43,6 +43,11 @@ class CompileCounter:
     return _seconds - self.start_seconds
 
 
+def cache_folder(setting: str, workdir: str) -> str:
+  """train.jax_cache_dir for a run in `workdir`: "{workdir}" replaced by it ("" stays off)."""
+  return setting.replace("{workdir}", workdir.rstrip("/")) if setting else ""
+
+
 def use_persistent_cache(folder: str) -> str | None:
   """Keeps compiled programs in `folder` (jax's persistent compilation cache), so that a resumed
   run, or the next run of a sweep with the same shapes, reads its programs back instead of
@@ -59,6 +64,9 @@ def use_persistent_cache(folder: str) -> str | None:
   import os
   os.makedirs(folder, exist_ok=True)
   jax.config.update("jax_compilation_cache_dir", folder)
+  # Every program, however quick to compile: a resume then compiles nothing it compiled before
+  # (jax's default keeps only programs that took >= 1 s).
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   return folder
 
 

@@ -435,9 +435,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.train.keep_checkpoints = 3
   c.train.export_hf = True           # {workdir}/hf_export at the end
   # Compiled programs kept in this folder and read back by a resume or the next run with the same
-  # shapes (jax's persistent compilation cache; MaxText's jax_cache_dir). "": off; a folder set
-  # through JAX_COMPILATION_CACHE_DIR wins. The study runner sets {root}/jax_cache.
-  c.train.jax_cache_dir = ""
+  # shapes (jax's persistent compilation cache; MaxText's jax_cache_dir): "{workdir}" is the run's
+  # workdir; a shared folder lets a sweep's runs share programs (the study runner sets
+  # {root}/jax_cache); "": off. A folder set through JAX_COMPILATION_CACHE_DIR wins.
+  c.train.jax_cache_dir = "{workdir}/jax_cache"
   # Non-finite updates are skipped; this many in a row (across steps) stop the run with a
   # checkpoint of the last good parameters. 0: never stop.
   c.train.max_skipped_updates = 5

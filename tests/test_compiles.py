@@ -5,7 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agentjax.compiles import CompileCounter, use_persistent_cache
+from agentjax.compiles import CompileCounter, cache_folder, use_persistent_cache
 
 
 def _fresh_program():
@@ -50,17 +50,32 @@ def test_use_persistent_cache_sets_a_folder_only_where_none_is_set(tmp_path):
   """train.jax_cache_dir: "" leaves jax as it is; a folder is used when none is set; a folder
   already set (JAX_COMPILATION_CACHE_DIR, the suite's shared cache) is kept."""
   previous = jax.config.jax_compilation_cache_dir
+  min_seconds = jax.config.jax_persistent_cache_min_compile_time_secs
   try:
     jax.config.update("jax_compilation_cache_dir", None)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
     assert use_persistent_cache("") is None
     assert jax.config.jax_compilation_cache_dir is None
     folder = str(tmp_path / "cache")
     assert use_persistent_cache(folder) == folder
     assert jax.config.jax_compilation_cache_dir == folder and (tmp_path / "cache").is_dir()
+    # every program is kept, not only those that took >= 1 s (jax's default)
+    assert jax.config.jax_persistent_cache_min_compile_time_secs == 0.0
     assert use_persistent_cache(str(tmp_path / "other")) == folder  # the first one stays
     assert not (tmp_path / "other").exists()
   finally:
     jax.config.update("jax_compilation_cache_dir", previous)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", min_seconds)
+
+
+def test_the_default_cache_is_a_folder_of_the_workdir():
+  """configs/base.py's train.jax_cache_dir puts a run's programs under its workdir; "" is off; a
+  folder without "{workdir}" (a sweep's shared one) is used as it is."""
+  from configs import base
+  setting = base.get_config("demo").train.jax_cache_dir
+  assert cache_folder(setting, "/runs/a/") == "/runs/a/jax_cache"
+  assert cache_folder("", "/runs/a") == ""
+  assert cache_folder("/shared/jax_cache", "/runs/a") == "/shared/jax_cache"
 
 
 def test_seconds_sum_the_compile_durations_jax_reports():

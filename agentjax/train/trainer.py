@@ -49,7 +49,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from agentjax.agent import RolloutConfig, RolloutEngine
-from agentjax.compiles import CompileCounter, use_persistent_cache
+from agentjax.compiles import CompileCounter, cache_folder, use_persistent_cache
 from agentjax.jsonl import iter_json_objects
 from agentjax.judge import judge_identity
 from agentjax.models.qwen import QwenConfig, init_params, param_shardings
@@ -198,7 +198,7 @@ def train(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[s
   train_rl / train_sft."""
   config_lib.validate(config)
   config_lib.check_paths(config)
-  use_persistent_cache(config.train.jax_cache_dir)
+  use_persistent_cache(cache_folder(config.train.jax_cache_dir, os.path.expanduser(workdir)))
   if trainer_kind(config).supervised:
     return train_sft(config, workdir, stop_after=stop_after)
   return train_rl(config, workdir, stop_after=stop_after)
