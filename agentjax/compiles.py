@@ -86,6 +86,8 @@ class CompileLog:
 
   def __init__(self):
     self.programs: list[tuple[str, float]] = []
+    # Where each program was asked for: the innermost agentjax frame ("path.py:line"), or "?".
+    self.sources: list[str] = []
     self._taken = 0
     log = self
 
@@ -95,6 +97,7 @@ class CompileLog:
         if message.startswith(CompileLog._PREFIX):
           name, _, rest = message[len(CompileLog._PREFIX):].rpartition(" in ")
           log.programs.append((name, float(rest.split()[0])))
+          log.sources.append(_caller())
 
     self._handler = _Handler(level=logging.DEBUG)
 
@@ -117,3 +120,16 @@ class CompileLog:
     new = self.programs[self._taken:]
     self._taken = len(self.programs)
     return new
+
+
+def _caller() -> str:
+  """The innermost frame of agentjax's own code on the stack (not this module's), as
+  "agentjax/<path>:<line>": which call of ours made jax compile."""
+  import os
+  import traceback
+  root = os.path.dirname(os.path.abspath(__file__))
+  for frame in reversed(traceback.extract_stack()):
+    path = os.path.abspath(frame.filename)
+    if path.startswith(root + os.sep) and path != os.path.abspath(__file__):
+      return f"agentjax/{os.path.relpath(path, root)}:{frame.lineno}"
+  return "?"

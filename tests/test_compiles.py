@@ -121,4 +121,14 @@ def test_compile_log_names_each_program_and_takes_them_step_by_step():
   assert [name for name, _ in second] == ["jit(scale_rows)"]
   assert all(seconds >= 0.0 for _, seconds in log.programs)
   assert log.take() == []
+  # each program's source: the innermost agentjax frame (none here: a test's own call)
+  assert len(log.sources) == len(log.programs) and set(log.sources) == {"?"}
   assert (logger.level, logger.propagate) == (level, propagate)
+  # eager ops inside agentjax's code are named with their line there
+  from agentjax.rl.advantages import masked_mean_std
+  # an odd length no other test uses: its eager programs are new in any process
+  x, mask = np.arange(37.0, dtype=np.float32), np.arange(37) % 2 == 0
+  with CompileLog() as log:
+    masked_mean_std(x, mask)
+  assert log.programs and all(where.startswith("agentjax/rl/advantages.py:")
+                              for where in log.sources), log.sources

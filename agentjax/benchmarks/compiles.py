@@ -73,6 +73,8 @@ def bench_compiles() -> dict:
     evaluated = log.take()
     seconds = time.perf_counter() - t0
   after_first = [p for s in step_programs[1:] for p in s]
+  first_after = len(built) + len(step_programs[0]) if steps else len(built)
+  where_after = log.sources[first_after:first_after + len(after_first)]
   every = built + [p for s in step_programs for p in s] + evaluated
   return {
       "bench": "compiles", "config": f"{config.algorithm} ({config.model.preset}, "
@@ -85,5 +87,7 @@ def bench_compiles() -> dict:
       "compile_seconds_per_step": [round(sum(s for _, s in p), 2) for p in step_programs],
       "step_seconds": [round(s, 2) for s in step_seconds], "wall_seconds": round(seconds, 1),
       "after_step_1_by_name": _by_name(after_first),
+      "after_step_1_by_source": dict(collections.Counter(
+          f"{name} @ {where}" for (name, _), where in zip(after_first, where_after)).most_common()),
       "by_name": dict(list(_by_name(every).items())[:25]),
       "reference": "the target: 0 programs after step 1"}
