@@ -77,7 +77,7 @@ def bench_compiles() -> dict:
   where_after = log.sources[first_after:first_after + len(after_first)]
   every = built + [p for s in step_programs for p in s] + evaluated
   return {
-      "bench": "compiles", "config": f"{config.algorithm} ({config.model.preset}, "
+      "bench": "compiles", "config": f"{config.algorithm} ({config.model.hf_path or "random " + config.model.preset}, "
       f"{config.rollout.engine} engine)", "device": device_name(), "steps": steps,
       "programs_build": len(built), "programs_per_step": [len(s) for s in step_programs],
       "programs_by_step_1": len(built) + len(step_programs[0]) if steps else len(built),
