@@ -132,3 +132,10 @@ def test_compile_log_names_each_program_and_takes_them_step_by_step():
     masked_mean_std(x, mask)
   assert log.programs and all(where.startswith("agentjax/rl/advantages.py:")
                               for where in log.sources), log.sources
+
+
+def test_every_bench_module_imports_and_compiles_is_registered():
+  """launch/bench.py imports every bench (agentjax/benchmarks/registry.py): a module that does
+  not import breaks them all."""
+  from agentjax.benchmarks.registry import BENCHES
+  assert "compiles" in BENCHES and all(callable(f) for f in BENCHES.values())

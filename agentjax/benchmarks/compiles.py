@@ -73,12 +73,13 @@ def bench_compiles() -> dict:
     evaluated = log.take()
     seconds = time.perf_counter() - t0
   after_first = [p for s in step_programs[1:] for p in s]
+  start = config.model.hf_path or f"a random {config.model.preset} model"
   first_after = len(built) + len(step_programs[0]) if steps else len(built)
   where_after = log.sources[first_after:first_after + len(after_first)]
   every = built + [p for s in step_programs for p in s] + evaluated
   return {
-      "bench": "compiles", "config": f"{config.algorithm} ({config.model.hf_path or "random " + config.model.preset}, "
-      f"{config.rollout.engine} engine)", "device": device_name(), "steps": steps,
+      "bench": "compiles", "config": f"{config.algorithm} ({start}, {config.rollout.engine} engine)",
+      "device": device_name(), "steps": steps,
       "programs_build": len(built), "programs_per_step": [len(s) for s in step_programs],
       "programs_by_step_1": len(built) + len(step_programs[0]) if steps else len(built),
       "programs_after_step_1": len(after_first), "programs_eval": len(evaluated),
