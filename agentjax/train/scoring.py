@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentjax.agent.rollout import TrajectoryBatch
+from agentjax.agent.trajectories import SLOT_FIELDS
 from agentjax.models import masks
 from agentjax.models.logprobs import packed_logprobs, sequence_logprobs
 from agentjax.models.qwen import Qwen
@@ -188,7 +189,13 @@ def trim(batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
   width = min(cache_len, max(multiple, -(-used // multiple) * multiple))
   if width == cache_len:
     return batch
-  return batch.map_slots(lambda x: x[:, :width])
+  return batch.replace(**_cut_slots({f: getattr(batch, f) for f in SLOT_FIELDS}, width))
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cut_slots(slots: dict, width: int) -> dict:
+  # One program per width for all the slot arrays (eager slicing compiled one per dtype).
+  return {k: v[:, :width] for k, v in slots.items()}
 
 
 __all__ = ["PROBE_ROOM_MULTIPLE", "ScorePlans", "ScoredBatch", "plan_scoring", "score_batch",

@@ -276,9 +276,14 @@ def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Arr
     idx, packed = order[start:start + size], {}
     if packer is not None:
       idx, packed = packer(idx)
-    idx = jnp.asarray(idx)
-    out.append({**{k: v[idx] for k, v in arrays.items()}, **packed})
+    out.append({**_take_rows(arrays, jnp.asarray(idx)), **packed})
   return out
+
+
+@jax.jit
+def _take_rows(arrays: dict, idx: jax.Array) -> dict:
+  # One program per batch shape for every field (eager indexing compiled a gather per dtype).
+  return {k: v[idx] for k, v in arrays.items()}
 
 
 def summarize(metrics: list[Mapping[str, jax.Array]]) -> dict[str, float]:
