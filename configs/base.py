@@ -129,6 +129,12 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # rows' live context, not the whole max_total_tokens budget (each step's cost follows the
   # context, at a few programs per call shape). 0: every step reads the whole cache.
   c.rollout.kv_window_min = 256
+  # Once no trajectory waits, a lane of N slots compacts its live rows into N / f^k slots
+  # (f = compact_factor; 0: never): the sizes N, N/2, N/4, ..., 1 by default. A larger f makes
+  # fewer programs (each size compiles its own decode, gathers and stores) and computes up to f
+  # times the live rows. Our reading: vLLM captures its decode graphs at a fixed list of batch
+  # sizes (cudagraph_capture_sizes) for the same reason.
+  c.rollout.compact_factor = 2
   # The slot engine prefills the prompts this many at a time and holds only their caches (the
   # next chunk when its first trajectory takes a slot); 0: all at once. Our reading: vLLM (verl's
   # rollout) bounds a prefill by tokens per batch (max_num_batched_tokens); rows are simpler to

@@ -139,3 +139,39 @@ def test_every_bench_module_imports_and_compiles_is_registered():
   not import breaks them all."""
   from agentjax.benchmarks.registry import BENCHES
   assert "compiles" in BENCHES and all(callable(f) for f in BENCHES.values())
+
+
+def test_host_values_reach_the_device_without_a_program():
+  """parallel.host.to_device: a transfer, not a program (jnp.asarray compiles a copy per shape
+  and dtype), with the value and dtype asked for; jitted programs take NumPy as it is."""
+  from agentjax.parallel.host import to_device
+  rows = np.arange(41, dtype=np.int64)  # an odd length: nothing else made it before
+  counter = CompileCounter()
+  got = to_device(rows, np.int32)
+  flags = to_device([True, False, True])
+  assert counter.count == 0
+  assert got.dtype == jnp.int32 and np.array_equal(np.asarray(got), rows)
+  assert flags.dtype == jnp.bool_ and np.asarray(flags).tolist() == [True, False, True]
+
+
+def test_an_empty_decode_state_is_one_program_per_shape():
+  """sampling.init_state: one program per (config, rows, cache length), made once (each zeros /
+  full made eagerly was a program of its own); the empty values; the key copied, not shared."""
+  from agentjax.models.qwen.config import QwenConfig
+  from agentjax.sampling import init_state
+  cfg = QwenConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_layers=2,
+                   num_heads=2, num_kv_heads=1, head_dim=8)
+  rng = jax.random.key(3)
+  counter = CompileCounter()
+  state = init_state(cfg, 3, 48, rng)
+  assert counter.count == 1
+  again = init_state(cfg, 3, 48, rng)
+  assert counter.count == 1
+  h = jax.device_get(state)
+  assert h.tokens.shape == (3, 48) and not h.tokens.any() and not h.valid.any()
+  assert (h.turn_id == -1).all() and (h.versions == -1).all() and not h.length.any()
+  assert h.next_logits.shape == (3, 64) and not h.next_logits.any()
+  assert len(h.cache.keys) == 2 and h.cache.keys[0].shape == (3, 1, 8, 48)
+  assert h.cache.values[0].shape == (3, 1, 48, 8) and not h.cache.values[1].any()
+  assert state.rng is not rng and again.rng is not state.rng
+  np.testing.assert_array_equal(jax.random.key_data(state.rng), jax.random.key_data(rng))

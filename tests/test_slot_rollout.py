@@ -5,6 +5,7 @@ compaction. Shapes as tests/test_rollout.py (2 questions x 2, 1024-slot cache)."
 from __future__ import annotations
 
 import collections
+import math
 
 import jax
 import numpy as np
@@ -221,7 +222,7 @@ def test_slow_search_does_not_stall_the_other_lane(world):
 
 def test_tail_compaction_keeps_trajectories(world, monkeypatch):
   """Eight slots in one lane; as trajectories end with nothing left to refill, the live rows move
-  into smaller lanes (sizes on slots.lane_size's ladder): the same trajectories as without
+  into smaller lanes (sizes on slots.lane_sizes' ladder): the same trajectories as without
   compaction, fewer decode row-steps, the log-probs the teacher-forced ones."""
   from agentjax.agent import slots
   tok, backend, agent = world
@@ -232,7 +233,7 @@ def test_tail_compaction_keeps_trajectories(world, monkeypatch):
   got, metrics = runner.run(questions, jax.random.key(0))
   sizes = [e[2] for e in runner.trace if e[0] == "compact"]
   assert sizes and sizes == sorted(sizes, reverse=True) and sizes[0] < 8, got.num_turns
-  assert all(slots.lane_size(n) == n for n in sizes)
+  assert set(sizes) <= set(slots.lane_sizes(8, engine.config.compact_factor))
   assert_consistent(got)
   assert metrics["decode_row_steps"] < 8 * metrics["decode_steps"]
   monkeypatch.setattr(slots, "MIN_LANE", 1 << 20)  # no lane is ever small enough: no compaction
@@ -289,9 +290,22 @@ def test_cache_size_rounds_long_budgets_to_512():
 
 
 def test_lane_size_ladder():
-  want = {1: 1, 2: 2, 3: 3, 4: 4, 5: 6, 6: 6, 7: 8, 8: 8, 9: 12, 12: 12, 13: 16, 17: 24, 25: 32}
-  from agentjax.agent.slots import lane_size
-  assert {n: lane_size(n) for n in want} == want
+  """rollout.compact_factor's ladder: full / f^k rounded up, down to 1; a lane's rows go to the
+  smallest size that holds them (a reference by brute force over k)."""
+  from agentjax.agent.slots import lane_size, lane_sizes
+  assert lane_sizes(32, 2) == [32, 16, 8, 4, 2, 1]
+  assert lane_sizes(24, 2) == [24, 12, 6, 3, 2, 1]
+  assert lane_sizes(32, 4) == [32, 8, 2, 1]
+  assert lane_sizes(5, 3) == [5, 2, 1]
+  assert lane_sizes(32, 0) == [32] and lane_sizes(1, 2) == [1]
+  for full in (1, 2, 7, 24, 32, 100):
+    for factor in (0, 2, 3, 4):
+      ladder = sorted({full} | ({math.ceil(full / factor ** k) for k in range(40)}
+                               if factor else set()))
+      for n in range(1, full + 1):
+        assert lane_size(n, full, factor) == min(s for s in ladder if s >= n), (full, factor, n)
+  with pytest.raises(ValueError, match="rollout.compact_factor"):
+    RolloutConfig(compact_factor=1)
 
 
 def test_engine_config_errors():

@@ -115,6 +115,11 @@ class RolloutConfig:
   # their caches (the next chunk is prefilled when its first trajectory takes a slot). 0: every
   # prompt at once (a [Q, prompt] cache for the whole rollout: DAC's generator has 512 of them).
   prefill_rows: int = 32
+  # Once no trajectory waits, a lane of N slots whose live rows fit N / f^k slots moves them
+  # into a lane of that size (f = compact_factor: sizes N, N/f, N/f^2, ..., 1; 0: never), so
+  # decode stops computing finished rows. Each size is a few more programs: f bounds them
+  # (slots.lane_sizes) at up to f times the live rows computed.
+  compact_factor: int = 2
   # Asynchronous RL: what a rollout in flight does when the trainer publishes newer parameters
   # (agentjax/agent/feed.py): "off" (ends with the parameters it started with), "continue"
   # (samples the rest with the new ones; tokens tagged with their versions) or "restart". Read
@@ -128,6 +133,10 @@ class RolloutConfig:
     if self.prefill_rows < 0:
       raise ValueError("rollout.prefill_rows must be >= 0 (0: every prompt in one call), got "
                        f"{self.prefill_rows}")
+    if isinstance(self.compact_factor, bool) or not isinstance(self.compact_factor, int) or \
+        self.compact_factor < 0 or self.compact_factor == 1:
+      raise ValueError("rollout.compact_factor must be 0 (never compact) or an int >= 2, got "
+                       f"{self.compact_factor!r}")
     if self.kv_window_min < 0:
       raise ValueError("rollout.kv_window_min must be >= 0 (0: no windows), got "
                        f"{self.kv_window_min}")
@@ -215,8 +224,7 @@ class RolloutEngine:
     block = np.zeros((len(rows_ids), width), np.int32)
     for b, ids in enumerate(rows_ids):
       block[b, :len(ids)] = ids
-    state = extend(self.model, params, state, jnp.asarray(block), jnp.asarray(lengths),
-                   jnp.asarray(turn, jnp.int32),
+    state = extend(self.model, params, state, block, lengths, np.asarray(turn, np.int32),
                    **kv_window_arg(self.kv_window(end, state.tokens.shape[1])))
     return (state, block.size) if count else state
 
@@ -262,11 +270,11 @@ class RolloutEngine:
       starts = [guides.context(b) for b in todo]
       # Each row's context is on the device as the host counts it: its turn ends at most max_new
       # tokens later.
-      state, gen = generate(*decoder, state, jnp.asarray(active), jnp.asarray(turn_arr), stop,
+      state, gen = generate(*decoder, state, active, np.asarray(turn_arr, np.int32), stop,
                             self.config.sampling, max_new,
                             **kv_window_arg(self.kv_window(max(starts) + max_new,
                                                            state.tokens.shape[1])),
-                            version=jnp.int32(version))
+                            version=np.int32(version))
       new_tokens, num_new, reason = to_host((gen.new_tokens, gen.num_new, gen.stop_reason))
       # The token loop runs until its last active row stops, over every row of the batch.
       steps = int(num_new[todo].max())
@@ -408,7 +416,7 @@ class RolloutEngine:
     jax.block_until_ready(state.length)
     timings["extend_s"] += time.perf_counter() - t0
     sampled_tokens = 0
-    stop = (self.stop_table, self.eos_ids, jnp.int32(budget))
+    stop = (self.stop_table, self.eos_ids, np.int32(budget))
 
     for turn in range(cfg.max_turns):
       active_rows = np.flatnonzero(~book.done)
@@ -477,7 +485,7 @@ def _rewind_rows(state: DecodeState, rows_to: dict[int, int],
   lengths = np.full(state.length.shape[0], np.iinfo(np.int32).max, np.int32)
   for b, n in rows_to.items():
     lengths[b] = n
-  return rewind(state, jnp.asarray(lengths), logits)
+  return rewind(state, lengths, logits)
 
 
 # TrajectoryBatch, TurnRecord, search_stats and transcripts_of live in

@@ -13,8 +13,8 @@ leaves the device idle while the retriever answers. Here instead:
     ─► feed observations (+ the next turn's hook text) into those rows only
     ─► a trajectory that ended is copied out and its slot takes the next waiting trajectory
   Mid-turn rows simply continue in the lane's next call; once the queue is empty, a lane whose
-  live slots fit a smaller size of the ladder 1, 2, 3, 4, 6, 8, 12, ... (`lane_size`) moves them
-  into a lane of that size.
+  live slots fit a smaller size of its ladder (full, full / f, full / f^2, ..., 1 for
+  f = rollout.compact_factor: `lane_sizes`) moves them into a lane of that size.
 
 Decode and feed calls attend over a window of the cache that covers their rows' live context
 (RolloutConfig.kv_window_min): the host's bookkeeping (TrajectoryBook.length: each trajectory's
@@ -53,7 +53,7 @@ from agentjax.agent.feed import NewVersion, newer
 from agentjax.agent.guide import GuideBook, GuideStep
 from agentjax.agent.trajectories import TrajectoryBatch, TrajectoryBook
 from agentjax.parallel import logical_to_sharding
-from agentjax.parallel.host import to_host
+from agentjax.parallel.host import to_device, to_host
 from agentjax.sampling import bucket, init_state, kv_window_arg
 from agentjax.sampling.sampler import RUNNING, rewind
 from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories, extend_rows,
@@ -66,25 +66,34 @@ MIN_ROWS = 4
 MIN_LANE = 1
 
 
-def lane_size(n: int) -> int:
-  """The smallest size >= n on the ladder 1, 2, 3, 4, 6, 8, 12, 16, 24, ... (powers of two and
-  3/4 of them): a compacted lane computes at most 4/3 of its live rows plus one (powers of two
-  alone: up to twice), with two programs per octave."""
-  p = bucket(n, minimum=1)
-  return p * 3 // 4 if p >= 4 and n <= p * 3 // 4 else p
+def lane_sizes(full: int, factor: int) -> list[int]:
+  """Every size a lane of `full` slots takes in a rollout (rollout.compact_factor), largest
+  first: full, ceil(full / factor), ceil(full / factor^2), ..., 1; [full] for factor 0 (a lane
+  never compacts). Each size is a decode program per key window, and a row gather, scatter and
+  store per row bucket: the ladder is what bounds them. A compacted lane computes at most
+  `factor` times its live rows (rollout_mix's useful row share measures what that costs)."""
+  sizes = [full]
+  while factor and sizes[-1] > 1:
+    sizes.append(-(-full // factor ** len(sizes)))
+  return sizes
+
+
+def lane_size(n: int, full: int, factor: int) -> int:
+  """The smallest of lane_sizes(full, factor) that holds n rows (n <= full)."""
+  return min(s for s in lane_sizes(full, factor) if s >= n)
 
 
 def _padded(values: Sequence[int], size: int, pad: int) -> jax.Array:
   out = np.full(size, pad, np.int32)
   out[:len(values)] = values
-  return jnp.asarray(out)
+  return to_device(out)
 
 
 def _bucketed(rows: Sequence[int]) -> jax.Array:
   """Row indices padded to a row bucket with the last one repeated (a few gather and scatter
   programs per rollout; a repeated row reads, or writes, the same values)."""
   rows = [int(r) for r in rows]
-  return jnp.asarray(rows + rows[-1:] * (bucket(len(rows), MIN_ROWS) - len(rows)), jnp.int32)
+  return to_device(rows + rows[-1:] * (bucket(len(rows), MIN_ROWS) - len(rows)), np.int32)
 
 
 class _Lane:
@@ -142,7 +151,7 @@ class SlotRollout:
     self.guides = GuideBook(engine.guide, self.book)
     self.saved: dict[int, jax.Array] = {}  # trajectory -> its logits where its samples start
     self.snap: set[int] = set()  # trajectories whose logits to save once their feeds are in
-    self.stop = (engine.stop_table, engine.eos_ids, jnp.int32(budget))
+    self.stop = (engine.stop_table, engine.eos_ids, np.int32(budget))
 
     # Shared prefill: each question's prompt once, in a cache just long enough for it, in chunks
     # of rollout.prefill_rows prompts (_load_prompts): the first chunk now, the next when its
@@ -154,7 +163,7 @@ class SlotRollout:
 
     slots = min(cfg.slots or count, count)
     lanes = min(cfg.lanes, slots)
-    per_lane = math.ceil(slots / lanes)
+    per_lane = self.per_lane = math.ceil(slots / lanes)
     self.lanes = [_Lane(i, init_state(engine.cfg, per_lane, engine.cache_len, rng,
                                       mesh=engine.mesh),
                         init_progress(per_lane, engine.stop_table, mesh=engine.mesh))
@@ -301,7 +310,7 @@ class SlotRollout:
         saved = [self.saved[b] for _, b in restore]
         saved += saved[-1:] * (bucket(len(saved), MIN_ROWS) - len(saved))
         logits = lane.state.next_logits.at[_bucketed(slots)].set(jnp.stack(saved))
-      lane.state = rewind(lane.state, jnp.asarray(lengths), logits)
+      lane.state = rewind(lane.state, lengths, logits)
     return ended
 
   def _settle(self, lane: _Lane) -> None:
@@ -419,15 +428,18 @@ class SlotRollout:
       end = int((self.book.length[trajs] + self.guides.extra[trajs]).max())
       window = self.engine.kv_window(end, lane.state.tokens.shape[1])
       lane.state = extend_rows(self.engine.model, self.pick(int(turns[0, 0])), lane.state,
-                               _padded(slots, rows, lane.size), jnp.asarray(tokens),
-                               jnp.asarray(lengths), jnp.asarray(turns), **kv_window_arg(window))
+                               _padded(slots, rows, lane.size), tokens, lengths, turns,
+                               **kv_window_arg(window))
       self.work["extend_tokens"] += tokens.size
 
   def _compact(self, lane: _Lane) -> None:
-    """Once no trajectory waits: a lane whose live rows fit in a smaller power of two moves them
-    into a lane of that size, so decode steps stop computing rows that finished."""
+    """Once no trajectory waits: a lane whose live rows fit a smaller size of its ladder
+    (`lane_sizes`) moves them into a lane of that size, so decode steps stop computing rows that
+    finished."""
     live = lane.live()
-    size = lane_size(max(len(live), MIN_LANE))
+    if max(len(live), MIN_LANE) > self.per_lane:
+      return
+    size = lane_size(max(len(live), MIN_LANE), self.per_lane, self.config.compact_factor)
     if not len(live) or size >= lane.size:
       return
     rows = _padded(live, size, lane.size)  # lane.size: padding, a free row
@@ -468,11 +480,10 @@ class SlotRollout:
     live = np.maximum(lane.traj, 0)
     keys = live + self.guides.draws[live] * len(self.group_ids)
     lane.state, lane.progress, call = decode_slots(
-        model, params, lane.state, lane.progress, start=jnp.asarray(lane.starting & active),
-        turn=jnp.asarray(lane.turn), traj=jnp.asarray(keys, jnp.int32),
-        active=jnp.asarray(active), sampling=self.config.sampling,
-        max_new=self.config.max_new_tokens, stop=self.stop, exit_after=jnp.int32(exit_after),
-        version=jnp.int32(self.version),
+        model, params, lane.state, lane.progress, start=lane.starting & active,
+        turn=lane.turn, traj=keys.astype(np.int32), active=active, sampling=self.config.sampling,
+        max_new=self.config.max_new_tokens, stop=self.stop, exit_after=np.int32(exit_after),
+        version=np.int32(self.version),
         **kv_window_arg(self.engine.kv_window(end, lane.state.tokens.shape[1])))
     lane.starting &= ~active
     lane.pending = (active, call)

@@ -90,6 +90,13 @@ class TrajectoryBatch:
 SLOT_FIELDS = ("tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id", "versions")
 
 
+@jax.jit
+def _slot_positions(valid: jax.Array) -> jax.Array:
+  """[B, S] each valid slot's index, 0 elsewhere (one program, not three eager ones)."""
+  slots = jnp.arange(valid.shape[1], dtype=jnp.int32)[None]
+  return jnp.where(valid, slots, 0)
+
+
 class TrajectoryBook:
   """The host-side bookkeeping of a rollout's trajectories (text, actions, outcomes, lengths),
   shared by both engines: everything but the device calls. Trajectory i answers question
@@ -214,9 +221,8 @@ class TrajectoryBook:
       stale = t > self.num_turns
       self.turn_ends[stale, t] = self.turn_ends[stale, t - 1]
     valid = arrays["valid"]
-    slots = jnp.arange(valid.shape[1], dtype=jnp.int32)[None]
     return TrajectoryBatch(
-        tokens=arrays["tokens"], positions=jnp.where(valid, slots, 0), valid=valid,
+        tokens=arrays["tokens"], positions=_slot_positions(valid), valid=valid,
         loss_mask=arrays["sampled"], logprobs=arrays["logprobs"], turn_id=arrays["turn_id"],
         versions=arrays["versions"], turn_ends=self.turn_ends, num_turns=self.num_turns, answered=self.answered,
         format_valid=np.array([trajectory_error(a) is None for a in self.actions], bool),

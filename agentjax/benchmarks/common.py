@@ -72,6 +72,9 @@ def define_flags() -> None:
                        "every setting then runs on them).")
   flags.DEFINE_integer("slots", 0, "rollout_mix: the slot engine's rollout.slots (0: one per "
                        "trajectory).")
+  flags.DEFINE_string("compact_factors", "2", "rollout_mix: the slot engine's "
+                      "rollout.compact_factor, one engine per value (comma-separated; the "
+                      "first is the one `ratio` compares)")
   flags.DEFINE_string("mix_model", "scripted", "rollout_mix: 'scripted' (the tiny scripted Qwen) "
                       "or a preset name (e.g. qwen2.5-1.5b): the same script at that shape's "
                       "compute, in --dtype.")

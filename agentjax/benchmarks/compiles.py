@@ -90,5 +90,10 @@ def bench_compiles() -> dict:
       "after_step_1_by_name": _by_name(after_first),
       "after_step_1_by_source": dict(collections.Counter(
           f"{name} @ {where}" for (name, _), where in zip(after_first, where_after)).most_common()),
+      "step_1_by_name": _by_name(step_programs[0]) if steps else {},
+      "step_1_by_source": dict(collections.Counter(
+          f"{name} @ {where}" for (name, _), where in zip(
+              step_programs[0] if steps else [], log.sources[len(built):first_after])
+      ).most_common()),
       "by_name": dict(list(_by_name(every).items())[:25]),
       "reference": "the target: 0 programs after step 1"}

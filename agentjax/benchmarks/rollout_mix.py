@@ -54,15 +54,18 @@ def bench_rollout_mix() -> dict:
            for i in range(questions)]
   base = dict(group_size=group, max_turns=6, max_new_tokens=64, max_obs_tokens=128,
               max_total_tokens=2048, topk=3, sampling=SamplingParams(temperature=1.0))
-  engines = {"turns": RolloutConfig(engine="turns", **base),
-             "slots": RolloutConfig(engine="slots", slots=FLAGS.slots, lanes=2,
-                                    refill_fraction=0.125, **base)}
+  factors = [int(f) for f in FLAGS.compact_factors.split(",")]
+  engines = {"turns": RolloutConfig(engine="turns", **base)}
+  for i, factor in enumerate(factors):  # "slots": the first; the others named by their factor
+    engines["slots" if i == 0 else f"slots_compact{factor}"] = RolloutConfig(
+        engine="slots", slots=FLAGS.slots, lanes=2, refill_fraction=0.125,
+        compact_factor=factor, **base)
   report = {}
   for name, config in engines.items():
     engine = RolloutEngine(cfg, tok, backend, config)
-    start = time.perf_counter()
+    start, warmup = time.perf_counter(), CompileCounter()
     engine.run(params, names, jax.random.key(0))  # warm-up: compiles
-    warmup_s = time.perf_counter() - start
+    warmup_s, warmup_compiles = time.perf_counter() - start, warmup.count
     # Timed rollouts with keys 1..repeats, the same for both engines: each key samples another
     # mix (and the slot engine another schedule: lane sizes, feed row counts), so the compiles
     # counted here are those a training run keeps paying after its first step.
@@ -83,7 +86,8 @@ def bench_rollout_mix() -> dict:
         "useful_row_share": round(totals["decode_useful_row_steps"]
                                   / totals["decode_row_steps"], 3),
         **{k: round(totals[k] / runs, 3) for k in WORK if k != "sampled_tokens"},
-        "compiles_after_warmup": counter.count}
+        "compiles_warmup": warmup_compiles, "compiles_after_warmup": counter.count,
+        "compact_factor": config.compact_factor if config.engine == "slots" else None}
     print(json.dumps({"engine": name, **report[name]}), flush=True)
   new, old = report["slots"], report["turns"]
   return {"bench": "rollout_mix", "ratio": round(new["tokens_per_s"] / old["tokens_per_s"], 3),
@@ -92,6 +96,6 @@ def bench_rollout_mix() -> dict:
           "prefill_tokens": new["prefill_tokens"], "prefill_tokens_before": old["prefill_tokens"],
           "search_wait_s": new["search_wait_s"], "search_wait_s_before": old["search_wait_s"],
           "model": FLAGS.mix_model, "dtype": FLAGS.dtype, "questions": questions,
-          "group_size": group, "slots": FLAGS.slots,
+          "group_size": group, "slots": FLAGS.slots, "compact_factors": factors,
           "search_latency_ms": FLAGS.search_latency_ms, "engines": report,
           "device": device_name()}

@@ -261,6 +261,15 @@ def to_host(tree: Any) -> Any:
   return jax.tree.map(_one, tree)
 
 
+def to_device(x: Any, dtype: Any = None) -> jax.Array:
+  """A host value (NumPy array, list, scalar) as a device array, by a transfer alone.
+
+  `jnp.asarray(host_array)` compiles and runs a small copy program per shape and dtype (jax's
+  "jit(stage)"), so a rollout handing the device row lists of new lengths compiled one at each;
+  `jax.device_put` transfers without one. Jitted functions take NumPy arguments as they are."""
+  return jax.device_put(np.asarray(x, dtype))
+
+
 @contextlib.contextmanager
 def primary_first(name: str) -> Iterator[None]:
   """Process 0 runs the block first (e.g. building a dataset or an index on shared storage),

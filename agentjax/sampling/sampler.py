@@ -143,13 +143,26 @@ def init_state(cfg, batch: int, cache_len: int, rng: jax.Array,
                mesh: jax.sharding.Mesh | None = None) -> DecodeState:
   """An empty state; with a mesh, placed by the rules table (batch over data and fsdp).
 
-  The state holds a copy of `rng`: extend/generate donate the state, and the caller's key must
-  survive that.
+  One program per shape and mesh, which writes the state where it goes (made eagerly, each
+  zeros / full was a program of its own, and the whole cache sat on one device before its
+  placement). The state holds a copy of `rng`: extend/generate donate the state, and the
+  caller's key must survive that.
   """
-  state = _empty_state(cfg, batch, cache_len, jax.random.clone(rng))
-  if mesh is None:
-    return state
-  return jax.device_put(state, logical_to_sharding(state_logical_axes(state), state, mesh))
+  key = (cfg, batch, cache_len, mesh)
+  if key not in _STATE_PROGRAMS:
+    make = functools.partial(_empty_state, cfg, batch, cache_len)
+    shardings = None
+    if mesh is not None:
+      abstract = jax.eval_shape(make, rng)
+      shardings = logical_to_sharding(state_logical_axes(abstract), abstract, mesh)
+    _STATE_PROGRAMS[key] = jax.jit(make, out_shardings=shardings)
+  if mesh is not None:  # a transfer: the key may sit on one device of the mesh
+    rng = jax.device_put(rng, jax.sharding.NamedSharding(mesh, P()))
+  return _STATE_PROGRAMS[key](rng)
+
+
+# (cfg, batch, cache_len, mesh) -> the jitted maker of such states.
+_STATE_PROGRAMS: dict = {}
 
 
 def _empty_state(cfg, batch: int, cache_len: int, rng: jax.Array) -> DecodeState:
@@ -159,7 +172,8 @@ def _empty_state(cfg, batch: int, cache_len: int, rng: jax.Array) -> DecodeState
       tokens=jnp.zeros(shape, jnp.int32), valid=jnp.zeros(shape, bool),
       sampled=jnp.zeros(shape, bool), logprobs=jnp.zeros(shape, jnp.float32),
       turn_id=jnp.full(shape, -1, jnp.int32), versions=jnp.full(shape, -1, jnp.int32),
-      length=jnp.zeros((batch,), jnp.int32), next_logits=jnp.zeros((batch, cfg.vocab_size), jnp.float32), rng=rng)
+      length=jnp.zeros((batch,), jnp.int32),
+      next_logits=jnp.zeros((batch, cfg.vocab_size), jnp.float32), rng=jax.random.clone(rng))
 
 
 def _set_rows(buffer: jax.Array, slots: jax.Array, values) -> jax.Array:

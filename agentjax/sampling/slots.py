@@ -29,10 +29,12 @@ import functools
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from agentjax.models.qwen.model import KVCache, Qwen
 from agentjax.parallel import logical_to_sharding
+from agentjax.parallel.host import to_device
 from agentjax.sampling.sample import SamplingParams, sample_token_rows
 from agentjax.sampling.sampler import (RUNNING, STOP_BUDGET, STOP_MAX_NEW, DecodeState,
                                        _decode_step, _extend, _stop_rules, decode_layout)
@@ -54,10 +56,12 @@ def init_progress(slots: int, table: StopTable,
   """Progress of `slots` free slots: traj -1, turn 0, nothing sampled, reason RUNNING. With a
   mesh, placed by the rules table like init_state's rows (batch over data and fsdp), so that a
   decode call's progress comes back placed as it went in and every call runs one program."""
+  # Made on the host and transferred: no program per slot count.
   progress = SlotProgress(
-      traj=jnp.full((slots,), -1, jnp.int32), turn=jnp.zeros((slots,), jnp.int32),
-      num_new=jnp.zeros((slots,), jnp.int32), window=table.empty_window(slots),
-      reason=jnp.full((slots,), RUNNING, jnp.int32))
+      traj=to_device(np.full((slots,), -1, np.int32)), turn=to_device(np.zeros(slots, np.int32)),
+      num_new=to_device(np.zeros(slots, np.int32)),
+      window=to_device(np.zeros((slots, table.window_size), np.uint8)),
+      reason=to_device(np.full((slots,), RUNNING, np.int32)))
   if mesh is None:
     return progress
   axes = SlotProgress(traj=P("batch"), turn=P("batch"), num_new=P("batch"),
@@ -277,6 +281,7 @@ class Trajectories:
   versions: jax.Array  # [T, S] int32
 
 
+@functools.partial(jax.jit, static_argnums=(0, 1))
 def empty_trajectories(count: int, cache_len: int) -> Trajectories:
   """`count` empty trajectories of `cache_len` slots (the empty values of a DecodeState)."""
   shape = (count, cache_len)

@@ -12,7 +12,7 @@ A run without the signal logs the same keys at 0 (ABSENT).
 
 from __future__ import annotations
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from agentjax.judge.oracle import gold_chain, ig_gold_sums, ig_pairs
@@ -39,10 +39,9 @@ class ProbesRunner(SignalRunner):
                         tokens=self.tokens)
 
   def collect(self, ctx):
-    scored, num_turns = ctx.scored, np.asarray(ctx.batch.num_turns)
-    on_device = jnp.asarray(num_turns)
-    ig = ig_statistics(scored.ig, on_device)
-    before, after = map(float, gt_logprob_ends(scored.values, on_device))
+    scored, num_turns = ctx.scored, np.asarray(ctx.batch.num_turns, np.int32)
+    ig, ends = to_host(_probe_statistics(scored.ig, scored.values, num_turns))
+    before, after = map(float, ends)
     metrics = {"ig_mean": float(ig["ig_mean"]), "ig_std": float(ig["ig_std"]),
                "gt_logprob_before": before, "gt_logprob_after": after,
                "gt_entropy_reduction": after - before}
@@ -50,6 +49,12 @@ class ProbesRunner(SignalRunner):
       metrics.update(ig_gold_sums(*ig_pairs(np.asarray(to_host(scored.ig)), num_turns,
                                             ctx.questions, ctx.batch.turns)))
     return SignalOutput(fields={"ig": scored.ig}, metrics=metrics)
+
+
+@jax.jit
+def _probe_statistics(ig, values, num_turns):
+  """ig_statistics and gt_logprob_ends of a step in one program (eager, ~40 small ones)."""
+  return ig_statistics(ig, num_turns), gt_logprob_ends(values, num_turns)
 
 
 PROBES = register_signal(Signal("probes", frozenset({"ig"}), ProbesRunner,

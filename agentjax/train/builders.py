@@ -120,6 +120,7 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
                        lanes=r.get("lanes", 2), refill_fraction=r.get("refill_fraction", 0.125),
                        kv_window_min=r.get("kv_window_min", 256),
                        prefill_rows=r.get("prefill_rows", 32),
+                       compact_factor=r.compact_factor,
                        partial=r.get("partial", "off"))
 
 

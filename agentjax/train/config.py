@@ -294,6 +294,9 @@ def _validate_rollout(config: Any) -> None:
   kv_min = config.rollout.kv_window_min
   if isinstance(kv_min, bool) or not isinstance(kv_min, int) or kv_min < 0:
     _fail("rollout.kv_window_min", kv_min, "must be an int >= 0 (0: decode reads the whole cache)")
+  factor = config.rollout.compact_factor
+  if isinstance(factor, bool) or not isinstance(factor, int) or factor < 0 or factor == 1:
+    _fail("rollout.compact_factor", factor, "must be 0 (lanes never compact) or an int >= 2")
   prefill_rows = config.rollout.prefill_rows
   if isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0:
     _fail("rollout.prefill_rows", prefill_rows, "must be an int >= 0 (0: every prompt in one "

@@ -36,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from agentjax.parallel.host import to_device
 from agentjax.rl.microbatch import num_micro
 
 Array = jax.Array
@@ -119,10 +120,11 @@ class PackPlan:
 
   def index(self) -> "PackIndex":
     """The maps as device arrays."""
-    return PackIndex(num_micro=self.num_micro, source=jnp.asarray(self.source), trajectory=jnp.asarray(self.trajectory),
-                     segment_ids=jnp.asarray(self.segment_ids), slot=jnp.asarray(self.slot),
-                     row=jnp.asarray(self.row), offset=jnp.asarray(self.offset),
-                     length=jnp.asarray(self.length))
+    return PackIndex(num_micro=self.num_micro, source=to_device(self.source),
+                     trajectory=to_device(self.trajectory),
+                     segment_ids=to_device(self.segment_ids), slot=to_device(self.slot),
+                     row=to_device(self.row), offset=to_device(self.offset),
+                     length=to_device(self.length))
 
 
 def plan_packing(keep: np.ndarray, pack_tokens: int, *, row_multiple: int = 1,

@@ -25,6 +25,7 @@ from agentjax.agent.trajectories import SLOT_FIELDS
 from agentjax.models import masks
 from agentjax.models.logprobs import packed_logprobs, sequence_logprobs
 from agentjax.models.qwen import Qwen
+from agentjax.parallel.host import to_device
 from agentjax.rl.info_gain import Probes, probe_keep, score_packed, score_packed_rows
 from agentjax.rl.microbatch import map_micro
 from agentjax.train.packing import PackIndex, PackPlan, plan_packing
@@ -108,10 +109,10 @@ def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: Traject
   tokens, valid = batch.tokens, batch.valid
   t = batch.turn_ends.shape[1] - 1
   if probes is not None:
-    packed = packed_scores(model, params, tokens, valid, jnp.asarray(batch.turn_ends),
-                           jnp.asarray(batch.num_turns), jnp.asarray(probes.tokens),
-                           jnp.asarray(probes.score), jnp.asarray(probes.valid),
-                           jnp.asarray(probes.alias_valid), mode=mode, chunk=chunk,
+    packed = packed_scores(model, params, tokens, valid, np.asarray(batch.turn_ends),
+                           np.asarray(batch.num_turns), np.asarray(probes.tokens),
+                           np.asarray(probes.score), np.asarray(probes.valid),
+                           np.asarray(probes.alias_valid), mode=mode, chunk=chunk,
                            micro_batch=micro_batch)
     old, values, ig = packed.token_logprobs, packed.values, packed.info_gain
   else:
@@ -138,16 +139,16 @@ def _score_packed_batch(model, params, ref_params, batch, probes, mode, chunk, r
     if plans.probes is None:
       raise ValueError("score_batch: probes given but plan_scoring(...) planned none")
     scores = score_packed_rows(model, params, plans.probes.index(), tokens, valid,
-                               jnp.asarray(batch.turn_ends), jnp.asarray(batch.num_turns),
-                               jnp.asarray(probes.tokens),
-                               jnp.asarray(probes.score), jnp.asarray(probes.valid),
-                               jnp.asarray(probes.alias_valid), mode=mode, chunk=chunk,
+                               np.asarray(batch.turn_ends), np.asarray(batch.num_turns),
+                               np.asarray(probes.tokens),
+                               np.asarray(probes.score), np.asarray(probes.valid),
+                               np.asarray(probes.alias_valid), mode=mode, chunk=chunk,
                                micro_batch=micro_batch)
     old, values, ig = scores.token_logprobs, scores.values, scores.info_gain
   else:
     old = _packedplain_logprobs(model, params, tokens, valid, plain, chunk=chunk,
                                  micro_batch=micro_batch)
-    values = ig = jnp.zeros((tokens.shape[0], t), jnp.float32)
+    values = ig = to_device(np.zeros((tokens.shape[0], t), np.float32))
   if ref_params is None:
     ref = jnp.zeros_like(old)
   else:

@@ -22,6 +22,7 @@ order, checkpoints, eval, preemption and the fault rules.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from typing import Any, Callable, Mapping, Sequence
@@ -80,6 +81,27 @@ def schedule_args(config: Any) -> tuple[float, int, int, float]:
   k = updates_per_step(config)
   o = config.optimizer
   return o.lr, o.warmup_steps * k, config.train.steps * k, o.final_lr_ratio
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _rate(schedule: optax.Schedule, count: int) -> jax.Array:
+  """A schedule's value at `count` updates, in one program (an optax schedule called eagerly
+  runs ~10 small ones)."""
+  return schedule(count)
+
+
+@jax.jit
+def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """jax.random.split(key) as two keys, in one program (eagerly: a split and an unstack)."""
+  first, second = jax.random.split(key)
+  return first, second
+
+
+@jax.jit
+def _batch_sums(behav_logp, old_logp, loss_mask, valid) -> dict[str, jax.Array]:
+  """mismatch_metrics and the valid-token count of one role's batch, in one program."""
+  return {**mismatch_metrics(behav_logp, old_logp, loss_mask),
+          "valid_tokens": jnp.sum(valid, dtype=jnp.int32)}
 
 
 @dataclasses.dataclass
@@ -285,7 +307,7 @@ class RLStep:
     state: {"params", "opt_state", "rng"}, and {"critic": {"params", "opt_state"}} with a
     critic."""
     t_step = time.perf_counter()
-    rng, rollout_rng = jax.random.split(state["rng"])
+    rng, rollout_rng = _split_key(state["rng"])
     produced = self.produce(state["params"], questions, rollout_rng, step, version=step)
     return self.consume(state, produced, step, rng, t_step)
 
@@ -507,7 +529,10 @@ class RLStep:
     method's."""
     config, roles, first = self.config, self.stage.roles, self.stage.roles[0]
     batches, engine = out.batches, out.engine
-    valid_tokens = float(to_host(sum(jnp.sum(batches[r].valid) for r in roles)))
+    # One program per role and width: the valid tokens and the sampler-vs-trainer gap.
+    sums = to_host([_batch_sums(batches[r].logprobs, scored[r].old_logp, batches[r].loss_mask,
+                                batches[r].valid) for r in roles])
+    valid_tokens = float(sum(s.pop("valid_tokens") for s in sums))
     # Real tokens / computed tokens: of the trimmed padded batch, and of what the policy's
     # update computed (its packed rows; the padded batch when rl.pack_tokens is 0).
     padded_efficiency = valid_tokens / max(sum(batches[r].valid.size for r in roles), 1)
@@ -532,7 +557,7 @@ class RLStep:
         "kl": across_roles("kl"), "approx_kl": across_roles("approx_kl"),
         "clip_fraction": across_roles("clip_fraction"), "entropy": across_roles("entropy"),
         "loss": upd.get("loss", 0.0), "grad_norm": upd.get("grad_norm", 0.0),
-        "skipped_updates": float(sum(skipped)), "lr": float(self.schedule(updates)),
+        "skipped_updates": float(sum(skipped)), "lr": float(_rate(self.schedule, updates)),
         "sampled_tokens_per_s": engine["sampled_tokens"] / max(timing["rollout_s"], 1e-9),
         "tokens_per_s": valid_tokens / max(timing["step_s"], 1e-9), **timing,
         "search_s": engine["search_s"],
@@ -545,16 +570,14 @@ class RLStep:
       for r in roles:
         metrics.update({f"{r}/{k}": upd.get(f"{r}/{k}", 0.0)
                         for k in ("kl", "approx_kl", "clip_fraction", "entropy", "loss")})
-        metrics[f"{r}/lr"] = float(self.role_schedules[r](updates)) \
+        metrics[f"{r}/lr"] = float(_rate(self.role_schedules[r], updates)) \
             if r in self.role_schedules else metrics["lr"]
     if self.critic is not None:
       metrics.update(self._critic_metrics(crit, updates))
     metrics.update(get_method(config.algorithm).metrics(adv_stats[first]))  # CW-GRPO's fallback
     # The sampler's log-probs against the trainer's scoring pass (agentjax/rl/offpolicy.py):
     # ~0 on CPU in float32; what bf16 kernels or stale parameters open up.
-    gaps = to_host([mismatch_metrics(batches[r].logprobs, scored[r].old_logp,
-                                     batches[r].loss_mask) for r in roles])
-    metrics.update({k: float(np.mean([g[k] for g in gaps])) for k in gaps[0]})
+    metrics.update({k: float(np.mean([s[k] for s in sums])) for k in sums[0]})
     if config.rl.off_policy_correction != "none":
       metrics.update({k: across_roles(k) for k in ("offpolicy/weight_mean",
                                                      "offpolicy/capped_share")})

@@ -49,9 +49,11 @@ def compute_advantages(name: str, batch: TrajectoryBatch, outcome: np.ndarray, i
   extra: more per-batch fields from earlier stages (CW-GRPO's retrieval_scores and
   thinking_scores [B, T] from the judge pass); an estimator that does not take one ignores it.
   One jitted program per (estimator, settings, shapes), not one eager op per primitive."""
-  fields = dict(outcome=jnp.asarray(outcome, jnp.float32), group_ids=jnp.asarray(batch.group_ids),
+  # NumPy fields go in as they are: jnp.asarray would compile a copy program for each.
+  fields = dict(outcome=np.asarray(outcome, np.float32),
+                group_ids=np.asarray(batch.group_ids, np.int32),
                 loss_mask=batch.loss_mask, turn_id=batch.turn_id,
-                num_turns=jnp.asarray(batch.num_turns), ig=ig, **(extra or {}))
+                num_turns=np.asarray(batch.num_turns, np.int32), ig=ig, **(extra or {}))
   return _advantages(name, tuple(sorted(kwargs.items())), fields)
 
 
@@ -276,7 +278,7 @@ def minibatches(batch: TrajectoryBatch, scored: ScoredBatch, advantages: jax.Arr
     idx, packed = order[start:start + size], {}
     if packer is not None:
       idx, packed = packer(idx)
-    out.append({**_take_rows(arrays, jnp.asarray(idx)), **packed})
+    out.append({**_take_rows(arrays, np.asarray(idx, np.int32)), **packed})
   return out
 
 

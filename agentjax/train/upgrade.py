@@ -23,6 +23,8 @@ ADDED: tuple[tuple[str, Any, str], ...] = (
     ("rollout.partial", "off", "every rollout finished by the parameters it began with"),
     ("rollout.kv_window_min", 256, "the slot engine's smallest key window"),
     ("rollout.prefill_rows", 32, "prompts prefilled 32 at a time"),
+    ("rollout.compact_factor", 2, "lanes compacted on a finer ladder (sampled tokens do not "
+     "depend on it)"),
     ("rl.ig_probe_tokens", "split", "IGPO's probes tokenized apart from the template"),
     ("rl.probe_all", False, "IGPO's probes only for the methods that read them"),
     ("rl.off_policy_correction", "none", "no weighting by the sampler's log-probs"),
