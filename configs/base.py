@@ -162,6 +162,15 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # widens its batch's rows to pack_tokens x 2^k). With it, micro_batch_size counts packed rows
   # in scoring. 0: padded rows. The critic's passes stay padded.
   c.rl.pack_tokens = 0
+  # Packed row counts are rounded up on a ladder of this many sizes per power of two: each
+  # count met compiles its own scoring and update programs; fewer steps, fewer programs and up
+  # to 2^(1 / steps) - 1 of the rows padding (8: 9%; 2: 41%). Our reading (no paper sets it).
+  c.rl.pack_rows_per_octave = 8
+  # Scoring and updates run on the batch cut to its longest trajectory (rounded up to 128
+  # slots: a width per 128 met, each its own programs). False: every step keeps the KV cache's
+  # width, one set of programs; with rl.pack_tokens the model computes the packed rows either
+  # way and the width costs only the index arithmetic; padded rows compute the whole width.
+  c.rl.trim_batches = True
   c.rl.ppo_epochs = 1
   c.rl.reward_metric = "f1"          # f1 | em
   c.rl.format_penalty = 0.0          # reward of a trajectory with a format error (IGPO: -2)

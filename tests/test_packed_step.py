@@ -176,7 +176,9 @@ def test_pack_tokens_is_validated_naming_the_field():
 @pytest.mark.slow  # two RL steps compiling rollouts, scoring and updates: ~35 s on 2 cores
 def test_rl_step_on_packed_rows_equals_padded(scripted_world):
   """RLStep wiring: an IGPO step (probes, reference, 2 micro-batches per minibatch) with
-  rl.pack_tokens gives the padded step's params and metrics, and logs both efficiencies. (The
+  rl.pack_tokens gives the padded step's params and metrics, and logs both efficiencies; so does
+  the packed step on the cache's whole width (rl.trim_batches off) with packed row counts on the
+  coarsest ladder (rl.pack_rows_per_octave 1: more padding rows, fewer programs). (The
   scripted trajectories have nearly equal lengths: packing gains little here.)"""
   import importlib
 
@@ -189,14 +191,15 @@ def test_rl_step_on_packed_rows_equals_padded(scripted_world):
   tok, backend, agent = scripted_world
   group, prompts = 4, 2
   engine = RolloutEngine(agent.cfg, tok, backend, RolloutConfig(
-      group_size=group, max_turns=2, max_new_tokens=8, max_obs_tokens=48, max_total_tokens=512,
-      topk=2, sampling=SamplingParams(temperature=1.0)))
+      group_size=group, max_turns=2, max_new_tokens=8, max_obs_tokens=48, max_total_tokens=1024,
+      topk=2, sampling=SamplingParams(temperature=1.0)))  # ~400 slots used: trim cuts to 512
   params = agent.params(af.SEARCH, af.ANSWER)
   questions = [{"question": "Who founded Zorvath?", "golden_answers": ["Aldric"]}] * prompts
   out = {}
-  for pack in (0, 128):
+  for pack, trim, octave in ((0, True, 8), (128, True, 8), (128, False, 1)):
     c = importlib.import_module("configs.igpo").get_config("demo")
-    c.rollout.group_size, c.rollout.max_turns, c.rollout.max_total_tokens = group, 2, 512
+    c.rl.trim_batches, c.rl.pack_rows_per_octave = trim, octave
+    c.rollout.group_size, c.rollout.max_turns, c.rollout.max_total_tokens = group, 2, 1024
     c.rl.prompts_per_step, c.rl.minibatch_size = prompts, group * prompts
     c.rl.micro_batch_size, c.rl.pack_tokens = group * prompts // 2, pack
     optimizer = optax.sgd(0.3)
@@ -204,11 +207,14 @@ def test_rl_step_on_packed_rows_equals_padded(scripted_world):
     p = jax.tree.map(jnp.copy, params)  # the update donates its params
     state = {"params": p, "opt_state": optimizer.init(p), "rng": jax.random.key(0)}
     result = rl_step(state, questions, 0)
-    out[pack] = _host(result.state["params"]), result.metrics
-  (p0, m0), (p1, m1) = out[0], out[128]
+    out[pack, trim] = _host(result.state["params"]), result.metrics
+  (p0, m0), (p1, m1), (p2, m2) = out[0, True], out[128, True], out[128, False]
   jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=1e-6), p1, p0)
+  jax.tree.map(lambda x, y: np.testing.assert_allclose(x, y, rtol=0, atol=1e-6), p2, p0)
   for key in ("reward", "turns", "ig_mean", "loss", "kl", "entropy", "grad_norm"):
     np.testing.assert_allclose(m1[key], m0[key], rtol=1e-5, atol=1e-6, err_msg=key)
+    np.testing.assert_allclose(m2[key], m0[key], rtol=1e-5, atol=1e-6, err_msg=key)
+  assert m2["padded_efficiency"] < m0["padded_efficiency"]  # the whole cache's width
   assert m0["packing_efficiency"] == m0["padded_efficiency"] == m1["padded_efficiency"]
   assert m1["packing_efficiency"] >= m1["padded_efficiency"]
   assert 0 < m1["score_packing_efficiency"] <= 1 and "score_packing_efficiency" not in m0

@@ -150,6 +150,8 @@ def test_unknown_preset_names_the_known_ones():
      "config.rollout.partial='off': train.stale='drop' needs rollout.partial='continue'"),
     ({"train.max_staleness": -3}, "config.train.max_staleness=-3: must be an int >= 0"),
     ({"rl.ig_probe_tokens": "joined"}, "config.rl.ig_probe_tokens='joined': must be one of"),
+    ({"rl.pack_rows_per_octave": 3}, "config.rl.pack_rows_per_octave=3: must be a power of two"),
+    ({"rollout.compact_factor": 1}, "config.rollout.compact_factor=1: must be 0"),
     ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
      "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])

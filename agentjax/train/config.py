@@ -328,6 +328,10 @@ def _validate_batches(config: Any) -> None:
   elif micro and mb % micro:
     _fail("rl.micro_batch_size", micro, f"must divide rl.minibatch_size={mb} (with the mesh's "
           f"data x fsdp devices: trajectories per device per pass)")
+  octave = config.rl.pack_rows_per_octave
+  if isinstance(octave, bool) or not isinstance(octave, int) or octave < 1 or \
+      octave & (octave - 1):
+    _fail("rl.pack_rows_per_octave", octave, "must be a power of two >= 1 (row sizes per octave)")
   pack = config.rl.pack_tokens
   if isinstance(pack, bool) or not isinstance(pack, int) or pack < 0 or pack % PACK_MULTIPLE:
     _fail("rl.pack_tokens", pack, f"must be 0 (padded rows) or a positive multiple of "

@@ -404,6 +404,7 @@ class MinibatchPacker:
   pack_tokens: int
   micro_batch: int = 0
   row_multiple: int = 1
+  steps_per_octave: int = 8  # the row counts' ladder (row_ladder; rl.pack_rows_per_octave)
   plans: list[PackPlan] = dataclasses.field(default_factory=list)
 
   def __call__(self, idx: np.ndarray) -> tuple[np.ndarray, dict[str, jax.Array]]:
@@ -414,7 +415,8 @@ class MinibatchPacker:
     if n > 1:  # the order does not change the loss: every aggregation sums over trajectories
       idx = idx[micro_batch_order(keep.sum(axis=1), n)]
       keep = self.valid[idx]
-    plan = plan_micro_packing(keep, self.pack_tokens, n, row_multiple=self.row_multiple)
+    plan = plan_micro_packing(keep, self.pack_tokens, n, row_multiple=self.row_multiple,
+                              steps_per_octave=self.steps_per_octave)
     self.plans.append(plan)
     return idx, plan.index().arrays()
 

@@ -64,7 +64,7 @@ PROBE_ROOM_MULTIPLE = 128
 
 def plan_scoring(valid: np.ndarray, num_turns: np.ndarray, num_boundaries: int,
                  probes: Probes | None, pack_tokens: int, *, reference: bool = True,
-                 row_multiple: int = 1) -> ScorePlans:
+                 row_multiple: int = 1, steps_per_octave: int = 8) -> ScorePlans:
   """The packed rows of score_batch's passes (host, first-fit-decreasing: packing.plan_packing).
 
   Args:
@@ -77,16 +77,19 @@ def plan_scoring(valid: np.ndarray, num_turns: np.ndarray, num_boundaries: int,
     reference: whether a reference pass runs (a plain plan is needed even with probes).
     row_multiple: the number of rows is a multiple of it (the global micro-batch, else the
       devices the rows are sharded over).
+    steps_per_octave: the row counts' ladder (rl.pack_rows_per_octave; packing.row_ladder).
   """
   valid = np.asarray(valid, bool)
-  plain = plan_packing(valid, pack_tokens, row_multiple=row_multiple) \
+  plain = plan_packing(valid, pack_tokens, row_multiple=row_multiple,
+                       steps_per_octave=steps_per_octave) \
       if probes is None or reference else None
   probe_plan = None
   if probes is not None:
     _, k, a = probes.tokens.shape
     room = -(-(num_boundaries * k * a) // PROBE_ROOM_MULTIPLE) * PROBE_ROOM_MULTIPLE
     keep = probe_keep(valid, np.asarray(num_turns), num_boundaries, probes.valid)
-    probe_plan = plan_packing(keep, pack_tokens + room, row_multiple=row_multiple)
+    probe_plan = plan_packing(keep, pack_tokens + room, row_multiple=row_multiple,
+                              steps_per_octave=steps_per_octave)
   return ScorePlans(plain=plain, probes=probe_plan)
 
 

@@ -34,6 +34,7 @@ import optax
 
 from agentjax.agent import RolloutEngine
 from agentjax.agent.rollouts import Rollouts
+from agentjax.agent.trajectories import TrajectoryBatch
 from agentjax.methods import get_method
 from agentjax.models.qwen import param_shardings
 from agentjax.parallel import use_mesh
@@ -229,6 +230,8 @@ class RLStep:
   # rl.pack_tokens: scoring and the policy's updates on packed rows of this many tokens (0: padded
   # rows). The critic's passes stay padded.
   pack_tokens: int = 0
+  # rl.pack_rows_per_octave: the packed row counts' ladder (packing.row_ladder).
+  pack_rows_per_octave: int = 8
   role_schedules: Mapping[str, optax.Schedule] | None = None  # several roles: each one's rate
   # Asynchronous RL's split placement: the sampler's devices (produce runs there, on a copy of
   # the parameters: to_sampler); None: the rollouts run on `mesh`.
@@ -297,6 +300,7 @@ class RLStep:
                adv_kwargs=advantage_kwargs(config), signal_env=env, signal_names=names,
                target=target, ref_model=ref_model, critic=critic,
                micro_batch=micro, pack_tokens=rl.pack_tokens,
+               pack_rows_per_octave=rl.pack_rows_per_octave,
                role_schedules=role_schedules, sampler_mesh=sampler_mesh)
 
   def __call__(self, state: Mapping[str, Any], questions: Sequence[Mapping[str, Any]],
@@ -351,12 +355,12 @@ class RLStep:
     with use_mesh(mesh):
       rollout_params = self.target.rollout_params(params)  # {role: ...} with several roles
       if feed is None:  # one version samples everything
-        out = self.stage(config, rollout_params, questions, rollout_rng, step, trim)
+        out = self.stage(config, rollout_params, questions, rollout_rng, step, self._trim)
         out = dataclasses.replace(out, batches={
             role: b.replace(versions=jnp.where(b.loss_mask, jnp.int32(version), -1))
             for role, b in out.batches.items()})
       else:
-        out = self.stage(config, rollout_params, questions, rollout_rng, step, trim,
+        out = self.stage(config, rollout_params, questions, rollout_rng, step, self._trim,
                          feed=feed.map(self.target.rollout_params), version=version)
     t_rollout = time.perf_counter() - t0
 
@@ -429,9 +433,10 @@ class RLStep:
       devices = global_micro(1, mesh)  # the packed rows are sharded over data x fsdp too
       score_plans = plan_scoring(host_valid, batch.num_turns, batch.turn_ends.shape[1] - 1,
                                  probes, self.pack_tokens, reference=self.ref_params is not None,
-                                 row_multiple=self.micro_batch or devices)
+                                 row_multiple=self.micro_batch or devices,
+                                 steps_per_octave=self.pack_rows_per_octave)
       packer = MinibatchPacker(host_valid, self.pack_tokens, micro_batch=self.micro_batch,
-                               row_multiple=devices)
+                               row_multiple=devices, steps_per_octave=self.pack_rows_per_octave)
       pack_stats = score_plans.stats()
     model = self.target.model if self.multi_role else self.engine.model
     with use_mesh(mesh):
@@ -519,6 +524,11 @@ class RLStep:
     crit = {"summary": summarize(critic_metrics), "per_update": critic_metrics,
             "fit": critic_fit, "policy_frozen": not train_policy}
     return new_state, summarize(update_metrics), crit, skipped
+
+  def _trim(self, batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
+    """The stages' cut of a batch to its used slots (scoring.trim), or the batch as it is with
+    rl.trim_batches off (one width for every step: fewer programs)."""
+    return trim(batch, multiple) if self.config.rl.trim_batches else batch
 
   def _metrics(self, out: Rollouts, scored: Mapping[str, Any], adv_stats: Mapping[str, Any],
                upd: Mapping[str, float], crit: Mapping[str, Any], skipped: list[int], step: int,

@@ -31,6 +31,8 @@ ADDED: tuple[tuple[str, Any, str], ...] = (
     ("rl.off_policy_cap", 2.0, "the cap of that weighting (unused without it)"),
     ("rl.micro_batch_size", 0, "each minibatch in one forward/backward pass"),
     ("rl.pack_tokens", 0, "padded rows, not packed ones"),
+    ("rl.pack_rows_per_octave", 8, "packed row counts on a ladder of 8 sizes an octave"),
+    ("rl.trim_batches", True, "batches cut to their longest trajectory"),
     ("train.jax_cache_dir", "", "no persistent compilation cache"),
     ("train.async_steps", 0, "synchronous steps"),
     ("train.max_staleness", -1, "no bound on a rollout's staleness"),
