@@ -97,6 +97,8 @@ def plot_seed_bands(study: dict, out: str, panels, title: str = "{size} model"
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   paths = []
+  # One colour per method across the panels (the regimes run different arms).
+  methods = list(dict.fromkeys(m for s in study.values() for m in s["runs"]))
   for key, name, label in panels:
     fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
     for ax, (size, s) in zip(axes[0], study.items()):
@@ -113,7 +115,8 @@ def plot_seed_bands(study: dict, out: str, panels, title: str = "{size} model"
         curves = [moving(v[:n])[WINDOW - 1:] for v in values]
         steps = [m["step"] for m in rs[0]["curve"][WINDOW - 1:n]]
         mean = [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))]
-        line, = ax.plot(steps, mean, label=f"{method} ({len(rs)} seeds)")
+        line, = ax.plot(steps, mean, label=f"{method} ({len(rs)} seeds)",
+                        color=f"C{methods.index(method) % 10}")
         ax.fill_between(steps, [min(c[i] for c in curves) for i in range(len(steps))],
                         [max(c[i] for c in curves) for i in range(len(steps))], alpha=0.15,
                         color=line.get_color())
@@ -121,7 +124,7 @@ def plot_seed_bands(study: dict, out: str, panels, title: str = "{size} model"
       ax.set_xlabel("RL step")
       ax.set_ylabel(f"{label}\n({WINDOW}-step moving average)")
       ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8)
+      ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out, f"{name}.png")
     fig.savefig(path, dpi=110)
