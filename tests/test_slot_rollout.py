@@ -220,7 +220,7 @@ def test_slow_search_does_not_stall_the_other_lane(world):
   assert_same_trajectories(batch, same)
 
 
-def test_tail_compaction_keeps_trajectories(world, monkeypatch):
+def test_tail_compaction_keeps_trajectories(world):
   """Eight slots in one lane; as trajectories end with nothing left to refill, the live rows move
   into smaller lanes (sizes on slots.lane_sizes' ladder): the same trajectories as without
   compaction, fewer decode row-steps, the log-probs the teacher-forced ones."""
@@ -236,8 +236,8 @@ def test_tail_compaction_keeps_trajectories(world, monkeypatch):
   assert set(sizes) <= set(slots.lane_sizes(8, engine.config.compact_factor))
   assert_consistent(got)
   assert metrics["decode_row_steps"] < 8 * metrics["decode_steps"]
-  monkeypatch.setattr(slots, "MIN_LANE", 1 << 20)  # no lane is ever small enough: no compaction
-  uncompacted = SlotRollout(engine, params)
+  uncompacted = SlotRollout(make(world, sampling=SAMPLED, lanes=1, max_turns=4,
+                                 compact_factor=0), params)  # lanes never compact
   want, want_metrics = uncompacted.run(questions, jax.random.key(0))
   assert not any(e[0] == "compact" for e in uncompacted.trace)
   assert want_metrics["decode_row_steps"] == 8 * want_metrics["decode_steps"]

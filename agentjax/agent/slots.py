@@ -62,8 +62,6 @@ from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories
 # Row-count buckets of the row-subset programs (extend_rows, copy_rows, store_rows): powers of
 # two from this size on, so a rollout compiles a few of them.
 MIN_ROWS = 4
-# The smallest lane tail compaction makes (on lane_size's ladder).
-MIN_LANE = 1
 
 
 def lane_sizes(full: int, factor: int) -> list[int]:
@@ -437,9 +435,7 @@ class SlotRollout:
     (`lane_sizes`) moves them into a lane of that size, so decode steps stop computing rows that
     finished."""
     live = lane.live()
-    if max(len(live), MIN_LANE) > self.per_lane:
-      return
-    size = lane_size(max(len(live), MIN_LANE), self.per_lane, self.config.compact_factor)
+    size = lane_size(max(len(live), 1), self.per_lane, self.config.compact_factor)
     if not len(live) or size >= lane.size:
       return
     rows = _padded(live, size, lane.size)  # lane.size: padding, a free row

@@ -525,10 +525,10 @@ class RLStep:
             "fit": critic_fit, "policy_frozen": not train_policy}
     return new_state, summarize(update_metrics), crit, skipped
 
-  def _trim(self, batch: TrajectoryBatch, multiple: int = 128) -> TrajectoryBatch:
-    """The stages' cut of a batch to its used slots (scoring.trim), or the batch as it is with
-    rl.trim_batches off (one width for every step: fewer programs)."""
-    return trim(batch, multiple) if self.config.rl.trim_batches else batch
+  def _trim(self, batch: TrajectoryBatch, *multiple: int) -> TrajectoryBatch:
+    """The stages' cut of a batch to its used slots (scoring.trim, with its multiple), or the
+    batch as it is with rl.trim_batches off (one width for every step: fewer programs)."""
+    return trim(batch, *multiple) if self.config.rl.trim_batches else batch
 
   def _metrics(self, out: Rollouts, scored: Mapping[str, Any], adv_stats: Mapping[str, Any],
                upd: Mapping[str, float], crit: Mapping[str, Any], skipped: list[int], step: int,
