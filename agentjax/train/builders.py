@@ -96,9 +96,8 @@ def sampling_params(config: Any, greedy: bool = False, temperature: float | None
   with its top-k / top-p filters; the repetition penalty and thinking budget of rollout in both
   (the engine reads the <think> ids from its tokenizer)."""
   r = config.rollout
-  # .get: configs recorded before these fields existed
-  rules = dict(repetition_penalty=float(r.get("repetition_penalty", 1.0)),
-               max_think_tokens=int(r.get("max_think_tokens", 0)))
+  rules = dict(repetition_penalty=float(r.repetition_penalty),
+               max_think_tokens=int(r.max_think_tokens))
   if greedy:
     return SamplingParams(greedy=True, **rules)
   return SamplingParams(temperature=float(r.temperature if temperature is None else temperature),
@@ -115,13 +114,11 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
                        max_obs_tokens=r.max_obs_tokens, max_total_tokens=r.max_total_tokens,
                        topk=config.retrieval.topk, sampling=sampling,
                        use_chat_template=r.use_chat_template,
-                       # .get: configs recorded before the slot engine existed lack these
-                       engine=r.get("engine", "slots"), slots=r.get("slots", 0),
-                       lanes=r.get("lanes", 2), refill_fraction=r.get("refill_fraction", 0.125),
-                       kv_window_min=r.get("kv_window_min", 256),
-                       prefill_rows=r.get("prefill_rows", 32),
+                       engine=r.engine, slots=r.slots, lanes=r.lanes,
+                       refill_fraction=r.refill_fraction, kv_window_min=r.kv_window_min,
+                       prefill_rows=r.prefill_rows,
                        compact_factor=r.compact_factor,
-                       partial=r.get("partial", "off"))
+                       partial=r.partial)
 
 
 def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBackend,

@@ -21,6 +21,12 @@ ADDED: tuple[tuple[str, Any, str], ...] = (
     ("model.attention_block", 512, "key/value blocks of 512 in the linear-memory attention"),
     ("mesh.sampler_devices", 0, "the sampler on the training mesh"),
     ("rollout.partial", "off", "every rollout finished by the parameters it began with"),
+    ("rollout.engine", "turns", "the turn-synchronous engine (the only one then)"),
+    ("rollout.slots", 0, "the slot engine's slots (unused by the turn engine)"),
+    ("rollout.lanes", 2, "the slot engine's lanes (unused by the turn engine)"),
+    ("rollout.refill_fraction", 0.125, "the slot engine's refill share (unused by it)"),
+    ("rollout.repetition_penalty", 1.0, "no repetition penalty"),
+    ("rollout.max_think_tokens", 0, "no thinking budget"),
     ("rollout.kv_window_min", 256, "the slot engine's smallest key window"),
     ("rollout.prefill_rows", 32, "prompts prefilled 32 at a time"),
     ("rollout.compact_factor", 2, "lanes compacted on a finer ladder (sampled tokens do not "
