@@ -35,6 +35,12 @@ def _by_name(programs: list[tuple[str, float]]) -> dict[str, int]:
   return dict(collections.Counter(name for name, _ in programs).most_common())
 
 
+def _by_source(programs: list[tuple[str, float]], sources: list[str]) -> dict[str, int]:
+  """Counts of "<program> @ <the agentjax line that asked for it>"."""
+  return dict(collections.Counter(
+      f"{name} @ {where}" for (name, _), where in zip(programs, sources)).most_common())
+
+
 def bench_compiles() -> dict:
   from agentjax.compiles import CompileLog
   from agentjax.data.demo_world import build_demo_world, use_demo_world
@@ -75,25 +81,21 @@ def bench_compiles() -> dict:
   after_first = [p for s in step_programs[1:] for p in s]
   start = config.model.hf_path or f"a random {config.model.preset} model"
   first_after = len(built) + len(step_programs[0]) if steps else len(built)
-  where_after = log.sources[first_after:first_after + len(after_first)]
+  first = step_programs[0] if steps else []
   every = built + [p for s in step_programs for p in s] + evaluated
   return {
       "bench": "compiles", "config": f"{config.algorithm} ({start}, {config.rollout.engine} engine)",
       "device": device_name(), "steps": steps,
       "programs_build": len(built), "programs_per_step": [len(s) for s in step_programs],
-      "programs_by_step_1": len(built) + len(step_programs[0]) if steps else len(built),
+      "programs_by_step_1": first_after,
       "programs_after_step_1": len(after_first), "programs_eval": len(evaluated),
       "programs_total": len(every),
       "compile_seconds_total": round(sum(s for _, s in every), 2),
       "compile_seconds_per_step": [round(sum(s for _, s in p), 2) for p in step_programs],
       "step_seconds": [round(s, 2) for s in step_seconds], "wall_seconds": round(seconds, 1),
       "after_step_1_by_name": _by_name(after_first),
-      "after_step_1_by_source": dict(collections.Counter(
-          f"{name} @ {where}" for (name, _), where in zip(after_first, where_after)).most_common()),
-      "step_1_by_name": _by_name(step_programs[0]) if steps else {},
-      "step_1_by_source": dict(collections.Counter(
-          f"{name} @ {where}" for (name, _), where in zip(
-              step_programs[0] if steps else [], log.sources[len(built):first_after])
-      ).most_common()),
+      "after_step_1_by_source": _by_source(after_first, log.sources[first_after:]),
+      "step_1_by_name": _by_name(first),
+      "step_1_by_source": _by_source(first, log.sources[len(built):first_after]),
       "by_name": dict(list(_by_name(every).items())[:25]),
       "reference": "the target: 0 programs after step 1"}
