@@ -49,6 +49,8 @@ setup(
         "test": ["pytest>=8", "pytest-xdist>=3.5,<4", "torch==2.13.0", "nbclient>=0.10,<1", "nbformat>=5.10,<6",
                  "ipykernel>=6.29,<8", "matplotlib>=3.8,<4",
                  # peft: the reference for LoRA adapter folders (tests/test_lora_peft.py).
-                 "peft==0.21.2"],
+                 "peft==0.21.2",
+                 # faiss-cpu: the reference for dense search (tests/test_dense.py, bench dense).
+                 "faiss-cpu>=1.9,<2"],
     },
 )

@@ -82,11 +82,15 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.data.eval_split = "dev"
   c.data.eval_size = 0          # questions evaluated per benchmark (0: the whole split)
 
-  # ---- retrieval: bm25 (local corpus) or http (a Search-R1 retriever server).
+  # ---- retrieval: bm25 (local corpus), http (a Search-R1 retriever server) or dense (an index
+  # of launch/index.py searched in-process on the training mesh's devices).
   c.retrieval = ml_collections.ConfigDict()
   c.retrieval.backend = "bm25"
   c.retrieval.corpus_path = f"{DEMO_ROOT}/synthworld/corpus.jsonl"
-  c.retrieval.index_dir = ""    # BM25 index cache (default: next to the corpus' hash)
+  # bm25: the index cache (default: next to the corpus' hash); dense: the index folder
+  c.retrieval.index_dir = ""
+  c.retrieval.query_prefix = "query: "  # dense: before each query (e5's; bge: its instruction)
+  c.retrieval.recall_target = 0.0       # dense: approximate search at this recall; 0: exact
   c.retrieval.url = ""
   c.retrieval.timeout_s = 30.0
   c.retrieval.topk = 3
@@ -140,6 +144,13 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # rollout) bounds a prefill by tokens per batch (max_num_batched_tokens); rows are simpler to
   # reason about with one prompt per question.
   c.rollout.prefill_rows = 32
+  # Before step 1, run every program the slot engine's rollouts can meet (training and eval) once
+  # on inputs that change nothing (RolloutEngine.warm_up: lane sizes x key windows, row buckets,
+  # the prompt cache at the run's longest prompt): the run compiles them up front, not at the
+  # step whose schedule first meets one (on a pod, every process stalls then). It compiles some
+  # programs a run would never meet. Our reading: JetStream and vLLM warm their decode shapes
+  # up before serving.
+  c.rollout.warm_up = True
   # Asynchronous RL (train.async_steps >= 1): a rollout in flight when the trainer publishes newer
   # parameters "off": ends with those it started with; "continue": samples the rest with the
   # newest (read at each turn / decode call; its tokens tagged with their versions, the KV cache

@@ -1,6 +1,8 @@
-r"""A BM25 retrieval server speaking the Search-R1 HTTP API, for search-agent rollouts.
+r"""A retrieval server speaking the Search-R1 HTTP API, for search-agent rollouts: BM25, or a
+dense index of launch/index.py (e5, bge) searched on this machine's devices.
 
     python launch/retriever.py --corpus=data/wiki-18.jsonl --port=8000
+    python launch/retriever.py --index=indexes/wiki18-e5 --port=8000   # dense
     curl -s 127.0.0.1:8000/health
     curl -s 127.0.0.1:8000/retrieve \
         -d '{"queries": ["who wrote hamlet"], "topk": 3, "return_scores": true}'
@@ -16,10 +18,13 @@ from __future__ import annotations
 
 import logging as std_logging
 import os
+import sys
 
 # bm25s imports jax and runs one op at import time: keep that off the accelerators, which belong
-# to the trainer (JAX would otherwise preallocate most of a GPU's memory for this process).
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# to the trainer (JAX would otherwise preallocate most of a GPU's memory for this process). A
+# dense index is searched on this machine's devices: set JAX_PLATFORMS to choose them.
+if not any(arg.startswith("--index") for arg in sys.argv[1:]):
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from absl import app, flags, logging  # noqa: E402
 
@@ -27,7 +32,13 @@ from agentjax.retrieval.bm25 import BM25Backend  # noqa: E402
 from agentjax.retrieval.server import make_server  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("corpus", None, "FlashRAG JSONL corpus ({\"id\", \"contents\"} per line).")
+flags.DEFINE_string("corpus", None, "FlashRAG JSONL corpus ({\"id\", \"contents\"} per line); "
+                    "with --index, default: the index's own.")
+flags.DEFINE_string("index", None, "A dense index folder (launch/index.py): serve it instead of "
+                    "BM25.")
+flags.DEFINE_string("query_prefix", "query: ", "Dense: text before each query (e5: \"query: \").")
+flags.DEFINE_float("recall_target", 0.0, "Dense: approximate search at this recall "
+                   "(lax.approx_max_k); 0: exact.")
 flags.DEFINE_string("index_dir", None, "Folder of BM25 index caches (default "
                     "~/.cache/agentjax/bm25).")
 flags.DEFINE_string("host", "127.0.0.1", "Address to bind (0.0.0.0 exposes it to the network).")
@@ -42,17 +53,25 @@ flags.DEFINE_float("k1", 1.5, "BM25 k1.")
 flags.DEFINE_float("b", 0.75, "BM25 b.")
 flags.DEFINE_bool("stopwords", True, "Remove English stopwords (corpus and queries).")
 flags.DEFINE_bool("mmap", False, "Memory-map the cached index instead of reading it into RAM.")
-flags.mark_flag_as_required("corpus")
 
 
 def main(argv):
   del argv
   # bm25s sets its own logger to DEBUG at import; its per-build chatter is not worth a log line.
   std_logging.getLogger("bm25s").setLevel(std_logging.WARNING)
-  backend = BM25Backend(FLAGS.corpus, index_dir=FLAGS.index_dir, k1=FLAGS.k1, b=FLAGS.b,
-                        stopwords="en" if FLAGS.stopwords else None, mmap=FLAGS.mmap)
-  logging.info("BM25 index %s at %s (%d documents)", "built" if backend.built else "loaded",
-               backend.index_path, backend.num_docs)
+  if FLAGS.index:
+    from agentjax.retrieval.dense_index import DenseBackend
+    backend = DenseBackend(FLAGS.index, corpus_path=FLAGS.corpus,
+                           query_prefix=FLAGS.query_prefix,
+                           recall_target=FLAGS.recall_target or None)
+    logging.info("dense index %s (%d documents)", FLAGS.index, backend.num_docs)
+  elif not FLAGS.corpus:
+    raise app.UsageError("give --corpus (BM25) or --index (a dense index of launch/index.py)")
+  else:
+    backend = BM25Backend(FLAGS.corpus, index_dir=FLAGS.index_dir, k1=FLAGS.k1, b=FLAGS.b,
+                          stopwords="en" if FLAGS.stopwords else None, mmap=FLAGS.mmap)
+    logging.info("BM25 index %s at %s (%d documents)", "built" if backend.built else "loaded",
+                 backend.index_path, backend.num_docs)
   server = make_server(backend, host=FLAGS.host, port=FLAGS.port, default_topk=FLAGS.topk,
                        max_topk=FLAGS.max_topk, max_queries=FLAGS.max_queries,
                        max_body_bytes=FLAGS.max_body_bytes, read_timeout_s=FLAGS.read_timeout_s)

@@ -345,3 +345,26 @@ def test_model_programs_are_bounded_across_rollouts(world):
   # lane sizes 8, 6, 4, 3, 2, 1; feeds of 1-8 rows in buckets 4 and 8, all at width 128
   assert programs.decode_slots._cache_size() - decode0 <= 6
   assert programs._extend_tokens._cache_size() - feed0 <= 2
+
+
+def test_warm_up_compiles_every_program_a_rollout_meets(world):
+  """RolloutEngine.warm_up (rollout.warm_up: before a run's first step) runs every program of the
+  slot engine's list once: rollouts with other keys, other questions and other schedules (lane
+  sizes compacted through, row counts fed, key windows) then compile nothing, with two lanes or
+  one, and give the trajectories of an engine that was never warmed (the prompts prefilled at
+  the run's longest prompt's width)."""
+  from agentjax.compiles import CompileLog
+  tok, backend, agent = world
+  params = agent.params(af.SEARCH, af.ANSWER)
+  questions = QUESTIONS * 2
+  for lanes in (1, 2):
+    engine = make(world, sampling=SAMPLED, lanes=lanes, max_turns=4, kv_window_min=64)
+    lengths = [len(engine.prompt_ids(q)) for q in questions]
+    engine.warm_up(params, len(questions) * 2, (min(lengths), max(lengths)), jax.random.key(9))
+    with CompileLog() as log:
+      runs = [engine.run(params, questions[k:] + questions[:k], jax.random.key(20 + k))
+              for k in range(3)]
+    assert not log.programs, list(zip(log.programs, log.sources))
+    want, _ = make(world, sampling=SAMPLED, lanes=lanes, max_turns=4, kv_window_min=64).run(
+        params, questions, jax.random.key(20))
+    assert_same_trajectories(runs[0][0], want)

@@ -660,3 +660,26 @@ def test_partial_rollouts_are_refused_with_several_roles():
   with pytest.raises(config_lib.ConfigError, match=r"config\.rollout\.partial='continue'.*"
                      "several roles"):
     config_lib.validate(config)
+
+
+@pytest.mark.parametrize("async_steps,questions", [(0, 3), (1, 5)])
+def test_a_run_compiles_no_program_after_its_first_step(world_dir, tokenizer_dir, tmp_path,
+                                                        async_steps, questions):
+  """rollout.warm_up runs the rollouts' programs (training and eval) before step 1: a run then
+  compiles nothing after step 1, evals included, synchronous and asynchronous. Each
+  case has batch sizes no other test uses (lanes of 3 and 5 slots), so that no rollout program
+  of another test is reused. Scoring and updates keep one width here (rl.trim_batches off;
+  trimmed widths and packed row counts are ladders of their own, not warmed)."""
+  config = tiny_config(world_dir, tokenizer_dir, str(tmp_path), algorithm="grpo", steps=4)
+  config.rl.prompts_per_step = questions
+  config.train.eval_batch = questions
+  config.rl.trim_batches = False
+  config.train.async_steps = async_steps
+  config.train.export_hf = False
+  config.train.checkpoint_every = 10
+  assert config.rollout.warm_up  # the default
+  workdir = str(tmp_path / "run")
+  train(config, workdir)
+  compiles = [r["compiles"] for r in run_metrics(workdir, "reward")]
+  assert len(compiles) == 4 and compiles == compiles[:1] * 4, compiles  # an eval after step 2
+  assert os.path.isfile(os.path.join(workdir, "eval", "2.json"))

@@ -180,6 +180,9 @@ class RolloutEngine:
                                jnp.int32)
     self.stop_table = StopTable.build(self.byte_table, self.protocol.stop_strings)
     self.cache_len = cache_size(config.max_total_tokens)
+    # The slot engine's prompt cache width: at least this (warm_up sets it to the run's longest
+    # prompt, bucketed), so that every chunk of prompts runs the same programs.
+    self.prompt_width = 0
 
   # ------------------------------------------------------------------ text <-> tokens (host)
 
@@ -214,13 +217,14 @@ class RolloutEngine:
     return None if end is None else kv_window_size(end, cache_len, self.config.kv_window_min)
 
   def _feed(self, params, state, rows_ids: Sequence[Sequence[int]], turn: np.ndarray,
-            count: bool = False, end: int | None = None):
+            count: bool = False, end: int | None = None, width: int = 0):
     """Feeds each row's ids (possibly none) through one `extend` call, shapes bucketed.
     count: also return the tokens the call computes (rows x bucketed width).
     end: an upper bound of every fed row's length after the feed (host bookkeeping): the call
-      then attends over a window of the cache (`kv_window`); None: over all of it."""
+      then attends over a window of the cache (`kv_window`); None: over all of it.
+    width: at least this many tokens a row (one program for calls of different lengths)."""
     lengths = np.array([len(x) for x in rows_ids], np.int32)
-    width = bucket(int(lengths.max()) if len(lengths) else 1)
+    width = max(bucket(int(lengths.max()) if len(lengths) else 1), width)
     block = np.zeros((len(rows_ids), width), np.int32)
     for b, ids in enumerate(rows_ids):
       block[b, :len(ids)] = ids
@@ -364,6 +368,19 @@ class RolloutEngine:
     if feed is not None:
       metrics["partial_restarts"] = float(restarts)
     return batch, metrics
+
+  def warm_up(self, params: Any, count: int, prompt_lengths: tuple[int, int], rng: jax.Array,
+              policy_for_turn: Callable[[int], str] | None = None) -> None:
+    """Compiles, before a run's first step, every program its rollouts of `count` trajectories
+    can meet (rollout.warm_up: none after step 1), by running each once on inputs that
+    change nothing (SlotRollout.warm_up lists them). prompt_lengths: the (shortest, longest)
+    prompt of the run in tokens: every prompt chunk is then prefilled at bucket(longest) (one
+    program), and key windows below the shortest are skipped. rng: a key like run's (its type
+    and placement are part of the programs). The turn engine ("turns") is not warmed."""
+    if self.config.engine != "slots" or count < 1:
+      return
+    self.prompt_width = max(self.prompt_width, bucket(prompt_lengths[1]))
+    SlotRollout(self, params, policy_for_turn).warm_up(count, prompt_lengths[0], rng)
 
   def _policies(self, params: Any, policy_for_turn: Callable[[int], str] | None):
     """(turn -> params, turn -> (model, params) in the decode layout). The decode layout is made

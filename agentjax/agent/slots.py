@@ -51,10 +51,10 @@ import numpy as np
 
 from agentjax.agent.feed import NewVersion, newer
 from agentjax.agent.guide import GuideBook, GuideStep
-from agentjax.agent.trajectories import TrajectoryBatch, TrajectoryBook
+from agentjax.agent.trajectories import TrajectoryBatch, TrajectoryBook, slot_positions
 from agentjax.parallel import logical_to_sharding
 from agentjax.parallel.host import to_device, to_host
-from agentjax.sampling import bucket, init_state, kv_window_arg
+from agentjax.sampling import bucket, init_state, kv_window_arg, kv_window_size
 from agentjax.sampling.sampler import RUNNING, rewind
 from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories, extend_rows,
                                      init_progress, store_rows, take_rows)
@@ -76,9 +76,27 @@ def lane_sizes(full: int, factor: int) -> list[int]:
   return sizes
 
 
+def key_windows(least_end: int, cache_len: int, minimum: int) -> list[int | None]:
+  """Every key window (sampling.kv_window_size) of calls whose rows end anywhere from
+  `least_end` to the whole cache: minimum * 2^k rungs from the one holding least_end, then None
+  (the whole cache)."""
+  out = []
+  window = kv_window_size(least_end, cache_len, minimum)
+  while window is not None:
+    out.append(window)
+    window = kv_window_size(window + 1, cache_len, minimum)
+  return out + [None]
+
+
 def lane_size(n: int, full: int, factor: int) -> int:
   """The smallest of lane_sizes(full, factor) that holds n rows (n <= full)."""
   return min(s for s in lane_sizes(full, factor) if s >= n)
+
+
+def feed_width(config: Any) -> int:
+  """The token width of every feed call of the slot engine: an observation's,
+  bucket(rollout.max_obs_tokens); a longer feed goes in parts of it (one program)."""
+  return bucket(config.max_obs_tokens)
 
 
 def _padded(values: Sequence[int], size: int, pad: int) -> jax.Array:
@@ -166,11 +184,7 @@ class SlotRollout:
                                       mesh=engine.mesh),
                         init_progress(per_lane, engine.stop_table, mesh=engine.mesh))
                   for i in range(lanes)]
-    out = empty_trajectories(count, engine.cache_len)
-    if engine.mesh is not None:
-      axes = jax.tree.map(lambda _: jax.sharding.PartitionSpec("batch", "length"), out)
-      out = jax.device_put(out, logical_to_sharding(axes, out, engine.mesh))
-    self.out = out
+    self.out = self._empty_out(count)
     self.queue = collections.deque(range(count))
 
     for lane in self.lanes:
@@ -195,6 +209,66 @@ class SlotRollout:
                    if searches else 0.0,
                    **self.book.metrics())
     return batch, metrics
+
+  def _empty_out(self, count: int):
+    """The finished trajectories' buffer, [count, cache], placed by the rules table."""
+    out = empty_trajectories(count, self.engine.cache_len)
+    if self.engine.mesh is not None:
+      axes = jax.tree.map(lambda _: jax.sharding.PartitionSpec("batch", "length"), out)
+      out = jax.device_put(out, logical_to_sharding(axes, out, self.engine.mesh))
+    return out
+
+  def warm_up(self, count: int, shortest_prompt: int, rng: jax.Array) -> None:
+    """Runs once every program a rollout of `count` trajectories can meet, on inputs that change
+    nothing (no active row, padding rows only), so that a run compiles them before its first
+    step and none after (RolloutEngine.warm_up). The list, and what bounds it:
+
+      prefill: a [chunk, engine.prompt_width] prompt cache (init_state, extend);
+      per size of the lane ladder (lane_sizes: rollout.compact_factor): decode_slots per key
+        window; per row bucket (powers of two from MIN_ROWS): extend_rows (a gather, the feed of
+        feed_width tokens, a scatter) per key window, store_rows; the move to the next size
+        (take_rows); at the full size, copy_rows per row bucket (refills happen only there);
+      the finished trajectories' buffer and the batch's positions (TrajectoryBook.batch).
+
+    Key windows (rollout.kv_window_min): those of rows ending anywhere from the shortest prompt
+    (+ max_new_tokens for a decode call) to the whole cache. A guide's programs (Co-ReAct's
+    rewinds and saved logits) are not in the list."""
+    engine, cfg = self.engine, self.config
+    questions = max(count // cfg.group_size, 1)
+    chunk = min(cfg.prefill_rows or questions, questions)
+    width = max(engine.prompt_width, bucket(shortest_prompt))
+    state = init_state(engine.cfg, chunk, width, rng, mesh=engine.mesh)
+    prompts = engine._feed(self.pick(0), state, [[]] * chunk, np.full(chunk, -1), width=width)
+
+    slots = min(cfg.slots or count, count)
+    per_lane = math.ceil(slots / min(cfg.lanes, slots))
+    state = init_state(engine.cfg, per_lane, engine.cache_len, rng, mesh=engine.mesh)
+    progress = init_progress(per_lane, engine.stop_table, mesh=engine.mesh)
+    out = self._empty_out(count)
+    stop = (engine.stop_table, engine.eos_ids,
+            np.int32(min(cfg.max_total_tokens, engine.cache_len)))
+    model, params = self.decoder(0)
+    windows = lambda least: key_windows(least, engine.cache_len, cfg.kv_window_min)  # noqa: E731
+    feed = feed_width(cfg)
+    sizes = lane_sizes(per_lane, cfg.compact_factor)
+    for i, size in enumerate(sizes):
+      if i:
+        state, progress = take_rows(state, progress, _padded([], size, sizes[i - 1]))
+      idle, zeros = np.zeros(size, bool), np.zeros(size, np.int32)
+      for window in windows(shortest_prompt + cfg.max_new_tokens):
+        state, progress, _ = decode_slots(
+            model, params, state, progress, start=idle, turn=zeros, traj=zeros, active=idle,
+            sampling=cfg.sampling, max_new=cfg.max_new_tokens, stop=stop,
+            exit_after=np.int32(1), version=np.int32(0), **kv_window_arg(window))
+      for rows in sorted({bucket(k, MIN_ROWS) for k in range(1, size + 1)}):
+        for window in windows(shortest_prompt + 1):
+          state = extend_rows(engine.model, self.pick(0), state, _padded([], rows, size),
+                              np.zeros((rows, feed), np.int32), np.zeros(rows, np.int32),
+                              np.zeros((rows, feed), np.int32), **kv_window_arg(window))
+        out = store_rows(out, _padded([], rows, count), state, _padded([], rows, size))
+        if i == 0:
+          state = copy_rows(state, _padded([], rows, size), prompts, _padded([], rows, 0))
+    jax.block_until_ready(slot_positions(out.valid))
 
   # ------------------------------------------------------------------ one lane's phases
 
@@ -379,18 +453,21 @@ class SlotRollout:
     t0 = time.perf_counter()
     ids = self.prompt_ids[first:first + self.chunk]
     ids = list(ids) + [[]] * (self.chunk - len(ids))
-    state = init_state(self.engine.cfg, self.chunk, bucket(max(len(p) for p in ids)), self.rng,
-                       mesh=self.engine.mesh)
+    # engine.prompt_width (RolloutEngine.warm_up: the run's longest prompt) keeps every chunk at
+    # one width, so one prefill and one copy program per row bucket serve the run.
+    width = max(bucket(max(len(p) for p in ids)), self.engine.prompt_width)
+    state = init_state(self.engine.cfg, self.chunk, width, self.rng, mesh=self.engine.mesh)
     self.prompts, tokens = self.engine._feed(self.pick(0), state, ids, np.full(self.chunk, -1),
-                                             count=True)
+                                             count=True, width=width)
     self.prompt_base = first
     self.work["prefill_tokens"] += tokens
     self.timings["extend_s"] += time.perf_counter() - t0
 
   def _feed(self, lane: _Lane) -> None:
     """Feeds the lane's pending segments (an observation, the next turn's hook text) into their
-    rows only: one extend_rows call, or with several policies one per segment round and policy
-    (the policy of the turn a segment belongs to encodes it, as in the turn engine)."""
+    rows only: one extend_rows call (per feed_width part), or with several policies one per
+    segment round and policy (the policy of the turn a segment belongs to encodes it, as in the
+    turn engine)."""
     feeds, lane.feeds = lane.feeds, {}
     if self.policy_for_turn is None:  # one policy: each row's segments in one call
       rounds = [{s: [seg for seg in segs if seg[0]] for s, segs in feeds.items()}]
@@ -403,43 +480,52 @@ class SlotRollout:
           if r < len(segs) and segs[r][0]:
             by_policy[self.policy_for_turn(segs[r][1])][s] = [segs[r]]
         rounds += list(by_policy.values())
+    width = feed_width(self.config)
     for group in rounds:
       group = {s: segs for s, segs in group.items() if segs}
       if not group:
         continue
-      slots = sorted(group)
-      rows = bucket(len(slots), MIN_ROWS)
-      # At least an observation's width: one feed program serves nearly every call.
-      width = bucket(max(sum(len(ids) for ids, _ in group[s]) for s in slots),
-                     minimum=bucket(self.config.max_obs_tokens))
-      tokens = np.zeros((rows, width), np.int32)
-      turns = np.zeros((rows, width), np.int32)
-      lengths = np.zeros(rows, np.int32)
-      for i, s in enumerate(slots):
-        ids = [x for seg, _ in group[s] for x in seg]
-        tokens[i, :len(ids)] = ids
-        turns[i, :len(ids)] = [t for seg, t in group[s] for _ in seg]
-        lengths[i] = len(ids)
+      ids = {s: [x for seg, _ in segs for x in seg] for s, segs in group.items()}
+      turn_of = {s: [t for seg, t in segs for _ in seg] for s, segs in group.items()}
       # book.length already counts what is fed (observations and hook text) and guides.extra a
-      # guide's prefix: where rows end.
-      trajs = lane.traj[slots]
+      # guide's prefix: where rows end (after every part below).
+      trajs = lane.traj[sorted(group)]
       end = int((self.book.length[trajs] + self.guides.extra[trajs]).max())
       window = self.engine.kv_window(end, lane.state.tokens.shape[1])
-      lane.state = extend_rows(self.engine.model, self.pick(int(turns[0, 0])), lane.state,
-                               _padded(slots, rows, lane.size), tokens, lengths, turns,
-                               **kv_window_arg(window))
-      self.work["extend_tokens"] += tokens.size
+      # One feed width (an observation's): a longer feed (hook text, a guide's prefix) goes in
+      # parts, each part one call over the rows that still have tokens to feed.
+      for offset in range(0, max(len(x) for x in ids.values()), width):
+        slots = sorted(s for s in group if len(ids[s]) > offset)
+        rows = bucket(len(slots), MIN_ROWS)
+        tokens = np.zeros((rows, width), np.int32)
+        turns = np.zeros((rows, width), np.int32)
+        lengths = np.zeros(rows, np.int32)
+        for i, s in enumerate(slots):
+          part = ids[s][offset:offset + width]
+          tokens[i, :len(part)] = part
+          turns[i, :len(part)] = turn_of[s][offset:offset + width]
+          lengths[i] = len(part)
+        lane.state = extend_rows(self.engine.model, self.pick(int(turns[0, 0])), lane.state,
+                                 _padded(slots, rows, lane.size), tokens, lengths, turns,
+                                 **kv_window_arg(window))
+        self.work["extend_tokens"] += tokens.size
 
   def _compact(self, lane: _Lane) -> None:
     """Once no trajectory waits: a lane whose live rows fit a smaller size of its ladder
     (`lane_sizes`) moves them into a lane of that size, so decode steps stop computing rows that
-    finished."""
+    finished. It goes down the ladder one size at a time (a move per size: the moves a run can
+    make are the ladder's consecutive pairs, a few programs, not every pair of sizes)."""
     live = lane.live()
     size = lane_size(max(len(live), 1), self.per_lane, self.config.compact_factor)
     if not len(live) or size >= lane.size:
       return
-    rows = _padded(live, size, lane.size)  # lane.size: padding, a free row
-    lane.state, lane.progress = take_rows(lane.state, lane.progress, rows)
+    rows, current = live, lane.size
+    for rung in [s for s in lane_sizes(self.per_lane, self.config.compact_factor)
+                 if size <= s < lane.size]:
+      # current: padding, a free row; after the first move the live rows are the first ones.
+      lane.state, lane.progress = take_rows(lane.state, lane.progress,
+                                            _padded(rows, rung, current))
+      rows, current = np.arange(len(live)), rung
     keep = lambda a, fill: np.concatenate(  # noqa: E731
         [a[live], np.full(size - len(live), fill, a.dtype)])
     lane.traj, lane.turn = keep(lane.traj, -1), keep(lane.turn, 0)

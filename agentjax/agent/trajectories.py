@@ -91,7 +91,7 @@ SLOT_FIELDS = ("tokens", "positions", "valid", "loss_mask", "logprobs", "turn_id
 
 
 @jax.jit
-def _slot_positions(valid: jax.Array) -> jax.Array:
+def slot_positions(valid: jax.Array) -> jax.Array:
   """[B, S] each valid slot's index, 0 elsewhere (one program, not three eager ones)."""
   slots = jnp.arange(valid.shape[1], dtype=jnp.int32)[None]
   return jnp.where(valid, slots, 0)
@@ -222,7 +222,7 @@ class TrajectoryBook:
       self.turn_ends[stale, t] = self.turn_ends[stale, t - 1]
     valid = arrays["valid"]
     return TrajectoryBatch(
-        tokens=arrays["tokens"], positions=_slot_positions(valid), valid=valid,
+        tokens=arrays["tokens"], positions=slot_positions(valid), valid=valid,
         loss_mask=arrays["sampled"], logprobs=arrays["logprobs"], turn_id=arrays["turn_id"],
         versions=arrays["versions"], turn_ends=self.turn_ends, num_turns=self.num_turns, answered=self.answered,
         format_valid=np.array([trajectory_error(a) is None for a in self.actions], bool),

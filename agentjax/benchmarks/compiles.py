@@ -5,8 +5,8 @@ compiles, by name: while it is built, at each step, and in one eval (bench_compi
     python launch/bench.py compiles --config=configs/igpo.py:research --steps=10 \
         --compile_root=runs/research --compile_model=backbones/research_v2/final
 
-The run is the trainer's own (train.trainer.build_rl and its RLStep, on this machine's devices),
-without checkpoints: steps and one eval of --compile_eval dev questions. --compile_root: a folder
+The run is the trainer's own (train.trainer.build_rl, the rollouts' warm-up when rollout.warm_up
+is on, and its RLStep, on this machine's devices), without checkpoints: steps and one eval of --compile_eval dev questions. --compile_root: a folder
 with the world (synthworld/, tfds/, bm25_index/, as launch/demo.py and the studies lay it out);
 default: the demo world built in a temporary folder. --compile_model: an HF folder to start from
 (default: the config's; a random model of its preset when it names none). The reference is the
@@ -47,7 +47,7 @@ def bench_compiles() -> dict:
   from agentjax.parallel import use_mesh
   from agentjax.train import config as config_lib
   from agentjax.train.evaluation import evaluate
-  from agentjax.train.trainer import build_rl
+  from agentjax.train.trainer import build_rl, warm_up_rollouts
   if FLAGS.config is None:
     raise SystemExit("compiles: give --config=configs/<method>.py:<preset>")
   config = FLAGS.config
@@ -66,6 +66,10 @@ def bench_compiles() -> dict:
     t0 = time.perf_counter()
     parts = build_rl(config)
     built = log.take()
+    if config.rollout.warm_up:  # as the trainer does before step 1
+      warm_up_rollouts(config, parts, parts.state)
+    warmed = log.take()
+    built += warmed
     state, step_programs, step_seconds = parts.state, [], []
     for step in range(steps):
       t = time.perf_counter()
@@ -86,7 +90,9 @@ def bench_compiles() -> dict:
   return {
       "bench": "compiles", "config": f"{config.algorithm} ({start}, {config.rollout.engine} engine)",
       "device": device_name(), "steps": steps,
-      "programs_build": len(built), "programs_per_step": [len(s) for s in step_programs],
+      "programs_build": len(built) - len(warmed), "programs_warm_up": len(warmed),
+      "warm_up_seconds": round(sum(s for _, s in warmed), 2),
+      "programs_per_step": [len(s) for s in step_programs],
       "programs_by_step_1": first_after,
       "programs_after_step_1": len(after_first), "programs_eval": len(evaluated),
       "programs_total": len(every),

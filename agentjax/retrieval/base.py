@@ -186,7 +186,8 @@ def load_corpus(path: str) -> list[dict[str, Any]]:
 # kind -> factory(**kwargs) -> SearchBackend. The built-in ones register themselves when their
 # module is first imported (so that e.g. the http client does not pay for importing bm25s).
 BACKENDS = Registry("search backend kind", {"bm25": "agentjax.retrieval.bm25",
-                                            "http": "agentjax.retrieval.http"})
+                                            "http": "agentjax.retrieval.http",
+                                            "dense": "agentjax.retrieval.dense_index"})
 
 
 def register_backend(kind: str, factory: Callable[..., SearchBackend]) -> None:

@@ -78,8 +78,15 @@ def load_model(config: Any, mesh: jax.sharding.Mesh) -> tuple[QwenConfig, Any, A
   return cfg, params, tokenizer
 
 
-def make_search_backend(config: Any) -> SearchBackend:
+def make_search_backend(config: Any, mesh: jax.sharding.Mesh | None = None) -> SearchBackend:
+  """config.retrieval's backend; a dense index is placed with its rows over `mesh`'s devices
+  (every process searches it with the same queries: a collective, like BM25 a pure function)."""
   r = config.retrieval
+  if r.backend == "dense":
+    return make_backend("dense", index_dir=os.path.expanduser(r.index_dir),
+                        corpus_path=os.path.expanduser(r.corpus_path) if r.corpus_path else None,
+                        mesh=mesh, query_prefix=r.query_prefix,
+                        recall_target=r.recall_target or None)
   if r.backend == "bm25":
     with primary_first("bm25-index"):  # one process builds the on-disk index, the others load it
       return make_backend("bm25", corpus_path=os.path.expanduser(r.corpus_path),

@@ -297,6 +297,8 @@ def _validate_rollout(config: Any) -> None:
   factor = config.rollout.compact_factor
   if isinstance(factor, bool) or not isinstance(factor, int) or factor < 0 or factor == 1:
     _fail("rollout.compact_factor", factor, "must be 0 (lanes never compact) or an int >= 2")
+  if not isinstance(config.rollout.warm_up, bool):
+    _fail("rollout.warm_up", config.rollout.warm_up, "must be true or false")
   prefill_rows = config.rollout.prefill_rows
   if isinstance(prefill_rows, bool) or not isinstance(prefill_rows, int) or prefill_rows < 0:
     _fail("rollout.prefill_rows", prefill_rows, "must be an int >= 0 (0: every prompt in one "
@@ -351,8 +353,15 @@ def _validate_retrieval(config: Any) -> None:
     url = str(_get(config, "retrieval.url"))
     if not url.startswith(("http://", "https://")):
       _fail("retrieval.url", url, "the http backend needs an http(s):// URL")
+  elif backend == "dense":
+    if not _get(config, "retrieval.index_dir"):
+      _fail("retrieval.index_dir", _get(config, "retrieval.index_dir"),
+            "the dense backend needs an index folder (launch/index.py)")
+    target = _get(config, "retrieval.recall_target")
+    if not 0.0 <= target < 1.0:
+      _fail("retrieval.recall_target", target, "must be in [0, 1) (0: exact search)")
   else:
-    _fail("retrieval.backend", backend, "must be 'bm25' or 'http'")
+    _fail("retrieval.backend", backend, "must be 'bm25', 'http' or 'dense'")
 
 def _validate_critic(config: Any) -> None:
   """The PPO estimators' settings (ppo.*, critic.*)."""
@@ -501,3 +510,7 @@ def check_paths(config: Any) -> None:
   if config.retrieval.backend == "bm25" and not os.path.isfile(
       os.path.expanduser(config.retrieval.corpus_path)):
     _fail("retrieval.corpus_path", config.retrieval.corpus_path, "no such file")
+  if config.retrieval.backend == "dense" and not os.path.isfile(
+      os.path.join(os.path.expanduser(config.retrieval.index_dir), "manifest.json")):
+    _fail("retrieval.index_dir", config.retrieval.index_dir, "no dense index there (no "
+          "manifest.json: build one with launch/index.py)")

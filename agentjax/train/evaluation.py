@@ -47,6 +47,11 @@ ABSTENTION_SCORES = ("coverage", "accuracy_answered", "abstain_rate", "abstain_p
                      "accuracy_insufficient", "abstain_sufficient")
 
 
+def eval_key(seed: int, batch: int, sample: int) -> jax.Array:
+  """The rollout key of `evaluate`'s batch `batch`, sample `sample` (a warm-up makes it alike)."""
+  return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), batch), sample)
+
+
 def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], batch_size: int,
              *, samples: int = 1, seed: int = 0) -> dict[str, Any]:
   """`samples` rollouts of every record by `engine` (its sampling settings); EM/F1 against the
@@ -70,7 +75,6 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
     raise ValueError(f"samples must be >= 1, got {samples}")
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-  root = jax.random.key(seed)
   rows = []
   for index, start in enumerate(range(0, len(records), batch_size)):
     chunk = list(records[start:start + batch_size])
@@ -79,7 +83,7 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
     questions = [r["question"] for r in chunk]
     batch_rows: list[list[dict[str, Any]]] = [[] for _ in range(real)]
     for s in range(samples):
-      rng = jax.random.fold_in(jax.random.fold_in(root, index), s)
+      rng = eval_key(seed, index, s)
       # An agent with labels of its own (DAC: the sufficiency of each evidence set) gets golds.
       labels = {"golds": [r["golden_answers"] for r in chunk]} \
           if getattr(engine, "labels_from_golds", False) else {}
@@ -233,7 +237,7 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   sampling = None  # greedy; a temperature samples with the config's top_k / top_p filters
   if temperature is not None:
     sampling = sampling_params(config, temperature=float(temperature))
-  _, engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh, lora,
+  _, engine = make_agents(config, cfg, tokenizer, make_search_backend(config, mesh), mesh, lora,
                           eval_sampling=sampling, eval_only=True)
   if make_engine is not None:  # another agent on the same policy (launch/eval.py --agent)
     engine = make_engine(config, engine, mesh)

@@ -315,6 +315,23 @@ class RLStep:
     produced = self.produce(state["params"], questions, rollout_rng, step, version=step)
     return self.consume(state, produced, step, rng, t_step)
 
+  def warm_up(self, state: Mapping[str, Any], prompt_lengths: tuple[int, int]) -> None:
+    """Compiles the rollout's programs before step 1 (rollout.warm_up; RolloutEngine.warm_up)
+    with the parameters, key and mesh `produce` gives them. One-agent stages only (DAC's two
+    roles are not warmed). prompt_lengths: the run's (shortest, longest) prompt in tokens."""
+    if self.engine is None:
+      return
+    mesh = self.sampler_mesh or self.mesh
+    params = state["params"] if self.sampler_mesh is None else self.to_sampler(state["params"])[0]
+    _, rollout_rng = _split_key(state["rng"])
+    if self.sampler_mesh is not None:
+      rollout_rng = jax.device_put(rollout_rng, jax.sharding.NamedSharding(
+          mesh, jax.sharding.PartitionSpec()))
+    with use_mesh(mesh):
+      self.engine.warm_up(self.target.rollout_params(params),
+                          self.config.rl.prompts_per_step * self.engine.config.group_size,
+                          prompt_lengths, rollout_rng)
+
   def to_sampler(self, params: Any) -> tuple[Any, float]:
     """(the parameters a later step's rollout runs with, seconds): a copy of `params` (the
     update donates its own), on the sampler's devices with the split placement (the weight

@@ -289,6 +289,7 @@ class RLParts:
   state: dict  # the fresh train state {params, opt_state, rng, ...}
   rl_step: RLStep
   sampler_mesh: Any = None  # the split placement's sampler devices (train.async_steps)
+  prompt_lengths: tuple[int, int] = (1, 1)  # the shortest and longest prompt (train and dev)
 
 
 def build_rl(config: Any) -> RLParts:
@@ -319,11 +320,14 @@ def build_rl(config: Any) -> RLParts:
   stream = QuestionStream(train_records, config.seed)
   if config.data.eval_size:
     dev = dev[:config.data.eval_size]
-  engine, eval_engine = make_agents(config, cfg, tokenizer, make_search_backend(config), mesh,
-                                    target.spec, train_mesh=sampler_mesh)
+  # A dense index lives where the rollouts run (the sampler's devices with the split placement).
+  backend = make_search_backend(config, sampler_mesh or mesh)
+  engine, eval_engine = make_agents(config, cfg, tokenizer, backend, mesh, target.spec,
+                                    train_mesh=sampler_mesh)
   task = kind.make_task(config, mesh, engine) if kind.make_task is not None else None
   searcher = kind.prompt_agent(engine)
-  longest = max(len(searcher.prompt_ids(r["question"])) for r in stream.records + dev)
+  lengths = [len(searcher.prompt_ids(r["question"])) for r in stream.records + dev]
+  longest = max(lengths)
   if longest + config.rollout.max_new_tokens >= config.rollout.max_total_tokens:
     raise config_lib.ConfigError(
         f"config.rollout.max_total_tokens={config.rollout.max_total_tokens}: a {longest}-token "
@@ -337,7 +341,22 @@ def build_rl(config: Any) -> RLParts:
   rl_step = RLStep.build(config, mesh, stage, optimizer, ref_params, target=target,
                          ref_model=ref_model, sampler_mesh=sampler_mesh)
   return RLParts(mesh, cfg, tokenizer, target, task, stream, dev, eval_name, eval_engine, state,
-                 rl_step, sampler_mesh)
+                 rl_step, sampler_mesh, prompt_lengths=(min(lengths), longest))
+
+
+def warm_up_rollouts(config: Any, parts: RLParts, state: dict) -> None:
+  """rollout.warm_up: every program of the run's rollouts compiled now (RolloutEngine.warm_up),
+  the training rollouts' with the parameters, key and mesh a step gives them (RLStep.warm_up)
+  and the QA eval's (one eval_batch, the key `evaluate` makes, under the eval's mesh); a task's
+  own eval and DAC's two roles are not warmed."""
+  parts.rl_step.warm_up(state, parts.prompt_lengths)
+  if parts.task is not None or not isinstance(parts.eval_engine, RolloutEngine):
+    return
+  with use_mesh(parts.mesh):
+    parts.eval_engine.warm_up(
+        parts.target.rollout_params(state["params"]),
+        config.train.eval_batch * parts.eval_engine.config.group_size, parts.prompt_lengths,
+        eval_key(0, 0, 0))  # made as evaluate makes it, under the same mesh
 
 
 class RLEvals:
@@ -469,6 +488,11 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   save = lambda at, force: ckpt.save(  # noqa: E731
       at, state, {"position": position, "faults": faults.state()}, force=force)
 
+  if config.rollout.warm_up and step < steps:  # the rollouts' programs now, none after step 1
+    warm, t0 = CompileCounter(), time.perf_counter()
+    warm_up_rollouts(config, parts, state)
+    log.info("rollout warm-up: %d programs compiled in %.1f s", warm.count,
+             time.perf_counter() - t0)
   compiles = CompileCounter()  # programs compiled by this process since the loop started
   with _Preemption() as preempt, contextlib.ExitStack() as stack:
     if config.train.eval_at_start and step == 0:
@@ -529,8 +553,8 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
 
 # Evaluation lives in agentjax/train/evaluation.py; its names stay importable from here (the RL
 # loop calls `evaluate` through this module's namespace, so tests can patch trainer.evaluate).
-from agentjax.train.evaluation import (ABSTENTION_SCORES, eval_benchmarks, evaluate,  # noqa: E402,F401
-                                       format_table)
+from agentjax.train.evaluation import (ABSTENTION_SCORES, eval_benchmarks, eval_key,  # noqa: E402,F401
+                                       evaluate, format_table)
 
 
 # ============================================================================ SFT
