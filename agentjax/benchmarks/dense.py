@@ -28,6 +28,10 @@ flags.DEFINE_integer("dense_k", 10, "dense: results per query.")
 flags.DEFINE_float("dense_recall", 0.95, "dense: approx_max_k's recall target.")
 flags.DEFINE_integer("dense_encoder_layers", 2, "dense: encoder layers timed (e5-base has 12).")
 flags.DEFINE_integer("dense_passages", 256, "dense: passages encoded per timing.")
+flags.DEFINE_integer("dense_fit_docs", 21_000_000, "dense_fit: indexed vectors (Search-R1's "
+                     "2018 Wikipedia: 21M passages).")
+flags.DEFINE_integer("dense_fit_devices", 8, "dense_fit: fake CPU devices the index is split "
+                     "over.")
 
 
 def _corpus(n: int, e: int, rng) -> np.ndarray:
@@ -113,6 +117,33 @@ def _encode_bench(repeats: int) -> dict:
           "transformers_passages_per_s": round(passages / ref_s, 1),
           "encode_over_transformers": round(ref_s / ours_s, 3),
           "torch_threads": torch.get_num_threads()}
+
+
+def bench_dense_fit() -> dict:
+  """`python launch/bench.py dense_fit`: the search program of a wiki-scale bfloat16 index
+  (--dense_fit_docs x --dense_dim) on --dense_fit_devices fake CPU devices, compiled and never
+  run; memory per device (memory_analysis: arguments, outputs, temporaries) against the index's
+  own share. Must run before jax is imported (launch/bench.py does)."""
+  from agentjax.benchmarks.fit import force_devices
+  force_devices(FLAGS.dense_fit_devices)
+  import jax.numpy as jnp
+  from agentjax.parallel import make_mesh
+  from agentjax.retrieval.dense import compiled_search
+  n, e, q, k = FLAGS.dense_fit_docs, FLAGS.dense_dim, FLAGS.batch or 512, FLAGS.dense_k
+  t0 = time.perf_counter()
+  compiled = compiled_search(n, e, q, k, dtype=jnp.bfloat16, mesh=make_mesh(
+      FLAGS.dense_fit_devices))
+  memory = compiled.memory_analysis()
+  gb = 1 << 30
+  total = (memory.argument_size_in_bytes + memory.output_size_in_bytes
+           + memory.temp_size_in_bytes - memory.alias_size_in_bytes)
+  return {"bench": "dense_fit", "docs": n, "dim": e, "dtype": "bfloat16", "queries": q, "k": k,
+          "devices": FLAGS.dense_fit_devices, "compile_s": round(time.perf_counter() - t0, 1),
+          "index_gb_per_device": round(n * e * 2 / FLAGS.dense_fit_devices / gb, 3),
+          "argument_gb": round(memory.argument_size_in_bytes / gb, 3),
+          "temp_gb": round(memory.temp_size_in_bytes / gb, 3),
+          "total_gb_per_device": round(total / gb, 3),
+          "reference": "the index's own bytes per device (N x E x 2 / devices)"}
 
 
 def bench_dense() -> dict:

@@ -10,7 +10,7 @@ from agentjax.benchmarks.compiles import bench_compiles
 from agentjax.benchmarks.coreact import bench_coreact
 from agentjax.benchmarks.decode import bench_decode
 from agentjax.benchmarks.decode_window import bench_decode_window
-from agentjax.benchmarks.dense import bench_dense
+from agentjax.benchmarks.dense import bench_dense, bench_dense_fit
 from agentjax.benchmarks.fit import bench_fit
 from agentjax.benchmarks.forward import bench_forward
 from agentjax.benchmarks.gpu import bench_gpu
@@ -33,4 +33,4 @@ BENCHES = {"gpu": bench_gpu, "forward": bench_forward, "decode": bench_decode, "
            "sft_step": bench_sft_step, "judge": bench_judge, "train_step": bench_train_step,
            "coreact": bench_coreact, "ppo_step": bench_ppo_step,
            "fit": bench_fit, "async": bench_async, "compiles": bench_compiles,
-           "dense": bench_dense}
+           "dense": bench_dense, "dense_fit": bench_dense_fit}
