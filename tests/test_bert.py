@@ -145,3 +145,17 @@ def test_params_carry_logical_axes_for_the_mesh():
   assert axes["layers_0"]["q_proj"]["kernel"] == jax.sharding.PartitionSpec(
       "embed", "heads", "head_dim")
   assert axes["word_embeddings"] == jax.sharding.PartitionSpec("vocab", "embed")
+
+
+def test_save_hf_round_trips_through_transformers(hf_bert, tmp_path):
+  """bert.save_hf writes a folder transformers loads as the same BertModel, and the pooling file
+  that load_hf reads back."""
+  from transformers import BertModel
+  folder, model = hf_bert
+  cfg, params = bert.load_hf(folder, pooling="cls")
+  out = bert.save_hf(str(tmp_path / "saved"), cfg, params)
+  again = BertModel.from_pretrained(out).eval()
+  tokens, valid = _batch(2)
+  np.testing.assert_allclose(_reference(again, tokens, valid), _reference(model, tokens, valid),
+                             rtol=1e-6, atol=1e-6)
+  assert bert.load_hf(out)[0].pooling == "cls"

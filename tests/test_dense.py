@@ -109,17 +109,15 @@ def encoder_dir(tmp_path_factory):
   the corpus as FlashRAG JSONL: (encoder folder, corpus path, transformers model)."""
   import json
   import torch
-  from transformers import BertConfig, BertModel, BertTokenizerFast
+  from transformers import BertConfig, BertModel
+  from agentjax.retrieval.encoder_training import wordpiece_tokenizer
   root = tmp_path_factory.mktemp("dense")
-  words = sorted({w for doc in CORPUS for w in doc.lower().replace("\n", " ").split()}
-                 | {"query", "passage", ":", "who", "what"})
-  vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + words
-  (root / "vocab.txt").write_text("\n".join(vocab) + "\n")
   folder = root / "encoder"
-  tokenizer = BertTokenizerFast(vocab_file=str(root / "vocab.txt"))
+  tokenizer = wordpiece_tokenizer(CORPUS + ["query: passage: who what"], 300)
+  assert "[UNK]" not in tokenizer.tokenize("query: the castle of east")  # real word pieces
   tokenizer.save_pretrained(str(folder))
   torch.manual_seed(1)
-  model = BertModel(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+  model = BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2,
                                num_attention_heads=4, intermediate_size=48,
                                max_position_embeddings=64), add_pooling_layer=False).eval()
   model.save_pretrained(str(folder), safe_serialization=True)
@@ -272,3 +270,88 @@ def test_the_trainer_config_selects_the_dense_backend(encoder_dir, tmp_path):
   backend = make_search_backend(config, make_mesh())
   assert isinstance(backend, DenseBackend) and backend.num_docs == 30
   assert backend.search(["the river of south"], 1).documents[0]
+
+
+def test_an_encoder_trained_on_the_world_retrieves_in_a_short_rl_run(world_dir, tokenizer,
+                                                                      tmp_path):
+  """encoder_training: InfoNCE over a world's first-hop pairs lowers the loss and beats chance
+  recall on held-out questions; saved, indexed and searched in-process, it serves a 2-step RL
+  run (retrieval.backend "dense") whose rollouts search with it."""
+  import json
+  from agentjax.models import bert
+  from agentjax.retrieval import make_backend
+  from agentjax.retrieval.base import load_corpus
+  from agentjax.retrieval.dense_index import DenseBackend, TextEncoder, build_dense_index
+  from agentjax.retrieval.encoder_training import (EncoderTraining, first_hop_pairs, recall_at,
+                                                   info_nce, train_encoder)
+  from agentjax.train.trainer import train
+  from tests.trainer_fixtures import run_metrics, tiny_config
+  # the loss against a NumPy reference
+  rng = np.random.default_rng(0)
+  q, p = rng.normal(size=(5, 8)), rng.normal(size=(5, 8))
+  logits = q @ p.T / 0.1
+  want = -np.mean(np.diag(logits - np.log(np.exp(logits).sum(1, keepdims=True))))
+  np.testing.assert_allclose(float(info_nce(q, p, 0.1)), want, rtol=1e-5)
+
+  corpus = load_corpus(os.path.join(world_dir, "corpus.jsonl"))
+  rows = [json.loads(line) for line in open(os.path.join(world_dir, "train.jsonl"))]
+  questions, gold = first_hop_pairs(rows, corpus)
+  assert len(questions) == len(rows) and all(
+      corpus[g]["contents"].split("\n")[0].strip('"') == r["chain"][0]
+      for g, r in zip(gold, rows))
+  settings = EncoderTraining(hidden_size=32, num_layers=1, num_heads=2, vocab_size=600,
+                             steps=40, batch_size=16, lr=3e-3)
+  cfg, params, tok, losses = train_encoder(settings, questions[:120], gold[:120],
+                                           [r["contents"] for r in corpus])
+  assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.3, losses
+  folder = bert.save_hf(str(tmp_path / "encoder"), cfg, params, tok)
+  index = str(tmp_path / "index")
+  build_dense_index(os.path.join(world_dir, "corpus.jsonl"), TextEncoder(folder), index)
+  backend = make_backend("dense", index_dir=index)
+  held = recall_at(backend, questions[120:], [corpus[g]["id"] for g in gold[120:]], ks=(10,))
+  assert held["recall@10"] > 3 * 10 / len(corpus), held  # chance: 10 / N
+
+  config = tiny_config(world_dir, tokenizer.name_or_path, str(tmp_path), algorithm="grpo",
+                       steps=2)
+  config.retrieval.backend = "dense"
+  config.retrieval.index_dir = index
+  config.train.eval_every = 0
+  config.train.export_hf = False
+  calls = []
+  original = DenseBackend.search
+  DenseBackend.search = lambda self, queries, topk: calls.append(len(queries)) or original(
+      self, queries, topk)
+  try:
+    train(config, str(tmp_path / "run"))
+  finally:
+    DenseBackend.search = original
+  rows = run_metrics(str(tmp_path / "run"), "reward")
+  assert len(rows) == 2 and all(r["search_failure_rate"] == 0.0 for r in rows)
+  # (a random tiny policy seldom writes a well-formed search: the scripted one below does)
+  assert sum(calls) == sum(r["search_queries"] for r in rows)
+
+
+def test_rollouts_search_the_dense_index(scripted_world, encoder_dir, tmp_path):
+  """The rollout engine with the "dense" backend: the scripted agent's searches go to it in one
+  batched call per lane and turn, and its observations hold the index's passages."""
+  import jax
+  from agentjax.agent import RolloutConfig, RolloutEngine
+  from agentjax.retrieval import make_backend
+  from agentjax.retrieval.dense_index import TextEncoder, build_dense_index
+  from agentjax.sampling import SamplingParams
+  from tests import agent_fixtures as af
+  from tests.test_rollout import QUESTIONS
+  tok, _, agent = scripted_world
+  folder, corpus, _, _ = encoder_dir
+  build_dense_index(corpus, TextEncoder(folder), str(tmp_path / "index"))
+  backend = make_backend("dense", index_dir=str(tmp_path / "index"))
+  engine = RolloutEngine(agent.cfg, tok, backend, RolloutConfig(
+      group_size=2, max_turns=3, max_new_tokens=16, max_obs_tokens=96, max_total_tokens=1024,
+      topk=2, sampling=SamplingParams(greedy=True)))
+  batch, metrics = engine.run(agent.params(af.SEARCH, af.ANSWER), QUESTIONS, jax.random.key(0))
+  assert metrics["search_queries"] > 0 and backend.stats.queries == metrics["search_queries"]
+  ids = {f"d{i}" for i in range(len(CORPUS))}
+  documents = [d for row in batch.turns for t in row for d in t.documents]
+  assert documents and all(d.id in ids for d in documents)  # the dense index's passages
+  assert all(d.title in t.observation for row in batch.turns for t in row
+             for d in t.documents[:1] if t.observation)

@@ -4,6 +4,7 @@ prefix of a BertFor* checkpoint) into the encoder's params, through the decoder'
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 import jax
@@ -11,7 +12,7 @@ import jax
 from agentjax.models.bert.config import BertConfig
 from agentjax.models.bert.model import abstract_params, param_shardings
 from agentjax.models.qwen.checkpoint import (ParamMap, arrays_from_tensors, check_tensors,
-                                             expected_tensors)
+                                             expected_tensors, tensors_of, write_hf_folder)
 from agentjax.models.safetensors_io import SafetensorsFolder
 
 # Tensors a BERT checkpoint may carry that the encoder does not use: the pooler (dense + tanh
@@ -72,3 +73,14 @@ def load_hf(path: str, mesh: jax.sharding.Mesh | None = None, **config_overrides
   check_tensors(folder, expected_tensors(mapping, abstract_params(cfg)), unused, "BERT encoder")
   shardings = param_shardings(cfg, mesh) if mesh is not None else None
   return cfg, arrays_from_tensors(mapping, abstract_params(cfg), folder, shardings)
+
+
+def save_hf(path: str, cfg: BertConfig, params: Any, tokenizer: Any = None) -> str:
+  """A Hugging Face folder transformers loads as BertModel (config.json, safetensors, the
+  tokenizer), with sentence-transformers' 1_Pooling/config.json naming the pooling; written
+  crash-safely (models/qwen/checkpoint.write_hf_folder). Returns its absolute path."""
+  pooling = {"word_embedding_dimension": cfg.hidden_size,
+             "pooling_mode_cls_token": cfg.pooling == "cls",
+             "pooling_mode_mean_tokens": cfg.pooling == "mean"}
+  return write_hf_folder(path, tensors_of(param_map(cfg), params), cfg.to_hf_dict(), tokenizer,
+                         extra_json={os.path.join("1_Pooling", "config.json"): pooling})

@@ -56,6 +56,16 @@ class BertConfig:
   def tanh_gelu(self) -> bool:
     return _ACTIVATIONS[self.hidden_act]
 
+  def to_hf_dict(self) -> dict[str, Any]:
+    """A config.json transformers loads as BertModel."""
+    return {"architectures": ["BertModel"], "model_type": "bert", "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size, "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads, "intermediate_size": self.intermediate_size,
+            "max_position_embeddings": self.max_position_embeddings,
+            "type_vocab_size": self.type_vocab_size, "layer_norm_eps": self.layer_norm_eps,
+            "hidden_act": self.hidden_act, "position_embedding_type": "absolute",
+            "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+
   @classmethod
   def from_hf_dict(cls, hf: dict[str, Any], **overrides: Any) -> "BertConfig":
     """From a config.json's dict; errors name the field."""

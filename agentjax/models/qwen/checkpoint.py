@@ -337,11 +337,13 @@ def save_hf(path: str, cfg: QwenConfig, params: Any, tokenizer: Any = None,
 
 def write_hf_folder(path: str, tensors: Iterator[tuple[str, np.ndarray]],
                     hf_config: Mapping[str, Any], tokenizer: Any = None,
-                    max_shard_bytes: int = 4 << 30, copy_files: Sequence[str] = ()) -> str:
+                    max_shard_bytes: int = 4 << 30, copy_files: Sequence[str] = (),
+                    extra_json: Mapping[str, Any] | None = None) -> str:
   """A Hugging Face folder at `path`: the (name, host array) `tensors` as safetensors shards,
-  `hf_config` as config.json, the tokenizer and `copy_files` beside them; written with
-  `staged_folder` (see save_hf). Every process consumes `tensors` (their gathers); process 0
-  writes. Returns the absolute path."""
+  `hf_config` as config.json, the tokenizer and `copy_files` beside them, and extra_json's
+  {relative path: object} as JSON files (e.g. sentence-transformers' 1_Pooling/config.json);
+  written with `staged_folder` (see save_hf). Every process consumes `tensors` (their gathers);
+  process 0 writes. Returns the absolute path."""
   if jax.process_index() != 0:
     for _ in tensors:  # take part in the gathers
       pass
@@ -355,4 +357,8 @@ def write_hf_folder(path: str, tensors: Iterator[tuple[str, np.ndarray]],
       tokenizer.save_pretrained(staging)
     for src in copy_files:
       shutil.copy(src, os.path.join(staging, os.path.basename(src)))
+    for name, value in (extra_json or {}).items():
+      os.makedirs(os.path.dirname(os.path.join(staging, name)), exist_ok=True)
+      with open(os.path.join(staging, name), "w") as f:
+        json.dump(value, f, indent=2)
   return path
