@@ -147,10 +147,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # Before step 1, run every program the slot engine's rollouts can meet (training and eval) once
   # on inputs that change nothing (RolloutEngine.warm_up: lane sizes x key windows, row buckets,
   # the prompt cache at the run's longest prompt): the run compiles them up front, not at the
-  # step whose schedule first meets one (on a pod, every process stalls then). It compiles some
-  # programs a run would never meet. Our reading: JetStream and vLLM warm their decode shapes
-  # up before serving.
-  c.rollout.warm_up = True
+  # step whose schedule first meets one (on a pod, every process stalls then), and none after
+  # step 1. Off by default: the list is the whole ladder, about twice what a run meets (the
+  # research preset: 173 programs, docs/BENCHMARKS.md "compiles"), until the ladder shrinks.
+  # Our reading: JetStream and vLLM warm their decode shapes up before serving.
+  c.rollout.warm_up = False
   # Asynchronous RL (train.async_steps >= 1): a rollout in flight when the trainer publishes newer
   # parameters "off": ends with those it started with; "continue": samples the rest with the
   # newest (read at each turn / decode call; its tokens tagged with their versions, the KV cache

@@ -677,7 +677,7 @@ def test_a_run_compiles_no_program_after_its_first_step(world_dir, tokenizer_dir
   config.train.async_steps = async_steps
   config.train.export_hf = False
   config.train.checkpoint_every = 10
-  assert config.rollout.warm_up  # the default
+  config.rollout.warm_up = True
   workdir = str(tmp_path / "run")
   train(config, workdir)
   compiles = [r["compiles"] for r in run_metrics(workdir, "reward")]
