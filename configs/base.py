@@ -91,6 +91,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.retrieval.index_dir = ""
   c.retrieval.query_prefix = "query: "  # dense: before each query (e5's; bge: its instruction)
   c.retrieval.recall_target = 0.0       # dense: approximate search at this recall; 0: exact
+  c.retrieval.devices = 0               # dense: the index on the first N devices; 0: all
   c.retrieval.url = ""
   c.retrieval.timeout_s = 30.0
   c.retrieval.topk = 3

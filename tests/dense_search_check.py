@@ -18,10 +18,12 @@ def main():
   queries = rng.normal(size=(5, 16)).astype(np.float32)
   queries[0] = docs[3]
   one = search(build_index(docs, chunk=32), queries, 20)
-  for mesh in (make_mesh(8), make_mesh(2, 2, 2)):
+  # the whole mesh, a 3-axis one, and a named subset (retrieval.devices: the first 4)
+  for mesh in (make_mesh(8), make_mesh(2, 2, 2), make_mesh(devices=jax.devices()[:4])):
     index = build_index(docs, chunk=32, mesh=mesh)
-    assert index.embeddings.sharding.shard_shape(index.embeddings.shape)[0] * 8 == \
+    assert index.embeddings.sharding.shard_shape(index.embeddings.shape)[0] * mesh.size == \
         index.embeddings.shape[0]
+    assert len(index.embeddings.sharding.device_set) == mesh.size
     got = search(index, queries, 20)
     np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(one[1]))
     np.testing.assert_allclose(np.asarray(got[0]), np.asarray(one[0]), rtol=1e-6)

@@ -269,6 +269,11 @@ def test_the_trainer_config_selects_the_dense_backend(encoder_dir, tmp_path):
   config.retrieval.corpus_path = ""
   backend = make_search_backend(config, make_mesh())
   assert isinstance(backend, DenseBackend) and backend.num_docs == 30
+  config.retrieval.devices = -1
+  with pytest.raises(config_lib.ConfigError, match="config.retrieval.devices=-1"):
+    config_lib.validate(config)
+  config.retrieval.devices = 1  # the first device of the mesh (8 fake ones: dense_search_check)
+  assert make_search_backend(config, make_mesh()).index.mesh.size == 1
   assert backend.search(["the river of south"], 1).documents[0]
 
 

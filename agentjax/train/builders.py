@@ -26,6 +26,7 @@ from agentjax.judge import judge_identity
 from agentjax.models.qwen import QwenConfig, init_params, param_shardings
 from agentjax.models.qwen.checkpoint import load_hf
 from agentjax.models.tokenizer import load_tokenizer
+from agentjax.parallel import make_mesh
 from agentjax.parallel.host import primary_first
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
@@ -83,6 +84,8 @@ def make_search_backend(config: Any, mesh: jax.sharding.Mesh | None = None) -> S
   (every process searches it with the same queries: a collective, like BM25 a pure function)."""
   r = config.retrieval
   if r.backend == "dense":
+    if r.devices and mesh is not None:  # the first N devices of the mesh hold the index
+      mesh = make_mesh(devices=list(mesh.devices.flat)[:r.devices])
     return make_backend("dense", index_dir=os.path.expanduser(r.index_dir),
                         corpus_path=os.path.expanduser(r.corpus_path) if r.corpus_path else None,
                         mesh=mesh, query_prefix=r.query_prefix,

@@ -360,6 +360,9 @@ def _validate_retrieval(config: Any) -> None:
     target = _get(config, "retrieval.recall_target")
     if not 0.0 <= target < 1.0:
       _fail("retrieval.recall_target", target, "must be in [0, 1) (0: exact search)")
+    devices = _get(config, "retrieval.devices")
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
+      _fail("retrieval.devices", devices, "must be an int >= 0 (0: every device of the mesh)")
   else:
     _fail("retrieval.backend", backend, "must be 'bm25', 'http' or 'dense'")
 

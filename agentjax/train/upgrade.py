@@ -35,6 +35,7 @@ ADDED: tuple[tuple[str, Any, str], ...] = (
      "each chunk's own width)"),
     ("retrieval.query_prefix", "query: ", "the dense backend's query prefix (unused by others)"),
     ("retrieval.recall_target", 0.0, "exact dense search (unused by other backends)"),
+    ("retrieval.devices", 0, "a dense index on every device (unused by other backends)"),
     ("rl.ig_probe_tokens", "split", "IGPO's probes tokenized apart from the template"),
     ("rl.probe_all", False, "IGPO's probes only for the methods that read them"),
     ("rl.off_policy_correction", "none", "no weighting by the sampler's log-probs"),
