@@ -65,6 +65,11 @@ def test_ties_come_lower_id_first_across_chunks():
   assert sorted(everything[0]) == list(range(100)) and list(everything[1]) == list(range(100))
   want = _reference(docs, queries, 100)[1]
   np.testing.assert_array_equal(everything, want)
+  # faiss' IndexFlatIP returns the same documents and scores, equal scores in the other order
+  # (higher id first: [99, 70, 41, 40, 7] here; its order among ties is not documented)
+  faiss_scores, faiss_ids = _faiss(docs, queries, 5)
+  assert [sorted(row) for row in faiss_ids] == [sorted(row) for row in np.asarray(ids)]
+  np.testing.assert_allclose(faiss_scores, np.asarray(scores), rtol=1e-6)
 
 
 def test_bf16_index_and_approximate_recall():
@@ -149,7 +154,8 @@ def test_index_equals_transformers_and_resumes_after_a_kill(encoder_dir, tmp_pat
   want = _hf_embed(model, tokenizer, ["passage: " + c for c in CORPUS])
   whole = di.build_dense_index(corpus, encoder, str(tmp_path / "whole"), shard_docs=8)
   assert [s["rows"] for s in whole["shards"]] == [[0, 8], [8, 16], [16, 24], [24, 30]]
-  _, emb = di.load_embeddings(str(tmp_path / "whole"))
+  manifest, emb = di.load_embeddings(str(tmp_path / "whole"))
+  assert manifest["ids"] == [f"d{i}" for i in range(len(CORPUS))]
   np.testing.assert_allclose(emb, want, rtol=1e-5, atol=1e-6)
 
   calls = []

@@ -10,7 +10,8 @@ the padding never returned) placed with rows over every device of the mesh (logi
 merged into a running [Q, k] in a lax.scan: memory Q x (chunk + k), never Q x N), then the
 devices' [Q, k] candidates are gathered and merged. Exact search returns the same ids and scores
 as faiss' IndexFlatIP; equal scores come lower id first (lax.top_k keeps the lower index among
-equals; the running candidates precede the chunk's, and devices hold contiguous blocks in order).
+equals; the running candidates precede the chunk's, and devices hold contiguous blocks in order),
+where faiss lists them higher id first (its tie order is not documented).
 
 Shapes: N documents, E embedding width, Q queries, k results.
 """

@@ -5,7 +5,8 @@
     backend.search(["who wrote hamlet"], topk=3)
 
 An index folder holds the passages' embeddings as safetensors shards ("embeddings" [n, E],
-float32 or bfloat16), one per `shard_docs` corpus lines in corpus order, and manifest.json: the
+float32 or bfloat16; the documents' ids in the metadata), one per `shard_docs` corpus lines in
+corpus order, and manifest.json: the
 corpus (path and sha256), the encoder folder, the prefixes and length it encoded with, and the
 finished shards. A shard is written to a temporary name and renamed, then recorded in the
 manifest (itself replaced atomically): a build killed at any point resumes at the first
@@ -28,6 +29,7 @@ from typing import Any, Callable, Sequence
 
 import jax
 import numpy as np
+from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 from agentjax.models import bert
@@ -137,7 +139,9 @@ def build_dense_index(corpus_path: str, encoder: TextEncoder, out_dir: str, *,
     emb = encoder([passage_prefix + r["contents"] for r in chunk], progress)
     emb = emb.astype(np.dtype(dtype)) if dtype != "float32" else emb
     tmp = os.path.join(out_dir, name + ".tmp")
-    save_file({"embeddings": emb}, tmp, metadata={"format": "pt"})
+    # The shard's document ids ride in its metadata (safetensors holds tensors and strings).
+    save_file({"embeddings": emb}, tmp,
+              metadata={"format": "pt", "ids": json.dumps([r["id"] for r in chunk])})
     os.replace(tmp, os.path.join(out_dir, name))
     manifest["shards"].append({"file": name, "rows": [start, start + len(chunk)]})
     _write_json(path, manifest)
@@ -146,7 +150,8 @@ def build_dense_index(corpus_path: str, encoder: TextEncoder, out_dir: str, *,
 
 
 def load_embeddings(index_dir: str) -> tuple[dict[str, Any], np.ndarray]:
-  """(manifest, embeddings [N, E]) of a finished index folder; errors name what is missing."""
+  """(manifest, embeddings [N, E]) of a finished index folder, the manifest's "ids" the
+  documents' ids in row order (from the shards' metadata); errors name what is missing."""
   path = os.path.join(index_dir, MANIFEST)
   if not os.path.exists(path):
     raise CorpusError(f"{path}: no dense index here (build one with launch/index.py)")
@@ -156,15 +161,18 @@ def load_embeddings(index_dir: str) -> tuple[dict[str, Any], np.ndarray]:
   if covered != manifest["num_docs"]:
     raise CorpusError(f"{path}: the index is unfinished ({covered} of {manifest['num_docs']} "
                       "passages encoded); run launch/index.py again to finish it")
-  parts = []
+  parts, ids = [], []
   for shard in sorted(manifest["shards"], key=lambda s: s["rows"][0]):
-    emb = load_file(os.path.join(index_dir, shard["file"]))["embeddings"]
+    path = os.path.join(index_dir, shard["file"])
+    emb = load_file(path)["embeddings"]
+    with safe_open(path, framework="numpy") as f:
+      ids += json.loads((f.metadata() or {}).get("ids", "[]"))
     if emb.shape != (shard["rows"][1] - shard["rows"][0], manifest["dim"]):
       raise CorpusError(f"{os.path.join(index_dir, shard['file'])}: embeddings of shape "
                         f"{list(emb.shape)}, the manifest says "
                         f"[{shard['rows'][1] - shard['rows'][0]}, {manifest['dim']}]")
     parts.append(emb)
-  return manifest, np.concatenate(parts)
+  return {**manifest, "ids": ids}, np.concatenate(parts)
 
 
 class DenseBackend:
@@ -189,6 +197,8 @@ class DenseBackend:
       raise CorpusError(f"{corpus_path or manifest['corpus']}: not the corpus the index at "
                         f"{index_dir} was built from (its sha256 differs)")
     self._ids = [r["id"] for r in rows]
+    if manifest["ids"] != self._ids:
+      raise CorpusError(f"{index_dir}: the shards' document ids are not the corpus's, in order")
     self._contents = [r["contents"] for r in rows]
     self.num_docs = len(rows)
     self.encoder = encoder if isinstance(encoder, TextEncoder) else TextEncoder(
