@@ -17,7 +17,7 @@ $(STAMP): setup.py
 	$(PIP) install --upgrade pip 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install torch==2.13.0 2>&1 | grep -v "^WARNING: Location" || true
 	$(PIP) install -e '.[test]' 2>&1 | grep -v "^WARNING: Location" || true
-	$(PY) -c "import agentjax, jax, flax, torch, transformers, xdist"
+	$(PY) -c "import agentjax, jax, flax, torch, transformers, xdist, faiss"
 	touch $(STAMP)
 
 # The default suite (~10 minutes on 2 cores); test-all adds the slow end-to-end checks
