@@ -553,7 +553,8 @@ def _search_every_turn(monkeypatch, down_at_steps):
   made = []
   real_backend = trainer.make_search_backend
   monkeypatch.setattr(trainer, "make_search_backend",
-                      lambda config: made.append(_FlakyBackend(real_backend(config))) or made[-1])
+                      lambda config, mesh=None: made.append(_FlakyBackend(
+                          real_backend(config, mesh))) or made[-1])
   real_call = step_lib.RLStep.__call__
 
   def call(self, state, questions, step):
