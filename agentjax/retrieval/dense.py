@@ -113,6 +113,8 @@ def _search_rows(rows: Array, queries: Array, first: Array, size: int, k: int, c
 @functools.partial(jax.jit, static_argnames=("size", "k", "chunk", "approx", "mesh"))
 def _search(embeddings: Array, queries: Array, *, size: int, k: int, chunk: int,
             approx: float | None, mesh: jax.sharding.Mesh | None) -> tuple[Array, Array]:
+  # Host queries come in as they are (no eager copy program per shape) and are cast here.
+  queries = queries.astype(embeddings.dtype)
   if mesh is None:
     return _search_rows(embeddings, queries, jnp.int32(0), size, k, chunk, approx)
   axes = mesh.axis_names
@@ -138,9 +140,9 @@ def search(index: DenseIndex, queries: np.ndarray | Array, k: int,
   elsewhere it may be exact); the merges stay exact."""
   if not 1 <= k <= index.size:
     raise ValueError(f"dense search: k={k} must be in [1, {index.size}] (the index's documents)")
-  queries = jnp.asarray(queries, index.embeddings.dtype)
-  if queries.ndim != 2 or queries.shape[1] != index.embeddings.shape[1]:
-    raise ValueError(f"dense search: queries of shape {tuple(queries.shape)}, expected "
+  shape = np.shape(queries)
+  if len(shape) != 2 or shape[1] != index.embeddings.shape[1]:
+    raise ValueError(f"dense search: queries of shape {tuple(shape)}, expected "
                      f"[Q, {index.embeddings.shape[1]}]")
   return _search(index.embeddings, queries, size=index.size, k=k, chunk=index.chunk,
                  approx=recall_target, mesh=index.mesh)

@@ -44,6 +44,21 @@ _FORMAT = 1
 E5_QUERY, E5_PASSAGE = "query: ", "passage: "
 
 
+def padded_tokens(ids: Sequence[Sequence[int]], rows: int = 0, fill: int = 0
+                  ) -> tuple[np.ndarray, np.ndarray]:
+  """Token id lists -> (tokens, valid) [max(rows, n), bucket(longest)] right-padded with 0: a
+  few widths, a few programs. Rows past the lists hold one `fill` token (no row all padding)."""
+  n = max(rows, len(ids))
+  width = bucket(max(len(x) for x in ids))
+  tokens = np.zeros((n, width), np.int32)
+  tokens[:, 0] = fill
+  lengths = np.ones(n, np.int32)
+  for r, x in enumerate(ids):
+    tokens[r, :len(x)] = x
+    lengths[r] = max(len(x), 1)
+  return tokens, np.arange(width)[None] < lengths[:, None]
+
+
 class TextEncoder:
   """Texts -> [N, E] float32 embeddings with an encoder folder (config.json, safetensors, its
   tokenizer): a BERT-family model (e5, bge: agentjax/models/bert, mean or [CLS] pooling) or
@@ -82,14 +97,7 @@ class TextEncoder:
     cls = ids[0][0] if ids and ids[0] else 0
     for start in range(0, len(order), self.batch_size):
       rows = order[start:start + self.batch_size]
-      width = bucket(max(len(ids[i]) for i in rows))
-      tokens = np.zeros((self.batch_size, width), np.int32)
-      tokens[:, 0] = cls  # padding rows hold one token: no row is all padding
-      lengths = np.ones(self.batch_size, np.int32)
-      for r, i in enumerate(rows):
-        tokens[r, :len(ids[i])] = ids[i]
-        lengths[r] = max(len(ids[i]), 1)
-      valid = np.arange(width)[None] < lengths[:, None]
+      tokens, valid = padded_tokens([ids[i] for i in rows], self.batch_size, cls)
       out[rows] = np.asarray(self._encode(self.cfg, self.params, tokens, valid))[:len(rows)]
       if progress is not None:
         progress(len(rows))

@@ -24,7 +24,7 @@ import optax
 
 from agentjax.judge.oracle import gold_chain, title_key
 from agentjax.models import bert
-from agentjax.sampling import bucket
+from agentjax.retrieval.dense_index import padded_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +73,7 @@ def wordpiece_tokenizer(texts: Sequence[str], vocab_size: int) -> Any:
 
 
 def _tokens(tokenizer: Any, texts: Sequence[str], max_length: int) -> tuple[np.ndarray, np.ndarray]:
-  ids = tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"]
-  width = bucket(max(len(x) for x in ids))
-  tokens = np.zeros((len(ids), width), np.int32)
-  for i, x in enumerate(ids):
-    tokens[i, :len(x)] = x
-  return tokens, tokens != 0
+  return padded_tokens(tokenizer(list(texts), truncation=True, max_length=max_length)["input_ids"])
 
 
 def info_nce(q: jax.Array, p: jax.Array, temperature: float) -> jax.Array:
