@@ -323,14 +323,18 @@ class RLStep:
       return
     mesh = self.sampler_mesh or self.mesh
     params = state["params"] if self.sampler_mesh is None else self.to_sampler(state["params"])[0]
-    _, rollout_rng = _split_key(state["rng"])
-    if self.sampler_mesh is not None:
-      rollout_rng = jax.device_put(rollout_rng, jax.sharding.NamedSharding(
-          mesh, jax.sharding.PartitionSpec()))
+    rollout_rng = self._on_sampler(_split_key(state["rng"])[1])
     with use_mesh(mesh):
       self.engine.warm_up(self.target.rollout_params(params),
                           self.config.rl.prompts_per_step * self.engine.config.group_size,
                           prompt_lengths, rollout_rng)
+
+  def _on_sampler(self, key: jax.Array) -> jax.Array:
+    """A key from the trainer's state, replicated on the sampler's devices (split placement)."""
+    if self.sampler_mesh is None:
+      return key
+    return jax.device_put(key, jax.sharding.NamedSharding(self.sampler_mesh,
+                                                          jax.sharding.PartitionSpec()))
 
   def to_sampler(self, params: Any) -> tuple[Any, float]:
     """(the parameters a later step's rollout runs with, seconds): a copy of `params` (the
@@ -364,9 +368,7 @@ class RLStep:
     stages with `partial` only): the rollout continues with (or restarts from) the newest.
     Every sampled token's version is in the batches' `versions`."""
     config, mesh = self.config, self.sampler_mesh or self.mesh
-    if self.sampler_mesh is not None:  # the key comes from the trainer's state
-      rollout_rng = jax.device_put(rollout_rng, jax.sharding.NamedSharding(
-          mesh, jax.sharding.PartitionSpec()))
+    rollout_rng = self._on_sampler(rollout_rng)
     # 1. rollouts and rewards (the stage's; host rewards)
     t0 = time.perf_counter()
     with use_mesh(mesh):
