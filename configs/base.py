@@ -140,6 +140,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # times the live rows. Our reading: vLLM captures its decode graphs at a fixed list of batch
   # sizes (cudagraph_capture_sizes) for the same reason.
   c.rollout.compact_factor = 2
+  # A lane's feeds, stores and refills of k rows run on MIN_ROWS * f^j >= k rows (f: this; at
+  # most the lane's size; 0: always the whole lane): f bounds their programs (each row count
+  # compiles a gather, a feed per key window, a scatter, a store) at up to f times the rows fed.
+  c.rollout.row_bucket_factor = 2
   # The slot engine prefills the prompts this many at a time and holds only their caches (the
   # next chunk when its first trajectory takes a slot); 0: all at once. Our reading: vLLM (verl's
   # rollout) bounds a prefill by tokens per batch (max_num_batched_tokens); rows are simpler to
@@ -212,6 +216,10 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # SFT export kept its gain and time (dev F1 +0.043, 4.2 paired s.e., RL 228 s; "split" +0.040,
   # 4.3 s.e., 230 s: docs/BENCHMARKS.md "demo"), so "natural" is the default.
   c.rl.ig_probe_tokens = "natural"
+  # The probes' width: the longest probe (template + gold) rounded up to a multiple of this. Each
+  # width the batches meet compiles the scoring pass again; a larger multiple makes fewer widths
+  # (one, once it holds the longest gold) and scores more padding per turn boundary.
+  c.rl.probe_width_multiple = 8
   c.rl.loss = "ppo"                  # ppo | gspo (agentjax.rl.losses.POLICY_LOSSES)
   # The sampler-vs-trainer gap (agentjax/rl/offpolicy.py): every step logs mismatch/* (the
   # sampler's log-probs against the scoring pass); a correction weights each token's
@@ -573,6 +581,21 @@ def _demo(c):
   c.train.checkpoint_every = 10
   c.data.eval_size = 500
   c.train.eval_batch = 100
+  # Few programs (issue 48: a CPU run's first steps were mostly compiling): every program of the
+  # rollouts compiled before step 1, training's and eval's (rollout.warm_up), none after. One lane
+  # shape (no compaction), feeds on 4, 16 or all rows of a lane; eval on the training's slots and
+  # prompt chunks (64 slots, 8 prompts a prefill), so that it runs the training's feed, gather,
+  # scatter and refill programs; one batch width for scoring and updates (no trim), packed rows
+  # on powers of two, probes on multiples of 32. None changes a sampled token or a loss
+  # (tested); each costs some padding (docs/BENCHMARKS.md "compiles").
+  c.rollout.warm_up = True
+  c.rollout.compact_factor = 0
+  c.rollout.row_bucket_factor = 4
+  c.rollout.slots = 64
+  c.rollout.prefill_rows = 8
+  c.rl.trim_batches = False
+  c.rl.pack_rows_per_octave = 1
+  c.rl.probe_width_multiple = 32
   c.sft.steps = 1000
   c.sft.batch_size = 16
   c.sft.max_len = 384

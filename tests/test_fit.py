@@ -74,3 +74,46 @@ def test_fit_check_extrapolates_two_depths_to_the_models_own():
     assert abs(row["total_gb"] - (a + (depth - 1) * (b - a))) < 1e-2, (name, row)
   assert result["fits"] is True
   assert result["peak_gb"] == max(r["total_gb"] for r in result["programs"].values())
+
+
+def _ladder(full: int, factor: int) -> list[int]:
+  """Lane sizes by brute force: full / factor^k rounded up, down to 1 (factor 0: full only)."""
+  return sorted({full} | ({-(-full // factor ** k) for k in range(40)} if factor else set()),
+                reverse=True)
+
+
+def test_precompile_lists_every_shape_of_the_slot_ladder():
+  """launch/precompile.py (fit with --ladders) on 2 fake devices: the training and the eval
+  rollouts' programs are exactly the ladder's, by a reference written here (lane sizes, key
+  windows of 64 * 2^k below the 256-slot cache then the whole cache, rows on powers of two from 4
+  capped at the lane), each compiled with its memory; scoring and the update as fit has them."""
+  env = subprocess_env(JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "launch/precompile.py", *SMALL, "--config.rollout.lanes=1",
+       "--config.rollout.kv_window_min=64", "--config.train.eval_batch=6",
+       "--config.rollout.compact_factor=2", "--config.rollout.row_bucket_factor=2"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  lines = proc.stdout.strip().splitlines()
+  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+  result = json.loads(lines[-1])
+  assert result["device_memory_gb"] is None and result["fits"] is True  # a CPU: no limit
+  windows = ["64", "128", "all"]
+  want = set()
+  for prefix, count in (("rollout", 4), ("eval_rollout", 6)):  # lanes=1: one lane of `count`
+    sizes = _ladder(count, 2)
+    rows = {size: sorted({min(max(4, 2 ** (k - 1).bit_length()), max(size, 4))
+                          for k in range(1, size + 1)}) for size in sizes}
+    want.add(f"{prefix}/prefill")
+    want |= {f"{prefix}/move[{a}->{b}]" for a, b in zip(sizes, sizes[1:])}
+    want |= {f"{prefix}/decode[{s},{w}]" for s in sizes for w in windows}
+    want |= {f"{prefix}/{kind}[{s},{r}]" for s in sizes for r in rows[s]
+             for kind in ("gather", "scatter", "store")}
+    want |= {f"{prefix}/refill[{r}]" for r in rows[sizes[0]]}
+    want |= {f"{prefix}/feed[{r},{w}]" for r in set().union(*rows.values()) for w in windows}
+  got = set(result["programs"])
+  assert {n for n in got if "rollout" in n} == want, sorted(got ^ want)
+  assert {"score/policy", "update"} <= got and result["num_programs"] == len(got)
+  for name in want:
+    row = result["programs"][name]
+    assert row["compile_s"] >= 0 and row["total_gb"] > 0, (name, row)
+  assert f"{len(got)} programs" in proc.stdout

@@ -202,3 +202,25 @@ def test_probe_tokens_natural_keeps_the_gold_as_the_model_writes_it():
   assert not np.array_equal(natural.tokens, split.tokens)
   with pytest.raises(ValueError, match="ig_probe_tokens"):
     build_probes(encode, [[gold]], template, tokens="joined")
+
+
+def test_probe_width_multiple_pads_the_same_probes():
+  """rl.probe_width_multiple: the probe width is the longest probe rounded up to a multiple of it
+  (8 by default); a wider multiple only adds padding (invalid, unscored, zero tokens), so batches
+  of other gold lengths keep one width (one scoring program)."""
+  encode = lambda text: [ord(c) for c in text]  # noqa: E731  (a token per character)
+  template = "<a>{gt}</a>"
+  golds = [["Orsk"], ["Kefurn Robotics"], ["x"]]
+  base = build_probes(encode, golds, template)
+  longest = len("<a>Kefurn Robotics</a>")  # 22 characters
+  assert base.tokens.shape[-1] == 24 == -(-longest // 8) * 8
+  for multiple, width in ((1, 22), (32, 32), (48, 48)):
+    wide = build_probes(encode, golds, template, width_multiple=multiple)
+    assert wide.tokens.shape == (3, 1, width)
+    n = min(width, 24)
+    for name in ("tokens", "score", "valid"):
+      np.testing.assert_array_equal(getattr(wide, name)[..., :n], getattr(base, name)[..., :n])
+      assert not getattr(wide, name)[..., n:].any()
+    np.testing.assert_array_equal(wide.alias_valid, base.alias_valid)
+  short = build_probes(encode, [["Orsk"]], template, width_multiple=32)
+  assert short.tokens.shape[-1] == 32  # another batch, the same width

@@ -308,6 +308,23 @@ def test_lane_size_ladder():
     RolloutConfig(compact_factor=1)
 
 
+def test_row_bucket_ladder():
+  """rollout.row_bucket_factor: k rows of a lane run on the smallest 4 * f^j >= k, capped at the
+  lane's size (never below 4); f = 0: the lane's size (a reference by brute force over j)."""
+  from agentjax.agent.slots import row_bucket, row_buckets
+  assert row_buckets(32, 2) == [4, 8, 16, 32] and row_buckets(32, 4) == [4, 16, 32]
+  assert row_buckets(50, 2) == [4, 8, 16, 32, 50] and row_buckets(32, 0) == [32]
+  assert row_buckets(2, 2) == [4] and row_buckets(3, 0) == [4]
+  for size in (1, 3, 8, 24, 50, 64):
+    for factor in (0, 2, 3, 4):
+      rungs = [4 * factor ** j for j in range(12)] if factor else []
+      for k in range(1, size + 1):
+        want = min([r for r in rungs if r >= k] + [max(size, 4)])
+        assert row_bucket(k, size, factor) == want, (size, factor, k)
+  with pytest.raises(ValueError, match="rollout.row_bucket_factor"):
+    RolloutConfig(row_bucket_factor=1)
+
+
 def test_engine_config_errors():
   with pytest.raises(ValueError, match="rollout.engine"):
     RolloutConfig(engine="paged")
@@ -357,14 +374,16 @@ def test_warm_up_compiles_every_program_a_rollout_meets(world):
   tok, backend, agent = world
   params = agent.params(af.SEARCH, af.ANSWER)
   questions = QUESTIONS * 2
-  for lanes in (1,):  # one lane of 8 slots: the deepest ladder (8, 4, 2, 1)
-    engine = make(world, sampling=SAMPLED, lanes=lanes, max_turns=4, kv_window_min=64)
+  want, _ = make(world, sampling=SAMPLED, lanes=1, max_turns=4, kv_window_min=64).run(
+      params, questions, jax.random.key(20))
+  # One lane of 8 slots: the deepest ladder (8, 4, 2, 1); then one lane shape, feeds on the
+  # whole lane (rollout.compact_factor and row_bucket_factor 0): the same trajectories.
+  for ladder in ({}, {"compact_factor": 0, "row_bucket_factor": 0}):
+    engine = make(world, sampling=SAMPLED, lanes=1, max_turns=4, kv_window_min=64, **ladder)
     lengths = [len(engine.prompt_ids(q)) for q in questions]
     engine.warm_up(params, len(questions) * 2, (min(lengths), max(lengths)), jax.random.key(9))
     with CompileLog() as log:
       runs = [engine.run(params, questions[k:] + questions[:k], jax.random.key(20 + k))
               for k in range(3)]
-    assert not log.programs, list(zip(log.programs, log.sources))
-    want, _ = make(world, sampling=SAMPLED, lanes=lanes, max_turns=4, kv_window_min=64).run(
-        params, questions, jax.random.key(20))
+    assert not log.programs, (ladder, list(zip(log.programs, log.sources)))
     assert_same_trajectories(runs[0][0], want)

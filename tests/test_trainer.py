@@ -152,6 +152,8 @@ def test_unknown_preset_names_the_known_ones():
     ({"rl.ig_probe_tokens": "joined"}, "config.rl.ig_probe_tokens='joined': must be one of"),
     ({"rl.pack_rows_per_octave": 3}, "config.rl.pack_rows_per_octave=3: must be a power of two"),
     ({"rollout.compact_factor": 1}, "config.rollout.compact_factor=1: must be 0"),
+    ({"rollout.row_bucket_factor": 1}, "config.rollout.row_bucket_factor=1: must be 0"),
+    ({"rl.probe_width_multiple": 0}, "config.rl.probe_width_multiple=0: must be"),
     ({"model.param_dtype": "float16"},  # QwenConfig refuses it: caught here, before loading
      "config.model.param_dtype='float16': must be one of ['float32', 'bfloat16']"),
 ])

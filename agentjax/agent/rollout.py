@@ -120,6 +120,10 @@ class RolloutConfig:
   # decode stops computing finished rows. Each size is a few more programs: f bounds them
   # (slots.lane_sizes) at up to f times the live rows computed.
   compact_factor: int = 2
+  # The feeds, stores and refills of k rows of a lane run on MIN_ROWS * f^j >= k rows (f =
+  # row_bucket_factor; at most the lane's size; 0: always the lane's size): a larger f makes
+  # fewer programs and computes up to f times the rows fed (slots.row_bucket).
+  row_bucket_factor: int = 2
   # Asynchronous RL: what a rollout in flight does when the trainer publishes newer parameters
   # (agentjax/agent/feed.py): "off" (ends with the parameters it started with), "continue"
   # (samples the rest with the new ones; tokens tagged with their versions) or "restart". Read
@@ -137,6 +141,10 @@ class RolloutConfig:
         self.compact_factor < 0 or self.compact_factor == 1:
       raise ValueError("rollout.compact_factor must be 0 (never compact) or an int >= 2, got "
                        f"{self.compact_factor!r}")
+    if isinstance(self.row_bucket_factor, bool) or not isinstance(self.row_bucket_factor, int) \
+        or self.row_bucket_factor < 0 or self.row_bucket_factor == 1:
+      raise ValueError("rollout.row_bucket_factor must be 0 (a lane's size) or an int >= 2, got "
+                       f"{self.row_bucket_factor!r}")
     if self.kv_window_min < 0:
       raise ValueError("rollout.kv_window_min must be >= 0 (0: no windows), got "
                        f"{self.kv_window_min}")

@@ -41,6 +41,7 @@ others (Best-of-N samples, retries) draw other keys.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import time
 from typing import Any, Callable, Sequence
@@ -59,8 +60,8 @@ from agentjax.sampling.sampler import RUNNING, rewind
 from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories, extend_rows,
                                      init_progress, store_rows, take_rows)
 
-# Row-count buckets of the row-subset programs (extend_rows, copy_rows, store_rows): powers of
-# two from this size on, so a rollout compiles a few of them.
+# The smallest row count of the row-subset programs (extend_rows, copy_rows, store_rows; their
+# ladder: row_bucket), so a rollout compiles a few of them.
 MIN_ROWS = 4
 
 
@@ -97,6 +98,73 @@ def feed_width(config: Any) -> int:
   """The token width of every feed call of the slot engine: an observation's,
   bucket(rollout.max_obs_tokens); a longer feed goes in parts of it (one program)."""
   return bucket(config.max_obs_tokens)
+
+
+def row_bucket(n: int, size: int, factor: int) -> int:
+  """Rows the row-subset programs (feeds, stores, refills) of a lane of `size` slots run for n
+  listed rows (rollout.row_bucket_factor f): the smallest MIN_ROWS * f^k >= n, at most the lane's
+  size (not below MIN_ROWS); f = 0: the lane's size (one shape per lane size)."""
+  cap = max(size, MIN_ROWS)
+  rows = MIN_ROWS
+  while factor and rows < n:
+    rows *= factor
+  return cap if not factor else min(rows, cap)
+
+
+def row_buckets(size: int, factor: int) -> list[int]:
+  """Every row_bucket of a lane of `size` slots."""
+  return sorted({row_bucket(k, size, factor) for k in range(1, size + 1)})
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotLadder:
+  """Every shape the slot engine's programs take in a rollout of `count` trajectories, from the
+  settings alone: what SlotRollout.warm_up runs and `launch/train.py --precompile` compiles.
+
+    prefill   [chunk, prompt_width] prompts (init_state, extend): 1
+    decode    decode_slots per lane size x decode window
+    feed      per row bucket of each lane size: a gather and a scatter (lane size x rows),
+              _extend_tokens per feed window (rows x window: shared by every lane size), a store
+    move      take_rows from each lane size to the next
+    refill    copy_rows per row bucket of the full lane (refills happen only there)
+  """
+  count: int
+  chunk: int                         # prompts prefilled at once
+  prompt_width: int
+  cache_len: int
+  feed_tokens: int                   # feed_width(config)
+  sizes: tuple[int, ...]             # lane_sizes, full first
+  row_factor: int                    # rollout.row_bucket_factor (row_buckets)
+  decode_windows: tuple[Any, ...]    # key_windows of decode calls (None: the whole cache)
+  feed_windows: tuple[Any, ...]
+
+  @classmethod
+  def of(cls, config: Any, count: int, cache_len: int, prompt_width: int,
+         shortest_prompt: int) -> "SlotLadder":
+    """The ladder of a rollout of `count` trajectories (config: a RolloutConfig) whose prompts
+    are prefilled at `prompt_width` and are at least `shortest_prompt` tokens long."""
+    questions = max(count // config.group_size, 1)
+    slots = min(config.slots or count, count)
+    per_lane = math.ceil(slots / min(config.lanes, slots))
+    windows = lambda least: tuple(key_windows(least, cache_len, config.kv_window_min))  # noqa
+    return cls(count=count, chunk=min(config.prefill_rows or questions, questions),
+               prompt_width=max(prompt_width, bucket(shortest_prompt)), cache_len=cache_len,
+               feed_tokens=feed_width(config), row_factor=config.row_bucket_factor,
+               sizes=tuple(lane_sizes(per_lane, config.compact_factor)),
+               decode_windows=windows(shortest_prompt + config.max_new_tokens),
+               feed_windows=windows(shortest_prompt + 1))
+
+  def row_buckets(self, size: int) -> list[int]:
+    return row_buckets(size, self.row_factor)
+
+  def program_counts(self) -> dict[str, int]:
+    """Programs by kind (the warm-up's list; a run meets a subset of it)."""
+    rows = [self.row_buckets(size) for size in self.sizes]
+    every = sorted({r for rs in rows for r in rs})
+    return {"prefill": 1, "decode": len(self.sizes) * len(self.decode_windows),
+            "feed_extend": len(every) * len(self.feed_windows),
+            "feed_gather": sum(map(len, rows)), "feed_scatter": sum(map(len, rows)),
+            "store": sum(map(len, rows)), "move": len(self.sizes) - 1, "refill": len(rows[0])}
 
 
 def _padded(values: Sequence[int], size: int, pad: int) -> jax.Array:
@@ -219,49 +287,37 @@ class SlotRollout:
     return out
 
   def warm_up(self, count: int, shortest_prompt: int, rng: jax.Array) -> None:
-    """Runs once every program a rollout of `count` trajectories can meet, on inputs that change
-    nothing (no active row, padding rows only), so that a run compiles them before its first
-    step and none after (RolloutEngine.warm_up). The list, and what bounds it:
-
-      prefill: a [chunk, engine.prompt_width] prompt cache (init_state, extend);
-      per size of the lane ladder (lane_sizes: rollout.compact_factor): decode_slots per key
-        window; per row bucket (powers of two from MIN_ROWS): extend_rows (a gather, the feed of
-        feed_width tokens, a scatter) per key window, store_rows; the move to the next size
-        (take_rows); at the full size, copy_rows per row bucket (refills happen only there);
-      the finished trajectories' buffer and the batch's positions (TrajectoryBook.batch).
-
-    Key windows (rollout.kv_window_min): those of rows ending anywhere from the shortest prompt
-    (+ max_new_tokens for a decode call) to the whole cache. A guide's programs (Co-ReAct's
-    rewinds and saved logits) are not in the list."""
+    """Runs once every program a rollout of `count` trajectories can meet (SlotLadder: what
+    bounds each list), on inputs that change nothing (no active row, padding rows only), so
+    that a run compiles them before its first step and none after (RolloutEngine.warm_up); then
+    the finished trajectories' buffer and the batch's positions (TrajectoryBook.batch). Key
+    windows below the shortest prompt's are skipped. A guide's programs (Co-ReAct's rewinds and
+    saved logits) are not in the list."""
     engine, cfg = self.engine, self.config
-    questions = max(count // cfg.group_size, 1)
-    chunk = min(cfg.prefill_rows or questions, questions)
-    width = max(engine.prompt_width, bucket(shortest_prompt))
-    state = init_state(engine.cfg, chunk, width, rng, mesh=engine.mesh)
-    prompts = engine._feed(self.pick(0), state, [[]] * chunk, np.full(chunk, -1), width=width)
+    ladder = SlotLadder.of(cfg, count, engine.cache_len, engine.prompt_width, shortest_prompt)
+    chunk, feed = ladder.chunk, ladder.feed_tokens
+    state = init_state(engine.cfg, chunk, ladder.prompt_width, rng, mesh=engine.mesh)
+    prompts = engine._feed(self.pick(0), state, [[]] * chunk, np.full(chunk, -1),
+                           width=ladder.prompt_width)
 
-    slots = min(cfg.slots or count, count)
-    per_lane = math.ceil(slots / min(cfg.lanes, slots))
-    state = init_state(engine.cfg, per_lane, engine.cache_len, rng, mesh=engine.mesh)
-    progress = init_progress(per_lane, engine.stop_table, mesh=engine.mesh)
+    sizes = ladder.sizes
+    state = init_state(engine.cfg, sizes[0], engine.cache_len, rng, mesh=engine.mesh)
+    progress = init_progress(sizes[0], engine.stop_table, mesh=engine.mesh)
     out = self._empty_out(count)
     stop = (engine.stop_table, engine.eos_ids,
             np.int32(min(cfg.max_total_tokens, engine.cache_len)))
     model, params = self.decoder(0)
-    windows = lambda least: key_windows(least, engine.cache_len, cfg.kv_window_min)  # noqa: E731
-    feed = feed_width(cfg)
-    sizes = lane_sizes(per_lane, cfg.compact_factor)
     for i, size in enumerate(sizes):
       if i:
         state, progress = take_rows(state, progress, _padded([], size, sizes[i - 1]))
       idle, zeros = np.zeros(size, bool), np.zeros(size, np.int32)
-      for window in windows(shortest_prompt + cfg.max_new_tokens):
+      for window in ladder.decode_windows:
         state, progress, _ = decode_slots(
             model, params, state, progress, start=idle, turn=zeros, traj=zeros, active=idle,
             sampling=cfg.sampling, max_new=cfg.max_new_tokens, stop=stop,
             exit_after=np.int32(1), version=np.int32(0), **kv_window_arg(window))
-      for rows in sorted({bucket(k, MIN_ROWS) for k in range(1, size + 1)}):
-        for window in windows(shortest_prompt + 1):
+      for rows in ladder.row_buckets(size):
+        for window in ladder.feed_windows:
           state = extend_rows(engine.model, self.pick(0), state, _padded([], rows, size),
                               np.zeros((rows, feed), np.int32), np.zeros(rows, np.int32),
                               np.zeros((rows, feed), np.int32), **kv_window_arg(window))
@@ -399,7 +455,7 @@ class SlotRollout:
     self._feed(lane)
     if lane.finishing:
       slots = lane.finishing
-      size = bucket(len(slots), MIN_ROWS)
+      size = row_bucket(len(slots), lane.size, self.config.row_bucket_factor)
       self.out = store_rows(self.out, _padded(lane.traj[slots], size, len(self.group_ids)),
                             lane.state, _padded(slots, size, lane.size))
       lane.traj[slots] = -1
@@ -416,7 +472,7 @@ class SlotRollout:
       n = int(np.sum(self.group_ids[t:t + len(free)] < self.prompt_base + self.chunk))
       here, free = free[:n], free[n:]
       trajs = [self.queue.popleft() for _ in here]
-      size = bucket(len(here), MIN_ROWS)
+      size = row_bucket(len(here), lane.size, self.config.row_bucket_factor)
       lane.state = copy_rows(lane.state, _padded(here, size, lane.size), self.prompts,
                              _padded(self.group_ids[trajs] - self.prompt_base, size, 0))
       lane.traj[here] = trajs
@@ -496,7 +552,7 @@ class SlotRollout:
       # parts, each part one call over the rows that still have tokens to feed.
       for offset in range(0, max(len(x) for x in ids.values()), width):
         slots = sorted(s for s in group if len(ids[s]) > offset)
-        rows = bucket(len(slots), MIN_ROWS)
+        rows = row_bucket(len(slots), lane.size, self.config.row_bucket_factor)
         tokens = np.zeros((rows, width), np.int32)
         turns = np.zeros((rows, width), np.int32)
         lengths = np.zeros(rows, np.int32)

@@ -65,8 +65,9 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and preset, e.g. "
                                           "configs/igpo.py:qwen2.5-7b.", lock_config=False)
 _DEVICES = flags.DEFINE_integer("devices", 8, "fit: fake CPU devices (the mesh is the preset's "
-                                "config.mesh over them).")
-_MEMORY = flags.DEFINE_float("device_memory_gb", 80.0, "fit: memory of one device, GB (1e9 B).")
+                                "config.mesh over them; 0: the devices this machine has).")
+_MEMORY = flags.DEFINE_float("device_memory_gb", 80.0, "fit: memory of one device, GB (1e9 B; "
+                             "0: the device's own limit where jax reports one, else none).")
 _MODEL = flags.DEFINE_string("model_preset", "", "fit: a QwenConfig preset (e.g. tiny, "
                              "qwen2.5-0.5b) in place of the config's model (shape only).")
 _PROMPT = flags.DEFINE_integer("prompt_tokens", 0, "fit: rollout prompt length (0: 1024 for a "
@@ -87,6 +88,10 @@ _EXTRAPOLATE = flags.DEFINE_list("extrapolate", [], "fit: two depths (e.g. 2,4):
                                  "total linearly to the model's depth; `fits` then says whether "
                                  "the extrapolated totals fit (a full compile takes 10-25 min "
                                  "on a CPU; these, seconds to a minute).")
+_LADDERS = flags.DEFINE_bool("ladders", False, "fit: every shape of the slot engine's programs "
+                             "(lane sizes x key windows, row buckets; agent.slots.SlotLadder) "
+                             "and eval's rollout, not only the widest of each (launch/"
+                             "precompile.py sets it).")
 _PROGRAMS = flags.DEFINE_list("programs", [], "fit: only these programs (names or prefixes; "
                               "default: all).")
 
@@ -317,7 +322,8 @@ def _stop(s: Setup, rollout: Any, vocab: int = 0) -> tuple:
 
 
 def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
-                     prompt_tokens: int = 0, live: int = 0) -> list[Program]:
+                     prompt_tokens: int = 0, live: int = 0, ladder: bool = False
+                     ) -> list[Program]:
   """The rollout's programs for `questions` x rollout.group_size trajectories.
 
   slots engine: the prompts' prefill (`extend` on a [rollout.prefill_rows, bucket(prompt)]
@@ -325,7 +331,8 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
   decode call (`decode_slots` over ceil(slots / lanes) rows, the whole KV budget), the
   observation feed of a lane's rows (`_extend_tokens` on every row of the lane at once, the
   widest feed); turns engine: the prefill, `generate` and the feed on the whole batch.
-  live: bytes per device allocated beside the rollout (e.g. an earlier role's batch)."""
+  live: bytes per device allocated beside the rollout (e.g. an earlier role's batch).
+  ladder: the slot engine's every program instead (slot_ladder_programs)."""
   import jax.numpy as jnp
   from agentjax.agent.slots import MIN_ROWS
   from agentjax.models.qwen import Qwen
@@ -380,6 +387,9 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
                      (model, s.params, prompts, sds((chunk, width), i32),
                       sds((chunk,), i32), sds((chunk,), i32)), live=state_live,
                      note=f"{chunk} of {questions} prompts x {width} tokens"))
+  if ladder:
+    return out + slot_ladder_programs(s, rollout, count, width, prompts, stop, sampling,
+                                      rollout_live, prefix)
   progress = sharded_like(s.mesh, SlotProgress(
       traj=sds((per_lane,), i32), turn=sds((per_lane,), i32), num_new=sds((per_lane,), i32),
       window=sds((per_lane, stop[0].window_size), jnp.uint8), reason=sds((per_lane,), i32)),
@@ -399,6 +409,70 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
         (model, s.params, sub, sds((rows, obs), i32), sds((rows,), i32), sds((rows, obs), i32)),
         live=rollout_live, note=f"{rows} rows x {obs} tokens (every row of a lane)"))
   return out
+
+
+def slot_ladder_programs(s: Setup, rollout, count: int, width: int, prompts: Any, stop: tuple,
+                         sampling: Any, live: int, prefix: str) -> list[Program]:
+  """Every program of the slot engine's ladder (agent.slots.SlotLadder, the list a run's
+  rollout.warm_up runs) as abstract calls: decode per lane size x key window, the feed's
+  extend per row bucket x window, its gathers and scatters, the stores, moves and refills.
+  Windows from the smallest rung up (the data's shortest prompt is not known here), so the list
+  holds the warm-up's. Names carry the shape: decode[size,window], feed[rows,window], ..."""
+  import jax
+  import jax.numpy as jnp
+  from agentjax.agent.slots import SlotLadder
+  from agentjax.models.qwen import Qwen
+  from agentjax.sampling import cache_size, kv_window_arg
+  from agentjax.sampling import slots as sp
+  i32, b = jnp.int32, jnp.bool_
+  model = Qwen(s.cfg, lora=s.spec)
+  dmodel, dparams = _decode_model(s)
+  cache_len = cache_size(rollout.max_total_tokens)
+  lad = SlotLadder.of(rollout, count, cache_len, width, 1)
+  wname = lambda w: "all" if w is None else str(w)  # noqa: E731
+  batch = lambda n: sharded_like(s.mesh, sds((n,), i32), _p("batch"))  # noqa: E731
+  progress = lambda n: sharded_like(s.mesh, sp.SlotProgress(  # noqa: E731
+      traj=sds((n,), i32), turn=sds((n,), i32), num_new=sds((n,), i32),
+      window=sds((n, stop[0].window_size), jnp.uint8), reason=sds((n,), i32)),
+      sp.SlotProgress(traj=_p("batch"), turn=_p("batch"), num_new=_p("batch"),
+                      window=_p("batch", None), reason=_p("batch")))
+  out_buffer = jax.eval_shape(lambda: sp.empty_trajectories(count, cache_len))
+  out_buffer = sharded_like(s.mesh, out_buffer, jax.tree.map(lambda _: _p("batch", "length"),
+                                                             out_buffer))
+  obs = lad.feed_tokens
+  programs = []
+  for i, size in enumerate(lad.sizes):
+    lane = _state(s, size, cache_len)
+    if i:
+      before = lad.sizes[i - 1]
+      programs.append(Program(f"{prefix}/move[{before}->{size}]", sp.take_rows,
+                              (_state(s, before, cache_len), progress(before), batch(size)),
+                              live=live))
+    for w in lad.decode_windows:
+      programs.append(Program(
+          f"{prefix}/decode[{size},{wname(w)}]", sp.decode_slots,
+          (dmodel, dparams, lane, progress(size), sds((size,), b), sds((size,), i32),
+           sds((size,), i32), sds((size,), b), sampling, rollout.max_new_tokens, stop,
+           sds((), i32)), kwargs=kv_window_arg(w), live=live))
+    for rows in lad.row_buckets(size):
+      sub = _state(s, rows, cache_len)
+      programs.append(Program(f"{prefix}/gather[{size},{rows}]", sp._gather_rows,
+                              (lane, batch(rows)), live=live))
+      programs.append(Program(f"{prefix}/scatter[{size},{rows}]", sp._scatter_rows,
+                              (lane, batch(rows), sub), live=live))
+      programs.append(Program(f"{prefix}/store[{size},{rows}]", sp.store_rows,
+                              (out_buffer, batch(rows), lane, batch(rows)), live=live))
+      if i == 0:
+        programs.append(Program(f"{prefix}/refill[{rows}]", sp.copy_rows,
+                                (lane, batch(rows), prompts, batch(rows)), live=live))
+  for rows in sorted({r for size in lad.sizes for r in lad.row_buckets(size)}):
+    sub = _state(s, rows, cache_len)
+    for w in lad.feed_windows:
+      programs.append(Program(
+          f"{prefix}/feed[{rows},{wname(w)}]", sp._extend_tokens,
+          (model, s.params, sub, sds((rows, obs), i32), sds((rows,), i32), sds((rows, obs), i32)),
+          kwargs=kv_window_arg(w), live=live, note=f"{rows} rows x {obs} tokens"))
+  return programs
 
 
 def _p(*names):
@@ -577,9 +651,11 @@ def judge_programs(s: Setup, judge_cfg: Any, rows: int) -> list[Program]:
 
 
 def build_programs(config: Any, mesh: Any, cfg: Any, prompt_tokens: int = 0,
-                   probe_tokens: int = 32, judge_preset: str = ""
+                   probe_tokens: int = 32, judge_preset: str = "", ladders: bool = False
                    ) -> tuple[list[Program], Setup]:
-  """Every program of one RL step of `config` (rl, rubric or dac trainer), and the Setup."""
+  """Every program of one RL step of `config` (rl, rubric or dac trainer), and the Setup.
+  ladders: the slot engine's every shape (slot_ladder_programs), the eval rollout's too
+  (train.eval_batch questions, greedy), instead of its widest programs."""
   import copy
   import types
   from agentjax.models.qwen import Qwen
@@ -601,7 +677,11 @@ def build_programs(config: Any, mesh: Any, cfg: Any, prompt_tokens: int = 0,
   batch_rows = questions * rollout.group_size
   cache_len = cache_size(rollout.max_total_tokens)
   width = trimmed_width(cache_len, rollout.max_total_tokens)
-  programs = rollout_programs(s, rollout, questions, prompt_tokens=prompt_tokens)
+  programs = rollout_programs(s, rollout, questions, prompt_tokens=prompt_tokens,
+                              ladder=ladders)
+  if ladders and config.trainer != "dac" and config.train.eval_batch:
+    programs += rollout_programs(s, rollout_config(config, greedy=True), config.train.eval_batch,
+                                 prefix="eval_rollout", prompt_tokens=prompt_tokens, ladder=True)
   # The judge is not part of the update (a local judge is its own program, below).
   quiet = copy.deepcopy(config)
   with quiet.unlocked():
@@ -714,9 +794,11 @@ def gathered_bytes(hlo: str) -> int:
 def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
               programs: list[str] | None = None, prompt_tokens: int = 0,
               probe_tokens: int = 32, judge_preset: str = "", num_layers: int = 0,
-              log: Callable[[str], None] = print) -> dict[str, Any]:
+              log: Callable[[str], None] = print, ladders: bool = False) -> dict[str, Any]:
   """Compiles the programs of `config` on the devices jax has (fake CPU devices) and reports
-  their memory per device against `device_memory_gb` (module docstring)."""
+  their memory per device against `device_memory_gb` (module docstring). ladders: every shape
+  of the slot engine's programs, eval's included (build_programs; `launch/train.py
+  --precompile`)."""
   import jax
   from agentjax.parallel import make_mesh, use_mesh
   from agentjax.train import config as config_lib
@@ -728,7 +810,8 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
   start = time.perf_counter()
   # Built outside the mesh context, as the trainer loads its state; lowered inside it, as the
   # trainer calls its programs.
-  todo, setup = build_programs(config, mesh, cfg, prompt_tokens, probe_tokens, judge_preset)
+  todo, setup = build_programs(config, mesh, cfg, prompt_tokens, probe_tokens, judge_preset,
+                               ladders)
   if programs:
     todo = [p for p in todo if any(p.name == w or p.name.startswith(w.rstrip("/") + "/")
                                    for w in programs)]
@@ -738,6 +821,7 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
         f"{cfg.num_layers} layers ({cfg.num_params() / 1e9:.2f}B, {cfg.param_dtype} params, "
         f"{cfg.dtype} compute, remat {cfg.remat_policy}, attention {cfg.attention}) on "
         f"{jax.device_count()} devices, mesh {dict(mesh.shape)}, {device_memory_gb:g} GB each")
+    log(f"{len(todo)} programs")
     header = (f"{'program':28s} {'arg':>8s} {'out':>8s} {'temp':>8s} {'alias':>8s} {'peak':>8s} "
               f"{'live':>8s} {'total':>8s} {'gather':>8s} {'compile':>8s}  (GB per device; s)")
     log(header)
@@ -760,7 +844,8 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
         f"{name} ({report[name]['total_gb']:.2f} GB)" for name in too_big))
   import resource
   return {"bench": "fit", "config": config.preset, "fits": not too_big,
-          "peak_gb": worst, "device_memory_gb": device_memory_gb, "too_big": too_big,
+          "peak_gb": worst, "too_big": too_big,
+          "device_memory_gb": device_memory_gb if math.isfinite(device_memory_gb) else None,
           "problems": problems, "devices": jax.device_count(), "mesh": dict(mesh.shape),
           "compiler": f"{jax.devices()[0].platform} ({jax.devices()[0].device_kind}), jax "
                       f"{jax.__version__}",
@@ -768,7 +853,7 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
                     "params_b": round(cfg.num_params() / 1e9, 3), "param_dtype": cfg.param_dtype,
                     "dtype": cfg.dtype, "remat": cfg.remat_policy, "attention": cfg.attention},
           "state_gb": {k: round(v / GB, 3) for k, v in setup.sizes.items()},
-          "compile_s": round(time.perf_counter() - start, 1),
+          "compile_s": round(time.perf_counter() - start, 1), "num_programs": len(report),
           "max_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6, 2),
           "programs": report}
 
@@ -849,23 +934,33 @@ def extrapolate(config: Any, device_memory_gb: float, depths: tuple[int, int],
           "problems": {**runs[lo]["problems"], **top["problems"]}, "programs": programs}
 
 
+def device_memory_gb() -> float:
+  """One device's memory limit as jax reports it (GPU, TPU), GB; inf where it reports none
+  (CPU)."""
+  import jax
+  stats = jax.devices()[0].memory_stats() or {}
+  return stats.get("bytes_limit", 0) / GB or float("inf")
+
+
 def run_from_flags() -> dict[str, Any]:
   """The check as the flags ask (launch/bench.py fit calls this)."""
   if _CONFIG.value is None:
     raise app.UsageError("fit: --config=configs/<method>.py:<preset> is required")
-  force_devices(_DEVICES.value, _BACKEND.value)
+  if _DEVICES.value:
+    force_devices(_DEVICES.value, _BACKEND.value)
   kwargs = dict(model_preset=_MODEL.value, programs=_PROGRAMS.value,
                 prompt_tokens=_PROMPT.value, probe_tokens=_PROBE.value,
-                judge_preset=_JUDGE.value)
+                judge_preset=_JUDGE.value, ladders=_LADDERS.value)
   log = lambda line: print(line, flush=True)  # noqa: E731
+  memory = _MEMORY.value or device_memory_gb()
   if _EXTRAPOLATE.value:
     if _LAYERS.value:
       raise app.UsageError("fit: --extrapolate and --num_layers exclude each other")
     depths = tuple(int(x) for x in _EXTRAPOLATE.value)
     if len(depths) != 2:
       raise app.UsageError(f"fit: --extrapolate takes two depths, got {_EXTRAPOLATE.value}")
-    return extrapolate(_CONFIG.value, _MEMORY.value, depths, log=log, **kwargs)
-  return fit_check(_CONFIG.value, _MEMORY.value, num_layers=_LAYERS.value, log=log, **kwargs)
+    return extrapolate(_CONFIG.value, memory, depths, log=log, **kwargs)
+  return fit_check(_CONFIG.value, memory, num_layers=_LAYERS.value, log=log, **kwargs)
 
 
 def main(argv):

@@ -164,7 +164,8 @@ class DacAgent:
         sampling=searcher.sampling, use_chat_template=searcher.use_chat_template,
         engine=searcher.engine, slots=searcher.slots, lanes=searcher.lanes,
         refill_fraction=searcher.refill_fraction, kv_window_min=searcher.kv_window_min,
-        prefill_rows=searcher.prefill_rows, compact_factor=searcher.compact_factor)
+        prefill_rows=searcher.prefill_rows, compact_factor=searcher.compact_factor,
+        row_bucket_factor=searcher.row_bucket_factor)
     self.generator = RolloutEngine(cfg, tokenizer, backend, generator, mesh=mesh, lora=lora)
 
   def _fits(self, question: str, docs: Sequence[Document], note: str | None) -> bool:

@@ -76,15 +76,16 @@ class Probes:
 
 def build_probes(encode: Callable[[str], Sequence[int]], golds: Sequence[Sequence[str] | str],
                  template: str = ANSWER_TEMPLATES["search_r1"], alias_mode: str = "first",
-                 max_aliases: int = 4, max_answer_tokens: int = 64, tokens: str = "natural"
-                 ) -> Probes:
+                 max_aliases: int = 4, max_answer_tokens: int = 64, tokens: str = "natural",
+                 width_multiple: int = 8) -> Probes:
   """Tokenizes the probe of each trajectory's gold answer(s).
 
   The template's prefix, the gold text and the suffix are encoded separately and concatenated, so
   the scored span is exactly the gold answer's tokens. tokens (PROBE_TOKENS): "natural" moves
   the prefix's trailing whitespace onto the gold text before encoding it (the gold's tokens as
   the model would write them; the whitespace is then scored as part of the gold's first token);
-  "split" encodes the prefix as written.
+  "split" encodes the prefix as written. width_multiple (rl.probe_width_multiple): the probe
+  width A is the longest probe rounded up to a multiple of it.
   """
   if tokens not in PROBE_TOKENS:
     raise ValueError(f"rl.ig_probe_tokens must be one of {PROBE_TOKENS}, got {tokens!r}")
@@ -108,10 +109,11 @@ def build_probes(encode: Callable[[str], Sequence[int]], golds: Sequence[Sequenc
     rows.append([list(encode(lead + a))[:max_answer_tokens] if a else []
                  for a in aliases])
   k = max(len(r) for r in rows)
-  # A multiple of 8 rather than a power of two: every probe slot costs a forward position at each
-  # of T boundaries, and answer lengths vary little, so few shapes occur anyway.
+  # A multiple (8 by default) rather than a power of two: every probe slot costs a forward
+  # position at each of T boundaries, and answer lengths vary little, so few shapes occur anyway;
+  # a larger multiple makes fewer (each width compiles the scoring pass again).
   longest = max(len(head_ids) + len(a) + len(tail_ids) for r in rows for a in r)
-  width = -(-longest // 8) * 8
+  width = -(-longest // width_multiple) * width_multiple
   b = len(rows)
   tokens = np.zeros((b, k, width), np.int32)
   score = np.zeros((b, k, width), bool)

@@ -33,10 +33,11 @@ class ProbesRunner(SignalRunner):
     self.encode = env.engine.encode
     self.template = ANSWER_TEMPLATES[env.config.rollout.protocol]
     self.tokens = env.config.rl.ig_probe_tokens
+    self.width_multiple = env.config.rl.probe_width_multiple
 
   def prepare(self, ctx):
     return build_probes(self.encode, ctx.rollouts.row_golds, template=self.template,
-                        tokens=self.tokens)
+                        tokens=self.tokens, width_multiple=self.width_multiple)
 
   def collect(self, ctx):
     scored, num_turns = ctx.scored, np.asarray(ctx.batch.num_turns, np.int32)

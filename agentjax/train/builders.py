@@ -127,7 +127,7 @@ def rollout_config(config: Any, greedy: bool = False) -> RolloutConfig:
                        engine=r.engine, slots=r.slots, lanes=r.lanes,
                        refill_fraction=r.refill_fraction, kv_window_min=r.kv_window_min,
                        prefill_rows=r.prefill_rows,
-                       compact_factor=r.compact_factor,
+                       compact_factor=r.compact_factor, row_bucket_factor=r.row_bucket_factor,
                        partial=r.partial)
 
 

@@ -240,6 +240,7 @@ def _validate_rl(config: Any) -> None:
   if _get(config, "rl.igpo_norm") not in ("joint", "separate"):
     _fail("rl.igpo_norm", _get(config, "rl.igpo_norm"), "must be 'joint' or 'separate'")
   _non_negative(config, "rl.igpo_ig_weight", "rl.igpo_outcome_weight")
+  _positive(config, "rl.probe_width_multiple")
   if config.rl.ig_probe_tokens not in PROBE_TOKENS:
     _fail("rl.ig_probe_tokens", config.rl.ig_probe_tokens, f"must be one of {PROBE_TOKENS}")
   if _get(config, "rl.ig_mode") not in ("log_prob", "prob"):
@@ -297,6 +298,9 @@ def _validate_rollout(config: Any) -> None:
   factor = config.rollout.compact_factor
   if isinstance(factor, bool) or not isinstance(factor, int) or factor < 0 or factor == 1:
     _fail("rollout.compact_factor", factor, "must be 0 (lanes never compact) or an int >= 2")
+  factor = config.rollout.row_bucket_factor
+  if isinstance(factor, bool) or not isinstance(factor, int) or factor < 0 or factor == 1:
+    _fail("rollout.row_bucket_factor", factor, "must be 0 (a lane's size) or an int >= 2")
   if not isinstance(config.rollout.warm_up, bool):
     _fail("rollout.warm_up", config.rollout.warm_up, "must be true or false")
   prefill_rows = config.rollout.prefill_rows

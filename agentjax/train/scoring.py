@@ -120,10 +120,17 @@ def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: Traject
     old, values, ig = packed.token_logprobs, packed.values, packed.info_gain
   else:
     old = plain_logprobs(model, params, tokens, valid, chunk, micro_batch)
-    values = ig = jnp.zeros((tokens.shape[0], t), jnp.float32)
+    values = ig = to_device(np.zeros((tokens.shape[0], t), np.float32))
   ref = plain_logprobs(ref_model or model, ref_params, tokens, valid, chunk, micro_batch) \
-      if ref_params is not None else jnp.zeros_like(old)
+      if ref_params is not None else _zeros_like(old)
   return ScoredBatch(old_logp=old, ref_logp=ref, values=values, ig=ig)
+
+
+@jax.jit
+def _zeros_like(x: jax.Array) -> jax.Array:
+  """Zeros of x's shape and dtype, placed like it (one program; eagerly a broadcast and a
+  cast)."""
+  return jnp.zeros_like(x)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
@@ -153,7 +160,7 @@ def _score_packed_batch(model, params, ref_params, batch, probes, mode, chunk, r
                                  micro_batch=micro_batch)
     values = ig = to_device(np.zeros((tokens.shape[0], t), np.float32))
   if ref_params is None:
-    ref = jnp.zeros_like(old)
+    ref = _zeros_like(old)
   else:
     if plain is None:
       raise ValueError("score_batch: a reference pass but plan_scoring(..., reference=False)")

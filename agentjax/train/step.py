@@ -99,6 +99,13 @@ def _split_key(key: jax.Array) -> tuple[jax.Array, jax.Array]:
 
 
 @jax.jit
+def _stamp(loss_mask: jax.Array, version: jax.Array) -> jax.Array:
+  """[B, L] versions of a batch sampled by one parameter version: `version` on its sampled
+  tokens, -1 elsewhere (one program; eagerly a cast and a where)."""
+  return jnp.where(loss_mask, version, -1).astype(jnp.int32)
+
+
+@jax.jit
 def _batch_sums(behav_logp, old_logp, loss_mask, valid) -> dict[str, jax.Array]:
   """mismatch_metrics and the valid-token count of one role's batch, in one program."""
   return {**mismatch_metrics(behav_logp, old_logp, loss_mask),
@@ -376,7 +383,7 @@ class RLStep:
       if feed is None:  # one version samples everything
         out = self.stage(config, rollout_params, questions, rollout_rng, step, self._trim)
         out = dataclasses.replace(out, batches={
-            role: b.replace(versions=jnp.where(b.loss_mask, jnp.int32(version), -1))
+            role: b.replace(versions=_stamp(b.loss_mask, np.int32(version)))
             for role, b in out.batches.items()})
       else:
         out = self.stage(config, rollout_params, questions, rollout_rng, step, self._trim,

@@ -31,12 +31,14 @@ ADDED: tuple[tuple[str, Any, str], ...] = (
     ("rollout.prefill_rows", 32, "prompts prefilled 32 at a time"),
     ("rollout.compact_factor", 2, "lanes compacted on a finer ladder (sampled tokens do not "
      "depend on it)"),
+    ("rollout.row_bucket_factor", 2, "row-subset programs on powers of two of rows"),
     ("rollout.warm_up", False, "no warm-up of the rollout's programs (prompts prefilled at "
      "each chunk's own width)"),
     ("retrieval.query_prefix", "query: ", "the dense backend's query prefix (unused by others)"),
     ("retrieval.recall_target", 0.0, "exact dense search (unused by other backends)"),
     ("retrieval.devices", 0, "a dense index on every device (unused by other backends)"),
     ("rl.ig_probe_tokens", "split", "IGPO's probes tokenized apart from the template"),
+    ("rl.probe_width_multiple", 8, "probe widths on multiples of 8"),
     ("rl.probe_all", False, "IGPO's probes only for the methods that read them"),
     ("rl.off_policy_correction", "none", "no weighting by the sampler's log-probs"),
     ("rl.off_policy_cap", 2.0, "the cap of that weighting (unused without it)"),

@@ -443,23 +443,36 @@ def out_major_params(params: Any) -> Any:
   [*out, *in] (o_proj has two in-dims, heads and head_dim), an untied lm_head [E, V] becomes
   [V, E]; every other leaf is returned as it is (the same array, not a copy), so call this
   outside jit: a jit output is a fresh buffer even when it equals an input, and the tied
-  embedding alone is 0.5 GB for the 0.5B model.
+  embedding alone is 0.5 GB for the 0.5B model. The converted leaves are made by one program
+  (_transpose_kernels; eagerly, one per kernel shape).
 
   A decode step multiplies a few rows by each kernel; XLA:CPU does that ~1.5x faster with the
   kernel out-major (measured in launch/bench.py decode). The sampler converts once per `generate`
   call, outside its token loop (`sampling.decode_layout`).
   """
 
-  def convert(path, leaf):
+  def in_dims(path) -> int:  # 0: kept as it is; -1: lm_head's transpose
     names = [getattr(k, "key", None) for k in path]
     if names[-1] == "lm_head":
-      return leaf.T
+      return -1
     if names[-1] != "kernel":
-      return leaf
-    in_dims = 2 if "o_proj" in names else 1  # each Linear's in_dims (see Attention, MLP)
-    return jnp.moveaxis(leaf, tuple(range(in_dims)), tuple(range(-in_dims, 0)))
+      return 0
+    return 2 if "o_proj" in names else 1  # each Linear's in_dims (see Attention, MLP)
 
-  return jax.tree_util.tree_map_with_path(convert, params)
+  paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+  dims = tuple(in_dims(path) for path, _ in paths)
+  leaves = [leaf for _, leaf in paths]
+  moved = iter(_transpose_kernels(tuple(x for x, d in zip(leaves, dims) if d),
+                                  tuple(d for d in dims if d)))
+  return jax.tree_util.tree_unflatten(treedef, [next(moved) if d else x
+                                                for x, d in zip(leaves, dims)])
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _transpose_kernels(kernels: tuple, dims: tuple[int, ...]) -> tuple:
+  """Each kernel with its first dims[i] axes moved last (dims -1: a transpose), in one program."""
+  return tuple(x.T if d < 0 else jnp.moveaxis(x, tuple(range(d)), tuple(range(-d, 0)))
+               for x, d in zip(kernels, dims))
 
 
 def _dummy_inputs():
