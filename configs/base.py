@@ -153,9 +153,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # on inputs that change nothing (RolloutEngine.warm_up: lane sizes x key windows, row buckets,
   # the prompt cache at the run's longest prompt): the run compiles them up front, not at the
   # step whose schedule first meets one (on a pod, every process stalls then), and none after
-  # step 1. Off by default: the list is the whole ladder, about twice what a run meets (the
-  # research preset: 173 programs, docs/BENCHMARKS.md "compiles"), until the ladder shrinks.
-  # Our reading: JetStream and vLLM warm their decode shapes up before serving.
+  # step 1. Off here: on the fine ladders below (a paper preset's: 151 programs for training's
+  # rollouts, as many for eval's; `python launch/precompile.py` lists them) it compiles about
+  # twice what a run meets; on in the demo and research presets, whose coarse ladders make
+  # ~45 (docs/BENCHMARKS.md "compiles"). Our reading: JetStream and vLLM warm their decode
+  # shapes up before serving.
   c.rollout.warm_up = False
   # Asynchronous RL (train.async_steps >= 1): a rollout in flight when the trainer publishes newer
   # parameters "off": ends with those it started with; "continue": samples the rest with the

@@ -117,3 +117,21 @@ def test_precompile_lists_every_shape_of_the_slot_ladder():
     row = result["programs"][name]
     assert row["compile_s"] >= 0 and row["total_gb"] > 0, (name, row)
   assert f"{len(got)} programs" in proc.stdout
+
+
+def test_precompile_fuses_the_feed_of_a_one_size_lane():
+  """rollout.compact_factor=0 (one lane size): each row bucket's gather, feed and scatter are
+  one program per key window (SlotLadder.fused), listed as feed[lane,rows,window]."""
+  env = subprocess_env(JAX_PLATFORMS="cpu")
+  proc = subprocess.run(
+      [sys.executable, "launch/precompile.py", *SMALL, "--config.rollout.lanes=1",
+       "--config.rollout.kv_window_min=64", "--config.rollout.compact_factor=0",
+       "--config.rollout.row_bucket_factor=2", "--config.train.eval_batch=6",
+       "--programs=rollout/feed,rollout/gather,rollout/scatter,eval_rollout/feed"],
+      cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+  lines = proc.stdout.strip().splitlines()
+  assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+  got = set(json.loads(lines[-1])["programs"])
+  windows = ["64", "128", "all"]
+  assert got == {f"rollout/feed[4,4,{w}]" for w in windows} | \
+      {f"eval_rollout/feed[6,{r},{w}]" for r in (4, 6) for w in windows}, sorted(got)

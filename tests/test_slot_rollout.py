@@ -341,7 +341,8 @@ def test_the_trainer_rolls_out_with_the_slot_engine_by_default():
   from configs import base
   config = base.get_config()
   train = rollout_config(config)
-  assert (train.engine, train.slots, train.lanes) == ("slots", 0, 2)
+  # the demo preset: 64 slots (its eval runs on the training's lanes), 2 lanes
+  assert (train.engine, train.slots, train.lanes) == ("slots", 64, 2)
   assert rollout_config(config, greedy=True).engine == "slots"
   config.rollout.engine = "turns"
   assert rollout_config(config).engine == "turns"

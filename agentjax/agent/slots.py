@@ -124,7 +124,9 @@ class SlotLadder:
     prefill   [chunk, prompt_width] prompts (init_state, extend): 1
     decode    decode_slots per lane size x decode window
     feed      per row bucket of each lane size: a gather and a scatter (lane size x rows),
-              _extend_tokens per feed window (rows x window: shared by every lane size), a store
+              _extend_tokens per feed window (rows x window: shared by every lane size), a store;
+              with one lane size (`fused`) the gather, feed and scatter are one program per
+              row bucket x window
     move      take_rows from each lane size to the next
     refill    copy_rows per row bucket of the full lane (refills happen only there)
   """
@@ -157,13 +159,20 @@ class SlotLadder:
   def row_buckets(self, size: int) -> list[int]:
     return row_buckets(size, self.row_factor)
 
+  @property
+  def fused(self) -> bool:
+    """Feeds as one program (extend_rows' fused): a lane of one size has nothing to share its
+    feed program with, so the gather and scatter need not be programs of their own."""
+    return len(self.sizes) == 1
+
   def program_counts(self) -> dict[str, int]:
     """Programs by kind (the warm-up's list; a run meets a subset of it)."""
     rows = [self.row_buckets(size) for size in self.sizes]
     every = sorted({r for rs in rows for r in rs})
+    moves = 0 if self.fused else sum(map(len, rows))
     return {"prefill": 1, "decode": len(self.sizes) * len(self.decode_windows),
             "feed_extend": len(every) * len(self.feed_windows),
-            "feed_gather": sum(map(len, rows)), "feed_scatter": sum(map(len, rows)),
+            "feed_gather": moves, "feed_scatter": moves,
             "store": sum(map(len, rows)), "move": len(self.sizes) - 1, "refill": len(rows[0])}
 
 
@@ -248,6 +257,7 @@ class SlotRollout:
     slots = min(cfg.slots or count, count)
     lanes = min(cfg.lanes, slots)
     per_lane = self.per_lane = math.ceil(slots / lanes)
+    self.fused = len(lane_sizes(per_lane, cfg.compact_factor)) == 1  # as SlotLadder.fused
     self.lanes = [_Lane(i, init_state(engine.cfg, per_lane, engine.cache_len, rng,
                                       mesh=engine.mesh),
                         init_progress(per_lane, engine.stop_table, mesh=engine.mesh))
@@ -320,7 +330,8 @@ class SlotRollout:
         for window in ladder.feed_windows:
           state = extend_rows(engine.model, self.pick(0), state, _padded([], rows, size),
                               np.zeros((rows, feed), np.int32), np.zeros(rows, np.int32),
-                              np.zeros((rows, feed), np.int32), **kv_window_arg(window))
+                              np.zeros((rows, feed), np.int32), fused=ladder.fused,
+                              **kv_window_arg(window))
         out = store_rows(out, _padded([], rows, count), state, _padded([], rows, size))
         if i == 0:
           state = copy_rows(state, _padded([], rows, size), prompts, _padded([], rows, 0))
@@ -563,7 +574,7 @@ class SlotRollout:
           lengths[i] = len(part)
         lane.state = extend_rows(self.engine.model, self.pick(int(turns[0, 0])), lane.state,
                                  _padded(slots, rows, lane.size), tokens, lengths, turns,
-                                 **kv_window_arg(window))
+                                 fused=self.fused, **kv_window_arg(window))
         self.work["extend_tokens"] += tokens.size
 
   def _compact(self, lane: _Lane) -> None:

@@ -456,16 +456,24 @@ def slot_ladder_programs(s: Setup, rollout, count: int, width: int, prompts: Any
            sds((), i32)), kwargs=kv_window_arg(w), live=live))
     for rows in lad.row_buckets(size):
       sub = _state(s, rows, cache_len)
-      programs.append(Program(f"{prefix}/gather[{size},{rows}]", sp._gather_rows,
-                              (lane, batch(rows)), live=live))
-      programs.append(Program(f"{prefix}/scatter[{size},{rows}]", sp._scatter_rows,
-                              (lane, batch(rows), sub), live=live))
+      if lad.fused:  # the gather, feed and scatter of a row bucket are one program
+        programs += [Program(
+            f"{prefix}/feed[{size},{rows},{wname(w)}]", sp._extend_rows_fused,
+            (model, s.params, lane, batch(rows), sds((rows, obs), i32), sds((rows,), i32),
+             sds((rows, obs), i32)), kwargs=kv_window_arg(w), live=live,
+            note=f"{rows} of {size} rows x {obs} tokens") for w in lad.feed_windows]
+      else:
+        programs.append(Program(f"{prefix}/gather[{size},{rows}]", sp._gather_rows,
+                                (lane, batch(rows)), live=live))
+        programs.append(Program(f"{prefix}/scatter[{size},{rows}]", sp._scatter_rows,
+                                (lane, batch(rows), sub), live=live))
       programs.append(Program(f"{prefix}/store[{size},{rows}]", sp.store_rows,
                               (out_buffer, batch(rows), lane, batch(rows)), live=live))
       if i == 0:
         programs.append(Program(f"{prefix}/refill[{rows}]", sp.copy_rows,
                                 (lane, batch(rows), prompts, batch(rows)), live=live))
-  for rows in sorted({r for size in lad.sizes for r in lad.row_buckets(size)}):
+  shared = set() if lad.fused else {r for size in lad.sizes for r in lad.row_buckets(size)}
+  for rows in sorted(shared):  # the feed of rows, shared by every lane size
     sub = _state(s, rows, cache_len)
     for w in lad.feed_windows:
       programs.append(Program(
@@ -814,7 +822,7 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
                                ladders)
   if programs:
     todo = [p for p in todo if any(p.name == w or p.name.startswith(w.rstrip("/") + "/")
-                                   for w in programs)]
+                                   or p.name.startswith(w + "[") for w in programs)]
   with use_mesh(mesh):
     log(f"fit: {config.preset} model {model_preset or cfg.model_type} hidden "
         f"{cfg.hidden_size} x "

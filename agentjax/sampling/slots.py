@@ -188,11 +188,13 @@ def _put(x: jax.Array, rows: jax.Array, values: jax.Array) -> jax.Array:
 
 
 def extend_rows(model: Qwen, params, state: DecodeState, rows: jax.Array, tokens: jax.Array,
-                lengths: jax.Array, turn: jax.Array, kv_window: int | None = None) -> DecodeState:
+                lengths: jax.Array, turn: jax.Array, kv_window: int | None = None,
+                fused: bool = False) -> DecodeState:
   """`extend` of K listed rows only: the model runs on K x T tokens, not N x T.
 
   Three programs: gather the K rows, extend them (the model's program: its shapes are K and T
-  only, so lanes of every size share it), scatter them back.
+  only, so lanes of every size share it), scatter them back; fused: one program doing all
+  three (_extend_rows_fused: per N, K and window; fewer programs where lanes have one size).
 
   Args:
     state: [N] rows (donated).
@@ -203,22 +205,36 @@ def extend_rows(model: Qwen, params, state: DecodeState, rows: jax.Array, tokens
     kv_window: static key window (sampler.kv_window_size; None: all S slots); every listed row
       must end at or below it after the feed.
   """
+  if fused:
+    return _extend_rows_fused(model, params, state, rows, tokens, lengths, turn,
+                              kv_window=kv_window)
   sub = _extend_tokens(model, params, _gather_rows(state, rows), tokens, lengths, turn,
                        kv_window=kv_window)
   return _scatter_rows(state, rows, sub)
 
 
-@jax.jit
-def _gather_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
+def _gather(state: DecodeState, rows: jax.Array) -> DecodeState:
   """The K listed rows of a state (padding rows read a copy of the last row); its rng kept."""
   return jax.tree.map(lambda x: _take(x, rows), state.replace(rng=None)).replace(rng=state.rng)
 
 
-@functools.partial(jax.jit, donate_argnums=0)
-def _scatter_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
+def _scatter(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
   """state rows[k] := sub row k (padding rows dropped); state's rng kept."""
   return jax.tree.map(lambda x, y: _put(x, rows, y), state.replace(rng=None),
                       sub.replace(rng=None)).replace(rng=state.rng)
+
+
+_gather_rows = jax.jit(_gather)
+_scatter_rows = jax.jit(_scatter, donate_argnums=0)
+
+
+@functools.partial(jax.jit, static_argnames=("model", "kv_window"), donate_argnums=2)
+def _extend_rows_fused(model: Qwen, params, state: DecodeState, rows: jax.Array,
+                       tokens: jax.Array, lengths: jax.Array, turn: jax.Array,
+                       kv_window: int | None = None) -> DecodeState:
+  """extend_rows' gather, feed and scatter in one program."""
+  sub = _extend(model, params, _gather(state, rows), tokens, lengths, turn, None, kv_window)
+  return _scatter(state, rows, sub)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "kv_window"), donate_argnums=2)
