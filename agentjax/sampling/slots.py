@@ -213,28 +213,27 @@ def extend_rows(model: Qwen, params, state: DecodeState, rows: jax.Array, tokens
   return _scatter_rows(state, rows, sub)
 
 
-def _gather(state: DecodeState, rows: jax.Array) -> DecodeState:
+@jax.jit
+def _gather_rows(state: DecodeState, rows: jax.Array) -> DecodeState:
   """The K listed rows of a state (padding rows read a copy of the last row); its rng kept."""
   return jax.tree.map(lambda x: _take(x, rows), state.replace(rng=None)).replace(rng=state.rng)
 
 
-def _scatter(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
+@functools.partial(jax.jit, donate_argnums=0)
+def _scatter_rows(state: DecodeState, rows: jax.Array, sub: DecodeState) -> DecodeState:
   """state rows[k] := sub row k (padding rows dropped); state's rng kept."""
   return jax.tree.map(lambda x, y: _put(x, rows, y), state.replace(rng=None),
                       sub.replace(rng=None)).replace(rng=state.rng)
-
-
-_gather_rows = jax.jit(_gather)
-_scatter_rows = jax.jit(_scatter, donate_argnums=0)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "kv_window"), donate_argnums=2)
 def _extend_rows_fused(model: Qwen, params, state: DecodeState, rows: jax.Array,
                        tokens: jax.Array, lengths: jax.Array, turn: jax.Array,
                        kv_window: int | None = None) -> DecodeState:
-  """extend_rows' gather, feed and scatter in one program."""
-  sub = _extend(model, params, _gather(state, rows), tokens, lengths, turn, None, kv_window)
-  return _scatter(state, rows, sub)
+  """extend_rows' gather, feed and scatter in one program (the jitted functions it calls are
+  traced into it: no program of their own)."""
+  sub = _extend(model, params, _gather_rows(state, rows), tokens, lengths, turn, None, kv_window)
+  return _scatter_rows(state, rows, sub)
 
 
 @functools.partial(jax.jit, static_argnames=("model", "kv_window"), donate_argnums=2)
