@@ -85,19 +85,19 @@ def _ladder(full: int, factor: int) -> list[int]:
 def test_precompile_lists_every_shape_of_the_slot_ladder():
   """launch/precompile.py (fit with --ladders) on 2 fake devices: the training and the eval
   rollouts' programs are exactly the ladder's, by a reference written here (lane sizes, key
-  windows of 64 * 2^k below the 256-slot cache then the whole cache, rows on powers of two from 4
+  windows of 128 * 2^k below the 256-slot cache then the whole cache, rows on powers of two from 4
   capped at the lane), each compiled with its memory; scoring and the update as fit has them."""
   env = subprocess_env(JAX_PLATFORMS="cpu")
   proc = subprocess.run(
       [sys.executable, "launch/precompile.py", *SMALL, "--config.rollout.lanes=1",
-       "--config.rollout.kv_window_min=64", "--config.train.eval_batch=6",
+       "--config.rollout.kv_window_min=128", "--config.train.eval_batch=6",
        "--config.rollout.compact_factor=2", "--config.rollout.row_bucket_factor=2"],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
   lines = proc.stdout.strip().splitlines()
   assert proc.returncode == 0 and lines, proc.stderr[-3000:]
   result = json.loads(lines[-1])
   assert result["device_memory_gb"] is None and result["fits"] is True  # a CPU: no limit
-  windows = ["64", "128", "all"]
+  windows = ["128", "all"]
   want = set()
   for prefix, count in (("rollout", 4), ("eval_rollout", 6)):  # lanes=1: one lane of `count`
     sizes = _ladder(count, 2)
