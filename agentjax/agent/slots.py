@@ -119,7 +119,7 @@ def row_buckets(size: int, factor: int) -> list[int]:
 @dataclasses.dataclass(frozen=True)
 class SlotLadder:
   """Every shape the slot engine's programs take in a rollout of `count` trajectories, from the
-  settings alone: what SlotRollout.warm_up runs and `launch/train.py --precompile` compiles.
+  settings alone: what SlotRollout.warm_up runs and `launch/precompile.py` compiles.
 
     prefill   [chunk, prompt_width] prompts (init_state, extend): 1
     decode    decode_slots per lane size x decode window

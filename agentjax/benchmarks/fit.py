@@ -429,6 +429,8 @@ def slot_ladder_programs(s: Setup, rollout, count: int, width: int, prompts: Any
   dmodel, dparams = _decode_model(s)
   cache_len = cache_size(rollout.max_total_tokens)
   lad = SlotLadder.of(rollout, count, cache_len, width, 1)
+  # Each program takes a lane (or a smaller one) as an argument: not counted again as live.
+  live -= device_bytes(_state(s, lad.sizes[0], cache_len))
   wname = lambda w: "all" if w is None else str(w)  # noqa: E731
   batch = lambda n: sharded_like(s.mesh, sds((n,), i32), _p("batch"))  # noqa: E731
   progress = lambda n: sharded_like(s.mesh, sp.SlotProgress(  # noqa: E731
@@ -805,8 +807,7 @@ def fit_check(config: Any, device_memory_gb: float, model_preset: str = "",
               log: Callable[[str], None] = print, ladders: bool = False) -> dict[str, Any]:
   """Compiles the programs of `config` on the devices jax has (fake CPU devices) and reports
   their memory per device against `device_memory_gb` (module docstring). ladders: every shape
-  of the slot engine's programs, eval's included (build_programs; `launch/train.py
-  --precompile`)."""
+  of the slot engine's programs, eval's included (build_programs; `launch/precompile.py`)."""
   import jax
   from agentjax.parallel import make_mesh, use_mesh
   from agentjax.train import config as config_lib

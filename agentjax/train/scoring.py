@@ -126,11 +126,10 @@ def score_batch(model: Qwen, params: Any, ref_params: Any | None, batch: Traject
   return ScoredBatch(old_logp=old, ref_logp=ref, values=values, ig=ig)
 
 
-@jax.jit
 def _zeros_like(x: jax.Array) -> jax.Array:
-  """Zeros of x's shape and dtype, placed like it (one program; eagerly a broadcast and a
-  cast)."""
-  return jnp.zeros_like(x)
+  """Zeros of x's shape and dtype, placed like it: a host array transferred (no program; an
+  eager jnp.zeros_like compiled a broadcast and a cast)."""
+  return jax.device_put(np.zeros(x.shape, x.dtype), x.sharding)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4, 5))
