@@ -371,10 +371,10 @@ def rollout_programs(s: Setup, rollout, questions: int, prefix: str = "rollout",
                           sds((count,), i32)), live=state_live, note=f"{note}, {obs} tokens"))
     return out
 
-  slots = min(rollout.slots or count, count)
-  lanes = min(rollout.lanes, slots)
-  per_lane = math.ceil(slots / lanes)
-  chunk = min(rollout.prefill_rows or questions, questions)  # the shared prefill's chunk
+  from agentjax.agent.slots import SlotLadder
+  ladder_sizes = SlotLadder.of(rollout, count, cache_len, width, 1)  # the engine's own sizes
+  per_lane, chunk = ladder_sizes.sizes[0], ladder_sizes.chunk  # a lane; the prefill's chunk
+  lanes = math.ceil(min(rollout.slots or count, count) / per_lane)
   prompts = _state(s, chunk, width)
   lane = _state(s, per_lane, cache_len)
   # The finished trajectories' buffer (tokens, valid, sampled, logprobs, turn_id, versions per
