@@ -468,6 +468,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.train.log_every = 1
   c.train.eval_every = 50            # 0: only at the end
   c.train.eval_at_start = False
+  c.train.final_eval = True          # the dev eval after the last step (or launch/eval.py later)
   c.train.eval_batch = 64            # questions per greedy eval rollout
   c.train.checkpoint_every = 50
   c.train.keep_checkpoints = 3
@@ -480,6 +481,13 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # Non-finite updates are skipped; this many in a row (across steps) stop the run with a
   # checkpoint of the last good parameters. 0: never stop.
   c.train.max_skipped_updates = 5
+  # A run that makes no progress (a rollout's turn, a compile, a step, a checkpoint write) for
+  # this long writes every thread's stack to {workdir}/stall-p{process}-{time}.txt and exits
+  # with code 75 (agentjax/watchdog.py), for its scheduler to restart it from the last
+  # checkpoint, instead of hanging (a retriever that never answers, a collective a lost process
+  # never joins). 30 min: torch.distributed's NCCL timeout; longer than any one compile or turn
+  # we have seen, so only a hang trips it. 0: off.
+  c.train.stall_timeout_s = 1800.0
   # Asynchronous RL, colocated (agentjax/train/pipeline.py): the rollouts of the next
   # async_steps steps are produced (on a worker thread) while this step updates, step j's by the
   # parameters of step max(j - async_steps, the step the run started from). 0: the synchronous

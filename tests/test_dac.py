@@ -515,7 +515,7 @@ def test_resumed_dac_run_repeats_the_uninterrupted_one(dac_runs):
   for ra, rb in zip(rows_a + evals_a, rows_b + evals_b):
     assert set(ra) == set(rb)
     for key, value in ra.items():
-      if key not in TIMING:
+      if key not in TIMING and not key.startswith("sys/"):
         assert rb[key] == value, (ra["step"], key)
   jax.tree.map(np.testing.assert_array_equal, _host(a["params"]), _host(b["params"]))
 

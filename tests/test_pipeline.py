@@ -158,22 +158,37 @@ def test_several_processes_refuse_what_would_make_their_trajectories_differ(monk
 
 
 class _FakeKV:
-  """jax.distributed's key-value client, in one process: blocking_key_value_get waits."""
+  """jax.distributed's key-value client, in one process: blocking_key_value_get waits; a get of
+  a deleted key fails (the real one would wait for ever); `most`: the most keys held at once."""
 
   def __init__(self):
     self.values, self.cond = {}, threading.Condition()
+    self.deleted, self.most = set(), 0
 
-  def key_value_set(self, key, value):
+  def key_value_set(self, key, value, allow_overwrite=False):
     with self.cond:
-      assert key not in self.values, key  # a turn is published once
+      assert allow_overwrite or key not in self.values, key  # a turn is published once
       self.values[key] = value
+      self.most = max(self.most, len(self.values))
       self.cond.notify_all()
 
   def blocking_key_value_get(self, key, timeout_in_ms):
     with self.cond:
+      assert key not in self.deleted, f"{key} read after it was deleted"
       if not self.cond.wait_for(lambda: key in self.values, timeout_in_ms / 1000):
         raise TimeoutError(key)
       return self.values[key]
+
+  def key_value_try_get(self, key):
+    with self.cond:
+      if key not in self.values:
+        raise KeyError(key)  # jax's raises too (NOT_FOUND)
+      return self.values[key]
+
+  def key_value_delete(self, key):
+    with self.cond:
+      self.values.pop(key, None)
+      self.deleted.add(key)
 
 
 def test_ordered_device_turns_come_in_process_zeros_order_on_every_process():
@@ -215,7 +230,7 @@ def test_ordered_device_turns_come_in_process_zeros_order_on_every_process():
           log.append(f"parse {i}")
       log.append("produced")
 
-    with turn.ordered(kv, "test/turns", leader=process == 0):
+    with turn.ordered(kv, "test/turns", leader=process == 0, process=process, processes=2):
       threads = [threading.Thread(target=f, name=name)
                  for f, name in ((updater, "updater"), (producer, "producer"))]
       for t in threads:
@@ -240,6 +255,60 @@ def test_ordered_device_turns_come_in_process_zeros_order_on_every_process():
     assert held[1] == held[0], (seed, held)
     # 3 updater holds, the producer's hold, 3 takings-back after its host waits, 1 collective
     assert len(kv.values) == 8
+
+
+def test_ordered_device_turns_keep_a_bounded_number_of_keys():
+  """A long run's turns: each key is deleted once every follower has read it (none is read
+  after its deletion: the fake fails such a read), so the store holds a bounded number of keys
+  however many turns pass (before: one per turn, never deleted), and the order still holds."""
+  import random
+  import time
+
+  from agentjax.parallel.host import DeviceTurn, _TurnOrder
+  kv, turns = _FakeKV(), 600
+  logs = {0: [], 1: [], 2: []}
+  # Each turn's programs meet the other processes' in their collectives: the n-th turn of every
+  # process ends together (what keeps the leader from running far ahead in a real run).
+  collective = threading.Barrier(3, timeout=60)
+
+  def run(process):
+    turn, rng = DeviceTurn(), random.Random(process)
+    nap = lambda: time.sleep(rng.uniform(0, 0.0005))  # noqa: E731
+
+    def updater():
+      for i in range(turns // 2):
+        with turn.hold():
+          logs[process].append(f"u{i}")
+          nap()
+          collective.wait()
+
+    def producer():
+      with turn.hold():
+        for i in range(turns // 2):
+          with turn.host_wait():
+            nap()
+          logs[process].append(f"p{i}")
+          collective.wait()
+
+    with turn.ordered(kv, "soak/turns", leader=process == 0, process=process, processes=3):
+      threads = [threading.Thread(target=f, name=name)
+                 for f, name in ((updater, "updater"), (producer, "producer"))]
+      for t in threads:
+        t.start()
+      for t in threads:
+        t.join(120)
+        assert not t.is_alive()
+
+  processes = [threading.Thread(target=run, args=(p,)) for p in (0, 1, 2)]
+  for t in processes:
+    t.start()
+  for t in processes:
+    t.join(300)
+  assert logs[1] == logs[0] and logs[2] == logs[0] and len(logs[0]) == turns
+  published = turns + 1  # the producer's first hold, then one per host wait and per update
+  assert len(kv.deleted) >= published - 2 * _TurnOrder.PRUNE_EVERY
+  bound = _TurnOrder.PRUNE_EVERY + _TurnOrder.ACK_EVERY + 2 + 8  # + acks + the leader's lead
+  assert kv.most <= bound, (kv.most, bound)
 
 
 def test_ordered_device_turn_names_the_turn_a_follower_waited_for_in_vain():

@@ -103,7 +103,7 @@ def test_resumed_lora_run_repeats_the_uninterrupted_one(lora_runs):
   assert [r["step"] for r in rows_b] == [1, 2]
   for ra, rb in zip(rows_a, rows_b):
     for key, value in ra.items():
-      if key not in TIMING:
+      if key not in TIMING and not key.startswith("sys/"):
         assert rb[key] == value, (ra["step"], key)
   jax.tree.map(np.testing.assert_array_equal, jax.device_get(a["params"]),
                jax.device_get(b["params"]))

@@ -52,3 +52,45 @@ def run_metrics(workdir, key: str | None = None) -> list[dict]:
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f if line.strip()]
   return [r for r in rows if key is None or key in r]
+
+
+class StallingBackend:
+  """The run's real retriever, except that from step `stall_at` (0-based) on a search never
+  returns (`retriever_never_answers`: the frame a stall dump must name). calls: searches asked."""
+
+  def __init__(self, inner, stall_at: int | None):
+    self.inner, self.stall_at, self.step, self.calls = inner, stall_at, 0, 0
+
+  def search(self, queries, topk):
+    self.calls += 1
+    if self.stall_at is not None and self.step >= self.stall_at:
+      retriever_never_answers()
+    return self.inner.search(queries, topk)
+
+
+def retriever_never_answers():
+  import threading
+  threading.Event().wait()
+
+
+def search_every_turn(setattr_, stall_at: int | None = None) -> list:
+  """Every action of the tiny model is a search (a random model rarely writes one), through a
+  StallingBackend that stalls from step `stall_at` (None: never). setattr_: pytest's
+  monkeypatch.setattr, or the builtin setattr in a subprocess. Returns the backends made."""
+  from agentjax.agent.protocol import Action
+  from agentjax.agent.rollout import RolloutEngine
+  from agentjax.train import step as step_lib
+  from agentjax.train import trainer
+  setattr_(RolloutEngine, "parse", lambda self, text: Action("search", "zorvath"))
+  made = []
+  real_backend = trainer.make_search_backend
+  setattr_(trainer, "make_search_backend", lambda config, mesh=None: made.append(
+      StallingBackend(real_backend(config, mesh), stall_at)) or made[-1])
+  real_produce = step_lib.RLStep.produce
+
+  def produce(self, params, questions, rollout_rng, step, version, feed=None):
+    made[-1].step = step  # the producing thread's step: synchronous or asynchronous
+    return real_produce(self, params, questions, rollout_rng, step, version, feed=feed)
+
+  setattr_(step_lib.RLStep, "produce", produce)
+  return made

@@ -48,6 +48,7 @@ from agentjax.sampling import (DecodeState, SamplingParams, StopTable, bucket, c
 from agentjax.sampling.eos import eos_token_ids
 from agentjax.sampling.sampler import rewind
 from agentjax.sampling.text import with_think_tags
+from agentjax.watchdog import progress
 
 # before_turn(turn, rows, transcripts) -> text to feed before row's generation (None: nothing).
 # The turn engine calls it once per turn with every active row; the slot engine once per lane
@@ -444,6 +445,7 @@ class RolloutEngine:
     stop = (self.stop_table, self.eos_ids, np.int32(budget))
 
     for turn in range(cfg.max_turns):
+      progress(f"a rollout's turn {turn}")
       active_rows = np.flatnonzero(~book.done)
       if not len(active_rows):
         break

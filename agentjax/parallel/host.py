@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 import jax
 import numpy as np
@@ -59,14 +59,20 @@ class DeviceTurn:
     self._order: _TurnOrder | None = None
 
   @contextlib.contextmanager
-  def ordered(self, kv: Any, prefix: str, leader: bool) -> Iterator[None]:
+  def ordered(self, kv: Any, prefix: str, leader: bool, *, process: int | None = None,
+              processes: int | None = None) -> Iterator[None]:
     """Inside the block, turns follow the leader's order (class docstring). kv: an object with
-    key_value_set(key, value) and blocking_key_value_get(key, timeout_in_ms) (jax.distributed's
-    client: `distributed_kv()`); prefix: a key prefix no other block of this run uses, the same
-    on every process; leader: True on process 0."""
+    key_value_set(key, value, allow_overwrite), blocking_key_value_get(key, timeout_in_ms),
+    key_value_try_get(key) and key_value_delete(key) (jax.distributed's client:
+    `distributed_kv()`); prefix: a key prefix no other block of this run uses, the same on every
+    process; leader: True on process 0. process, processes: this process's index and their
+    count (default: jax's)."""
     if self._order is not None:
       raise RuntimeError("DeviceTurn.ordered: already ordered (one pipeline at a time)")
-    self._order = _TurnOrder(kv, prefix, leader)
+    process = jax.process_index() if process is None else process
+    processes = jax.process_count() if processes is None else processes
+    self._order = _TurnOrder(kv, prefix, leader, process,
+                             followers=range(1, processes) if leader else ())
     try:
       yield
     finally:
@@ -95,13 +101,15 @@ class DeviceTurn:
         n = order.count
         holder = order.next_holder
       if holder is None:
-        holder = order.fetch(n)  # blocking, outside the lock: the holder may be releasing
+        # Blocking, outside the lock: the holder may be releasing. None: turn n was taken
+        # meanwhile (by a thread whose fetch came first).
+        holder = order.fetch(n)
         with self._cond:
-          if order.count == n:  # else turn n is taken and gone: nothing to keep
+          if holder is not None and order.count == n:  # else taken and gone: nothing to keep
             order.next_holder = holder
           self._cond.notify_all()
       with self._cond:
-        if order.count != n:
+        if order.count != n or holder is None:
           continue
         if holder == name and not self._busy:
           self._busy = True
@@ -179,14 +187,29 @@ class DeviceTurn:
 
 class _TurnOrder:
   """The order of a multi-process DeviceTurn (its `ordered` docstring): the leader's count of
-  turns granted, or a follower's, and (a follower) the thread turn `count` goes to once read."""
+  turns granted, or a follower's, and (a follower) the thread turn `count` goes to once read.
+
+  Turn n's key is deleted once no follower will read it again, so a long run keeps a bounded
+  number of keys in the coordination service (its memory, and the leader's process, would
+  otherwise grow with every turn: tens a step). A follower's fetches are serialized and skip a
+  turn already taken (count past it), so once it fetches turn n it never asks for one below n:
+  every ACK_EVERY turns it records n - 1 (`{prefix}/read/{process}`, overwritten). Every
+  PRUNE_EVERY turns the leader deletes the turns every follower has recorded. Keys alive: at most
+  PRUNE_EVERY + ACK_EVERY + the leader's lead over the slowest follower, plus one per follower.
+  """
 
   TIMEOUT_MS = 30 * 60 * 1000  # a turn waits as long as a step may (an update, a slow judge)
+  ACK_EVERY = 8
+  PRUNE_EVERY = 16
 
-  def __init__(self, kv: Any, prefix: str, leader: bool):
-    self.kv, self.prefix, self.leader = kv, prefix, leader
+  def __init__(self, kv: Any, prefix: str, leader: bool, process: int,
+               followers: Sequence[int] = ()):
+    self.kv, self.prefix, self.leader, self.process = kv, prefix, leader, process
+    self.followers = tuple(followers)  # the leader's: the process indices that read its turns
     self.count = 0
     self.next_holder: str | None = None
+    self.pruned = 0  # the leader's: turns below this are deleted
+    self._fetching = threading.Lock()  # a follower's: one fetch at a time
 
   def next(self) -> int:
     n, self.count = self.count, self.count + 1
@@ -194,13 +217,38 @@ class _TurnOrder:
 
   def publish(self, n: int, name: str) -> None:
     self.kv.key_value_set(f"{self.prefix}/{n}", name)
+    if n % self.PRUNE_EVERY == self.PRUNE_EVERY - 1:
+      self.prune()
 
-  def fetch(self, n: int) -> str:
-    try:
-      return self.kv.blocking_key_value_get(f"{self.prefix}/{n}", self.TIMEOUT_MS)
-    except Exception as e:  # noqa: BLE001 - name the turn: a bare coordination error says little
-      raise RuntimeError(f"DeviceTurn: turn {n} of {self.prefix!r} was not published by "
-                         f"process 0 within {self.TIMEOUT_MS // 60000} min ({e})") from e
+  def prune(self) -> None:
+    """Deletes the turns every follower has read (the leader's; a no-op until all have said)."""
+    read = []
+    for process in self.followers:
+      try:
+        read.append(int(self.kv.key_value_try_get(f"{self.prefix}/read/{process}")))
+      except Exception:  # noqa: BLE001 - not yet written: that follower has said nothing
+        return
+    upto = min(read, default=self.count - 1)
+    for n in range(self.pruned, upto + 1):
+      self.kv.key_value_delete(f"{self.prefix}/{n}")
+    self.pruned = max(self.pruned, upto + 1)
+
+  def fetch(self, n: int) -> str | None:
+    """The name of turn n's holder (a follower's; blocks until the leader publishes it), or None
+    when turn n is already taken (the caller's count is stale: the turn went to a thread whose
+    fetch came first; its key may be deleted by now)."""
+    with self._fetching:
+      if self.count != n:
+        return None
+      try:
+        name = self.kv.blocking_key_value_get(f"{self.prefix}/{n}", self.TIMEOUT_MS)
+      except Exception as e:  # noqa: BLE001 - name the turn: a bare coordination error says little
+        raise RuntimeError(f"DeviceTurn: turn {n} of {self.prefix!r} was not published by "
+                           f"process 0 within {self.TIMEOUT_MS // 60000} min ({e})") from e
+      if n % self.ACK_EVERY == 0 and n:  # no fetch of this process asks below n from now on
+        self.kv.key_value_set(f"{self.prefix}/read/{self.process}", str(n - 1),
+                              allow_overwrite=True)
+      return name
 
 
 def distributed_kv() -> Any:

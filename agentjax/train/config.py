@@ -103,6 +103,11 @@ def validate(config: Any) -> None:
   for f in ("train.max_skipped_updates", "retrieval.max_failed_steps"):
     if not isinstance(_get(config, f), int) or _get(config, f) < 0:
       _fail(f, _get(config, f), "must be an int >= 0 (0: never stop the run for it)")
+  if not isinstance(_get(config, "train.final_eval"), bool):
+    _fail("train.final_eval", _get(config, "train.final_eval"), "must be True or False")
+  stall = _get(config, "train.stall_timeout_s")
+  if isinstance(stall, bool) or not isinstance(stall, (int, float)) or not stall >= 0:
+    _fail("train.stall_timeout_s", stall, "must be a number of seconds >= 0 (0: no watchdog)")
   if not 0.0 <= _get(config, "retrieval.max_failure_rate") < 1.0:
     _fail("retrieval.max_failure_rate", _get(config, "retrieval.max_failure_rate"),
           "must be in [0, 1): the share of a step's queries that may fail")

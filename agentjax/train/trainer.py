@@ -12,12 +12,16 @@ An RL run, top to bottom (`train_rl`):
                2. rewards (host: EM/F1, format)   3. one teacher-forced scoring pass: old and
                reference log-probs, IGPO's probes   4. advantages (registry, by config.algorithm)
                5. PPO-clip minibatch updates   6. metrics (progress bar, TensorBoard, metrics.jsonl)
+               with what the process holds (sys/*: memory, live arrays, threads, files;
+               agentjax/train/resources.py)
      then the fault rules (`FaultWatch`): train.max_skipped_updates consecutive non-finite
      updates, or retrieval.max_failed_steps steps in a row whose failed-query share is above
      retrieval.max_failure_rate, checkpoint the step and stop the run with an error
      every train.checkpoint_every steps, before every eval, at exit and on SIGTERM: checkpoint
      every train.eval_every steps (after that step's checkpoint): greedy eval on the dev split
      (eval/{step}.json; a run stopped during it evaluates that step again on resume)
+     no progress (a turn, a compile, a step) for train.stall_timeout_s: every thread's stack to
+     {workdir}/stall-*.txt and exit code 75, for the scheduler to restart it (agentjax/watchdog.py)
   ─► Hugging Face export at {workdir}/hf_export
 
 Re-running the same command resumes from the latest checkpoint; the data position, RNG state and
@@ -67,12 +71,14 @@ from agentjax.train.checkpoint import Checkpointer, abstract_state
 from agentjax.train.critic import CRITIC_EXPORT_DIR, Critic, needs_critic
 from agentjax.train.kinds import trainer_kind
 from agentjax.train.pipeline import RolloutPipeline
+from agentjax.train.resources import resources
 from agentjax.train.step import AgentRollout, RLStep, StepOutput, schedule_args, updates_per_step
 from agentjax.train.builders import (COMPAT_KEYS, EXPORT_DIR, QuestionStream,
                                      RECORDED_EXTRAS, SFT_COMPAT_KEYS, init_train_state,
                                      load_model, load_questions, make_agents, make_checkpointer,
                                      make_search_backend, opt_state_shardings, restore_policy,
                                      restore_trainable, rollout_config)
+from agentjax.watchdog import Watchdog, progress
 
 log = logging.getLogger(__name__)
 
@@ -488,62 +494,68 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
   save = lambda at, force: ckpt.save(  # noqa: E731
       at, state, {"position": position, "faults": faults.state()}, force=force)
 
-  if config.rollout.warm_up and step < steps:  # the rollouts' programs now, none after step 1
-    warm, t0 = CompileCounter(), time.perf_counter()
-    warm_up_rollouts(config, parts, state)
-    log.info("rollout warm-up: %d programs compiled in %.1f s", warm.count,
-             time.perf_counter() - t0)
-  compiles = CompileCounter()  # programs compiled by this process since the loop started
-  with _Preemption() as preempt, contextlib.ExitStack() as stack:
-    if config.train.eval_at_start and step == 0:
-      evals(0, state["params"])
-    if evals.due(step) and not _exists_on_primary(evals.path(step)):
-      evals(step, state["params"])  # the run stopped during this step's eval: do it again
-    pipeline = None
-    if config.train.async_steps:
-      pipeline = _rollout_pipeline(config, rl_step, stream, step, position, stop_after)
-      stack.callback(pipeline.close)  # also when the loop raises: no thread left running
-      if pipeline.turns:
-        # This thread holds the devices for the loop (evals, checkpoints and collectives
-        # included) but while it waits for a rollout (pipeline.step lets them go then).
-        stack.enter_context(DEVICE_TURN.hold())
-    while step < steps and not any_process(preempt.requested):
-      out = pipeline.step(state, step) if pipeline is not None else \
-          rl_step(state, stream.take(position, config.rl.prompts_per_step), step)
-      state = out.state
-      step += 1
-      position += config.rl.prompts_per_step
-      fault = faults.observe(out, step)
-      metrics = dict(out.metrics, position=position, compiles=float(compiles.count))
-      writer.write(step, metrics, postfix)
-      _log_step(config, step, metrics, out, faults, postfix)
+  # No progress (a step, a rollout's turn, a compile, a checkpoint write) for
+  # train.stall_timeout_s: every thread's stack to the workdir and exit (agentjax/watchdog.py).
+  with Watchdog(config.train.stall_timeout_s, workdir):
+    if config.rollout.warm_up and step < steps:  # the rollouts' programs now, none after step 1
+      warm, t0 = CompileCounter(), time.perf_counter()
+      warm_up_rollouts(config, parts, state)
+      log.info("rollout warm-up: %d programs compiled in %.1f s", warm.count,
+               time.perf_counter() - t0)
+    compiles = CompileCounter()  # programs compiled by this process since the loop started
+    with _Preemption() as preempt, contextlib.ExitStack() as stack:
+      if config.train.eval_at_start and step == 0:
+        evals(0, state["params"])
+      if evals.due(step) and not _exists_on_primary(evals.path(step)):
+        evals(step, state["params"])  # the run stopped during this step's eval: do it again
+      pipeline = None
+      if config.train.async_steps:
+        pipeline = _rollout_pipeline(config, rl_step, stream, step, position, stop_after)
+        stack.callback(pipeline.close)  # also when the loop raises: no thread left running
+        if pipeline.turns:
+          # This thread holds the devices for the loop (evals, checkpoints and collectives
+          # included) but while it waits for a rollout (pipeline.step lets them go then).
+          stack.enter_context(DEVICE_TURN.hold())
+      while step < steps and not any_process(preempt.requested):
+        out = pipeline.step(state, step) if pipeline is not None else \
+            rl_step(state, stream.take(position, config.rl.prompts_per_step), step)
+        state = out.state
+        step += 1
+        position += config.rl.prompts_per_step
+        fault = faults.observe(out, step)
+        metrics = dict(out.metrics, position=position, compiles=float(compiles.count),
+                       **resources())
+        writer.write(step, metrics, postfix)
+        _log_step(config, step, metrics, out, faults, postfix)
+        progress(f"step {step}")
 
-      # Checkpoint before eval: an eval that crashes (OOM, kill) never costs the step.
-      stopping = (fault is not None or any_process(preempt.requested)
-                  or (stop_after is not None and step >= stop_after))
-      save(step, force=stopping or evals.due(step) or step == steps)
-      if fault is not None:
-        ckpt.close()
-        writer.close()
-        raise fault
-      if stopping:
-        break
-      if evals.due(step):
-        ckpt.wait()  # the step's checkpoint is on disk before an eval that may crash or be killed
-        evals(step, state["params"])
-    if step < steps:
-      log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
+        # Checkpoint before eval: an eval that crashes (OOM, kill) never costs the step.
+        stopping = (fault is not None or any_process(preempt.requested)
+                    or (stop_after is not None and step >= stop_after))
+        save(step, force=stopping or evals.due(step) or step == steps)
+        if fault is not None:
+          ckpt.close()
+          writer.close()
+          raise fault
+        if stopping:
+          break
+        if evals.due(step):
+          ckpt.wait()  # the step's checkpoint is on disk before an eval that may crash or be killed
+          progress(f"step {step}'s checkpoint written")
+          evals(step, state["params"])
+      if step < steps:
+        log.warning("stopping at step %d with a checkpoint; re-run the command to resume", step)
 
-  if step >= steps:
-    evals.final(state["params"], finished_before, ckpt)
-  save(step, force=True)
-  ckpt.close()
-  writer.close()
-  export = None
-  if step >= steps and not (finished_before and exported):
-    export = _export_rl(config, workdir, parts, state)
-  elif step >= steps and exported:
-    export = os.path.join(workdir, EXPORT_DIR)
+    if step >= steps and config.train.final_eval:
+      evals.final(state["params"], finished_before, ckpt)
+    save(step, force=True)
+    ckpt.close()
+    writer.close()
+    export = None
+    if step >= steps and not (finished_before and exported):
+      export = _export_rl(config, workdir, parts, state)
+    elif step >= steps and exported:
+      export = os.path.join(workdir, EXPORT_DIR)
   return {"step": step, "workdir": workdir, "hf_export": export,
           "tensorboard": os.path.join(workdir, "tensorboard"), "evals": evals.summary(),
           "params": state["params"], "cfg": parts.cfg,
@@ -590,8 +602,12 @@ def train_sft(config: Any, workdir: str, *, stop_after: int | None = None) -> di
   target = TrainTarget.build(config, cfg, params, mesh)  # the whole model, or LoRA adapters
   ckpt = make_checkpointer(config, workdir, target)
   writer = MetricsWriter(workdir, s.steps, ckpt.latest_step() or 0, prefix="sft")
-  callback = lambda i, rec: writer.write(i + 1, rec, ("loss", "accuracy", "lr"))  # noqa: E731
-  with _Preemption() as preempt, use_mesh(mesh):
+
+  def callback(i: int, record: Mapping[str, float]) -> None:
+    writer.write(i + 1, record, ("loss", "accuracy", "lr"))
+    progress(f"SFT step {i + 1}")
+
+  with _Preemption() as preempt, use_mesh(mesh), Watchdog(config.train.stall_timeout_s, workdir):
     stop = lambda done: any_process(preempt.requested) or (  # noqa: E731
         stop_after is not None and done >= stop_after)
     params, history = run_sft(

@@ -48,6 +48,8 @@ ADDED: tuple[tuple[str, Any, str], ...] = (
     ("rl.trim_batches", True, "batches cut to their longest trajectory"),
     ("train.jax_cache_dir", "", "no persistent compilation cache"),
     ("train.async_steps", 0, "synchronous steps"),
+    ("train.stall_timeout_s", 0.0, "no progress watchdog"),
+    ("train.final_eval", True, "the dev eval after the last step"),
     ("train.max_staleness", -1, "no bound on a rollout's staleness"),
     ("sft.protocols", "", "the trainer kind's own protocol"),
     ("critic.init", "policy", "the critic's trunk started from the policy"),

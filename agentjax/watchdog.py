@@ -1,0 +1,151 @@
+"""A progress watchdog: a run that makes no progress for `timeout_s` writes every thread's stack
+to its workdir and exits with STALL_EXIT_CODE, so that a scheduler restarts it from its last
+checkpoint instead of leaving it hung until a person looks (the anchor: torch.distributed's NCCL
+watchdog, which aborts a collective that has not finished within its timeout).
+
+    with Watchdog(config.train.stall_timeout_s, workdir):
+      ...  # the loop; its parts call progress("what") as they finish something
+
+Progress is `progress(what)`, called where something finishes: a rollout's turn (every engine,
+training's and eval's), a compiled program (every compile, so a long first step or a warm-up
+counts as progress while it compiles), a train or SFT step, a checkpoint write. Any thread may
+call it. What stalls a run without another call: a retriever or judge that never answers, a
+rollout producer thread that blocks (the update then waits on it), a collective one process
+never joins (the other processes wait in it; on a pod every process then times out and exits),
+a checkpoint write that does not finish, a deadlock.
+
+The stack dump goes to `{folder}/stall-p{process}-{unix time}.txt`: every thread by name with its
+Python stack (the stuck frame is the innermost), then faulthandler's listing. The process then
+exits at once (os._exit: a thread stuck in a collective or a socket cannot be joined, and an
+exit that waited for it would hang too). A restart resumes from the last checkpoint; what the
+stalled step had done since is done again, the same way (the trainer's resume repeats the
+uninterrupted run).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import Callable
+
+log = logging.getLogger(__name__)
+
+# os.EX_TEMPFAIL ("temporary failure; the user is invited to retry"): distinct from a crash (1),
+# a bad config (2) and a signal's 128+n, so a scheduler can restart on it alone (Slurm's
+# --requeue on this code, Kubernetes' podFailurePolicy onExitCodes).
+STALL_EXIT_CODE = 75
+
+_active: "Watchdog | None" = None
+_listening = False
+
+
+def progress(what: str) -> None:
+  """Tells the running watchdog (if any) that `what` just finished; cheap, any thread."""
+  watchdog = _active
+  if watchdog is not None:
+    watchdog.beat(what)
+
+
+def _on_compile(name: str, *_, **__) -> None:
+  if name == "/jax/core/compile/backend_compile_duration":
+    progress("compiled a program")
+
+
+class Watchdog:
+  """Watches `progress` calls from a thread of its own (module docstring).
+
+  timeout_s: seconds without progress before it acts; <= 0: off (entering it does nothing).
+  folder: where the stack dump goes (a run's workdir).
+  on_stall: called with the dump's path instead of exiting (tests; default: log and exit with
+    STALL_EXIT_CODE).
+  poll_s: how often it looks (default: a tenth of the timeout, at most 10 s).
+  """
+
+  def __init__(self, timeout_s: float, folder: str, *,
+               on_stall: Callable[[str], None] | None = None, poll_s: float | None = None):
+    self.timeout_s = float(timeout_s)
+    self.folder = folder
+    self.on_stall = on_stall
+    self.poll_s = poll_s if poll_s is not None else min(10.0, max(0.05, self.timeout_s / 10))
+    self._last = (time.monotonic(), "started")
+    self._stop = threading.Event()
+    self._thread: threading.Thread | None = None
+    self.stalled: str | None = None  # the dump's path once it acted
+
+  def beat(self, what: str) -> None:
+    self._last = (time.monotonic(), what)  # one tuple: read whole by the watching thread
+
+  def __enter__(self) -> "Watchdog":
+    global _active, _listening
+    if self.timeout_s <= 0:
+      return self
+    if _active is not None:
+      raise RuntimeError("Watchdog: one is already running in this process")
+    if not _listening:  # jax's listeners cannot be removed: one for the process, a no-op idle
+      import jax
+      jax.monitoring.register_event_duration_secs_listener(_on_compile)
+      _listening = True
+    self.beat("started")
+    self._stop.clear()
+    self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
+    self._thread.start()
+    _active = self
+    return self
+
+  def __exit__(self, *_) -> None:
+    global _active
+    if self._thread is None:
+      return
+    _active = None
+    self._stop.set()
+    self._thread.join()
+    self._thread = None
+
+  def _watch(self) -> None:
+    while not self._stop.wait(self.poll_s):
+      since, what = self._last
+      idle = time.monotonic() - since
+      if idle > self.timeout_s:
+        self.stalled = self.dump(what, idle)
+        if self.on_stall is not None:
+          self.on_stall(self.stalled)
+          return
+        _exit_stalled(self.stalled, self.timeout_s)
+
+  def dump(self, last: str, idle: float) -> str:
+    """Writes every thread's stack to a new file in `folder`; returns its path."""
+    import jax
+    os.makedirs(self.folder, exist_ok=True)
+    path = os.path.join(self.folder, f"stall-p{jax.process_index()}-{int(time.time())}.txt")
+    names = {t.ident: t.name for t in threading.enumerate()}
+    with open(path, "w") as f:
+      f.write(f"no progress for {idle:.0f} s (timeout {self.timeout_s:g} s); the last was: "
+              f"{last}\n\n")
+      for ident, frame in sys._current_frames().items():
+        if ident == threading.get_ident():
+          continue  # this watchdog thread
+        f.write(f"--- thread {names.get(ident, '?')} ({ident}), innermost last\n")
+        f.write("".join(traceback.format_stack(frame)))
+        f.write("\n")
+      f.write("--- faulthandler (every thread, innermost first)\n")
+      f.flush()
+      faulthandler.dump_traceback(f, all_threads=True)
+    return path
+
+
+def _exit_stalled(path: str, timeout_s: float) -> None:
+  message = (f"no progress for {timeout_s:g} s (train.stall_timeout_s): every thread's stack is "
+             f"in {path}; exiting with code {STALL_EXIT_CODE} so the run restarts from its last "
+             "checkpoint")
+  log.error(message)
+  print(f"agentjax watchdog: {message}", file=sys.stderr, flush=True)
+  sys.stdout.flush()
+  os._exit(STALL_EXIT_CODE)
+
+
+__all__ = ["STALL_EXIT_CODE", "Watchdog", "progress"]
