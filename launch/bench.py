@@ -17,6 +17,7 @@
     python launch/bench.py coreact            # Co-ReAct guided rollouts vs plain ReAct
     python launch/bench.py ppo_step           # PPO: scoring + update with the critic vs without
     python launch/bench.py async              # train.async_steps 1, 2 vs the synchronous step
+    python launch/bench.py server_overload    # retriever and model server: 64 clients vs one
     python launch/bench.py compiles --config=configs/igpo.py:demo --steps=10
                                               # programs an RL run compiles, by step and name
     python launch/bench.py fit --config=configs/igpo.py:qwen2.5-7b --devices=8 --device_memory_gb=80

@@ -11,7 +11,8 @@ Trainers then use make_backend("http", url="http://127.0.0.1:8000/retrieve"). Th
 FlashRAG JSONL ({"id", "contents"} per line); the BM25 index is built on first start and cached
 (--index_dir, default ~/.cache/agentjax/bm25), so later starts only load it. Binds 127.0.0.1
 unless --host says otherwise. API, status codes and the limits on bad or stalled clients
-(--max_body_bytes, --read_timeout_s): agentjax/retrieval/server.py.
+(--max_body_bytes, --read_timeout_s) and on overload (--max_pending: 503 with Retry-After
+beyond it): agentjax/retrieval/server.py.
 """
 
 from __future__ import annotations
@@ -49,6 +50,13 @@ flags.DEFINE_integer("max_queries", 4096, "Most queries in one request.")
 flags.DEFINE_integer("max_body_bytes", 16 << 20, "Largest request body (413 above it).")
 flags.DEFINE_float("read_timeout_s", 30.0, "Seconds any read or write of a connection may block; "
                    "a client that stalls longer loses its connection (searches are not limited).")
+flags.DEFINE_integer("max_pending", 64, "Most requests searching or waiting for a search thread; "
+                     "one more is answered 503 with Retry-After at once (bounded memory under a "
+                     "pile-up). 64: several times what trainers send at once (each rollout worker "
+                     "waits for its answer before it asks again).")
+flags.DEFINE_integer("retry_after_s", 1, "Retry-After of a 503, in whole seconds.")
+flags.DEFINE_integer("search_threads", 4, "Most searches run at once (the others admitted wait "
+                     "for one).")
 flags.DEFINE_float("k1", 1.5, "BM25 k1.")
 flags.DEFINE_float("b", 0.75, "BM25 b.")
 flags.DEFINE_bool("stopwords", True, "Remove English stopwords (corpus and queries).")
@@ -74,7 +82,9 @@ def main(argv):
                  backend.index_path, backend.num_docs)
   server = make_server(backend, host=FLAGS.host, port=FLAGS.port, default_topk=FLAGS.topk,
                        max_topk=FLAGS.max_topk, max_queries=FLAGS.max_queries,
-                       max_body_bytes=FLAGS.max_body_bytes, read_timeout_s=FLAGS.read_timeout_s)
+                       max_body_bytes=FLAGS.max_body_bytes, read_timeout_s=FLAGS.read_timeout_s,
+                       max_pending=FLAGS.max_pending, retry_after_s=FLAGS.retry_after_s,
+                       search_threads=FLAGS.search_threads)
   print(f"serving {backend.num_docs} documents at {server.url}", flush=True)
   try:
     server.serve_forever()

@@ -18,8 +18,9 @@ as launch/eval.py restores it, with the config the run recorded (its config.json
 
 Concurrent requests are decoded together: a worker takes the requests that arrive within
 --batch_window_ms of each other (up to --max_batch prompts) and runs those with equal sampling
-settings as one decode batch. Binds 127.0.0.1 unless --host says otherwise. Endpoints, status
-codes and limits: agentjax/serve/app.py.
+settings as one decode batch; beyond --max_pending requests waiting or decoding, a request is
+answered 503 with Retry-After at once. Binds 127.0.0.1 unless --host says otherwise. Endpoints,
+status codes and limits: agentjax/serve/app.py.
 """
 
 from __future__ import annotations
@@ -51,6 +52,13 @@ _BATCH_WINDOW_MS = flags.DEFINE_float("batch_window_ms", 10.0, "How long the bat
                                       "for more requests after the first one.")
 _MAX_REQUEST_BYTES = flags.DEFINE_integer("max_request_bytes", 1 << 20, "Largest request body "
                                           "(413 above it).")
+_MAX_PENDING = flags.DEFINE_integer("max_pending", 256, "Most requests waiting or decoding; one "
+                                    "more is answered 503 with Retry-After at once (bounded "
+                                    "memory and wait under a pile-up). 256: 16 batches of the "
+                                    "default --max_batch, 4 judges' worth of concurrent calls "
+                                    "(judge.max_concurrency 64).")
+_RETRY_AFTER_S = flags.DEFINE_integer("retry_after_s", 1, "Retry-After of a 503, in whole "
+                                      "seconds.")
 _DTYPE = flags.DEFINE_string("dtype", None, "Parameter and compute dtype of --hf_path "
                              "(float32, bfloat16; default: float32).")
 
@@ -80,7 +88,8 @@ def main(_):
   server_app = create_app(completer, model_name=name, max_batch=_MAX_BATCH.value,
                           batch_window_s=_BATCH_WINDOW_MS.value / 1000,
                           max_tokens_limit=_MAX_TOKENS_LIMIT.value,
-                          max_request_bytes=_MAX_REQUEST_BYTES.value)
+                          max_request_bytes=_MAX_REQUEST_BYTES.value,
+                          max_pending=_MAX_PENDING.value, retry_after_s=_RETRY_AFTER_S.value)
   print(f"serving {source} as {name!r} at http://{_HOST.value}:{_PORT.value}/v1", flush=True)
   uvicorn.run(server_app, host=_HOST.value, port=_PORT.value, log_level="info")
 

@@ -88,7 +88,8 @@ def search_r1_body(documents_per_query: list[list[dict]], scores: bool = True) -
 
 
 class ScriptedServer(ThreadingHTTPServer):
-  """Answers each POST with the next (status, body, delay_s) of `script`, the last one repeating.
+  """Answers each POST with the next (status, body, delay_s) of `script`, the last one repeating;
+  a step may add a fourth item, a dict of headers to send (e.g. {"Retry-After": "0"}).
 
   `requests` counts POSTs; `release` (set at teardown) cuts every pending delay short, so slow
   handlers never outlive the test.
@@ -109,7 +110,7 @@ class ScriptedServer(ThreadingHTTPServer):
   def url(self) -> str:
     return f"http://127.0.0.1:{self.server_address[1]}/retrieve"
 
-  def next_step(self, body: bytes) -> tuple[int, bytes, float]:
+  def next_step(self, body: bytes) -> tuple[int, bytes, float, dict]:
     with self._lock:
       step = self.script[min(self.requests, len(self.script) - 1)]
       self.requests += 1
@@ -117,7 +118,7 @@ class ScriptedServer(ThreadingHTTPServer):
         self.bodies.append(json.loads(body))
       except ValueError:
         self.bodies.append({})
-      return step
+      return (*step[:3], step[3] if len(step) > 3 else {})
 
 
 class _ScriptedHandler(BaseHTTPRequestHandler):
@@ -125,13 +126,15 @@ class _ScriptedHandler(BaseHTTPRequestHandler):
 
   def do_POST(self) -> None:  # noqa: N802
     body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-    status, payload, delay_s = self.server.next_step(body)
+    status, payload, delay_s, headers = self.server.next_step(body)
     if delay_s:
       self.server.release.wait(delay_s)
     try:
       self.send_response(status)
       self.send_header("Content-Type", "application/json")
       self.send_header("Content-Length", str(len(payload)))
+      for name, value in headers.items():
+        self.send_header(name, value)
       self.end_headers()
       self.wfile.write(payload)
     except OSError:  # the client gave up (timed out) first

@@ -10,6 +10,7 @@ import selectors
 import socket
 import subprocess
 import sys
+import threading
 import time
 import types
 import urllib.error
@@ -213,8 +214,10 @@ def test_http_client_matches_local_backend_through_server(bm25, serve):
   remote, local = client.search(queries, topk=4), bm25.search(queries, topk=4)
   assert remote == local and remote.errors == [None] * len(queries)
   assert client.stats.as_dict() | {"seconds": 0} == {
-      "calls": 1, "queries": len(queries), "failed_queries": 0, "retries": 0, "seconds": 0}
-  assert client.health() == {"status": "ok", "num_docs": 30}
+      "calls": 1, "queries": len(queries), "failed_queries": 0, "retries": 0, "overloaded": 0,
+      "seconds": 0}
+  assert client.health() == {"status": "ok", "num_docs": 30, "pending": 0, "max_pending": 64,
+                             "rejected": 0}
   assert _client(f"http://127.0.0.1:{free_port()}/retrieve").health() is None
 
   # Search-R1 clients that do not ask for scores get bare documents.
@@ -264,7 +267,7 @@ def test_retriever_down_returns_errors_naming_url_with_bounded_retries(monkeypat
   assert np.all(np.asarray(sleeps) >= 0.5 * nominal) and np.all(np.asarray(sleeps) <= nominal)
   stats = client.stats.as_dict()
   assert stats | {"seconds": 0} == {
-      "calls": 1, "queries": 3, "failed_queries": 3, "retries": 3, "seconds": 0}
+      "calls": 1, "queries": 3, "failed_queries": 3, "retries": 3, "overloaded": 0, "seconds": 0}
 
 
 def test_retriever_too_slow_times_out(serve):
@@ -479,13 +482,172 @@ def test_client_max_response_bytes_must_be_positive():
     HttpSearchBackend("http://127.0.0.1:9/retrieve", max_response_bytes=0)
 
 
+# --- overload: the server's admission bound, the client's 503 retries ------------------------
+
+
+class _GatedBackend:
+  """A SearchBackend whose searches wait for `gate` (set at the end of the test, or after 30 s);
+  `entered` counts the searches begun."""
+
+  def __init__(self):
+    self.stats = SearchStats()
+    self.gate = threading.Event()
+    self.entered = 0
+
+  def search(self, queries, topk):
+    self.entered += 1
+    self.gate.wait(30)
+    return SearchResponse([[] for _ in queries], [None] * len(queries))
+
+
+def _post_with_headers(url, body: bytes):
+  """(status, headers, JSON body) of one POST."""
+  request = urllib.request.Request(url, data=body, method="POST")
+  try:
+    with urllib.request.urlopen(request, timeout=30) as r:
+      return r.status, r.headers, json.loads(r.read())
+  except urllib.error.HTTPError as e:
+    return e.code, e.headers, json.loads(e.read())
+
+
+def _wait_for(condition) -> None:
+  """Waits until condition() holds (for up to 30 s: a wait, not a timing); asserts it."""
+  for _ in range(3000):
+    if condition():
+      return
+    time.sleep(0.01)
+  assert condition()
+
+
+def _fill(server, n: int) -> tuple[list, list]:
+  """n requests admitted and held (by a gated backend): their threads and status codes."""
+  results, threads = [], []
+  for _ in range(n):
+    t = threading.Thread(target=lambda: results.append(
+        _post_with_headers(server.url, b'{"queries": ["held"]}')[0]), daemon=True)
+    t.start()
+    threads.append(t)
+  _wait_for(lambda: server.pending == n)
+  return threads, results
+
+
+def test_server_answers_503_with_retry_after_beyond_max_pending(serve):
+  backend = _GatedBackend()
+  server = serve(make_server(backend, port=0, max_pending=2, retry_after_s=7, search_threads=1))
+  try:
+    threads, results = _fill(server, 2)  # one searching, one waiting for the search thread
+    _wait_for(lambda: backend.entered == 1)
+    for _ in range(3):  # answered at once, while the two admitted searches are still held
+      status, headers, body = _post_with_headers(server.url, b'{"queries": ["more"]}')
+      assert (status, headers["Retry-After"]) == (503, "7") and "max_pending" in body["error"]
+    health = _client(server.url).health()
+    assert health | {"num_docs": None} == {"status": "ok", "num_docs": None, "pending": 2,
+                                           "max_pending": 2, "rejected": 3}
+  finally:
+    backend.gate.set()
+  for t in threads:
+    t.join(30)
+  assert results == [200, 200] and server.pending == 0 and server.rejected == 3
+  assert _post_with_headers(server.url, b'{"queries": ["after"]}')[0] == 200
+  assert _client(server.url).health()["pending"] == 0
+
+
+def test_server_refused_bodies_at_the_bound_get_their_4xx_and_hold_no_slot(serve):
+  backend = _GatedBackend()
+  server = serve(make_server(backend, port=0, max_pending=2, max_body_bytes=1024,
+                             read_timeout_s=5.0))
+  try:
+    threads, results = _fill(server, 2)
+    refused = [  # (raw request, status, part of the error)
+        (_head(f"Content-Length: {len(BIG_BODY)}") + BIG_BODY, 413, "max_body_bytes"),
+        (_head("Content-Length: 9") + b"{not json", 400, "JSON"),
+        (_head("Content-Length: 11") + b'{"topk": 3}', 400, "'queries'"),
+        (_head("Content-Length: -1") + b"{}", 400, "Content-Length"),
+        (_head("Content-Length: 500") + b'{"queries": []}', 400, "15 of 500"),
+        (_head() + b"{}", 411, "Content-Length"),
+    ]
+    for request, status, message in refused:
+      got, payload, raw = _raw_exchange(server, request)
+      assert got == status and message in payload["error"], raw[:300]
+      assert (server.pending, server.rejected) == (2, 0)
+    # A valid request at the bound is the one turned away.
+    ok = json.dumps({"queries": ["a"]}).encode()
+    assert _raw_exchange(server, _head(f"Content-Length: {len(ok)}") + ok)[0] == 503
+  finally:
+    backend.gate.set()
+  for t in threads:
+    t.join(30)
+  assert results == [200, 200] and (server.pending, server.rejected) == (0, 1)
+  # Both places are free again: two held searches are admitted at once.
+  backend.gate.clear()
+  try:
+    threads, results = _fill(server, 2)
+    _wait_for(lambda: backend.entered == 4)  # both search at once (search_threads 4)
+  finally:
+    backend.gate.set()
+  for t in threads:
+    t.join(30)
+  assert results == [200, 200] and server.pending == 0
+
+
+def test_server_overload_options_are_checked(bm25):
+  for field in ("max_pending", "search_threads"):
+    for value in (0, -1, 1.5, True):
+      with pytest.raises(ValueError, match=field):
+        make_server(bm25, port=0, **{field: value})
+  for value in (-1, 0.5, None):
+    with pytest.raises(ValueError, match="retry_after_s"):
+      make_server(bm25, port=0, retry_after_s=value)
+
+
+def test_client_retries_503_and_counts_it(serve):
+  good = fx.search_r1_body([[DOC], []])
+  busy = (503, b'{"error": "overloaded"}', 0.0, {"Retry-After": "0"})
+  server = serve(fx.ScriptedServer([busy, busy, (200, good, 0.0)]))
+  client = _client(server.url, max_retries=3, backoff_s=5.0, max_backoff_s=5.0)
+  response = client.search(["q1", "q2"], topk=1)  # Retry-After 0: no backoff of 5 s slept
+  assert response.errors == [None, None] and response.documents[0][0].id == "7"
+  assert server.requests == 3
+  assert (client.stats.overloaded, client.stats.retries, client.stats.failed_queries) == (2, 2, 0)
+
+
+def test_client_waits_out_retry_after_capped_by_max_backoff(serve, monkeypatch):
+  sleeps = []
+  monkeypatch.setattr(http_client, "time", types.SimpleNamespace(perf_counter=time.perf_counter,
+                                                                 sleep=sleeps.append))
+  good = fx.search_r1_body([[DOC]])
+  server = serve(fx.ScriptedServer([
+      (503, b"{}", 0.0, {"Retry-After": "3"}),    # waited out: 3 s, spread up to 4.5 s
+      (503, b"{}", 0.0, {"Retry-After": "100"}),  # capped at max_backoff_s
+      (503, b"{}", 0.0, {}),                       # none given: the usual backoff
+      (200, good, 0.0)]))
+  client = _client(server.url, max_retries=3, backoff_s=0.25, max_backoff_s=8.0)
+  assert client.search(["q"], topk=1).errors == [None]
+  assert len(sleeps) == 3
+  assert 3.0 <= sleeps[0] <= 4.5 and sleeps[1] == 8.0 and 0.5 <= sleeps[2] <= 1.0
+  assert (client.stats.overloaded, client.stats.retries) == (3, 3)
+
+
+def test_client_persistent_503_is_reported_per_query_like_other_faults(serve):
+  server = serve(fx.ScriptedServer([(503, b'{"error": "busy"}', 0.0, {"Retry-After": "0"})]))
+  client = _client(server.url, max_retries=2)
+  response = client.search(["q1", "q2"], topk=2)  # returns; does not raise
+  assert response.documents == [[], []] and response.num_failed == 2
+  assert all("after 3 attempts" in e and "HTTP 503: busy" in e and server.url in e
+             for e in response.errors), response.errors[0]
+  assert server.requests == 3
+  assert client.stats.as_dict() | {"seconds": 0} == {
+      "calls": 1, "queries": 2, "failed_queries": 2, "retries": 2, "overloaded": 3, "seconds": 0}
+
+
 # --- launcher -------------------------------------------------------------------------------
 
 
 def test_launcher_serves_bm25_over_http(corpus_path, tmp_path):
   proc = subprocess.Popen(
       [sys.executable, "launch/retriever.py", f"--corpus={corpus_path}", "--port=0",
-       f"--index_dir={tmp_path}", "--read_timeout_s=0.5"], cwd=ROOT, stdout=subprocess.PIPE,
+       f"--index_dir={tmp_path}", "--read_timeout_s=0.5", "--max_pending=3"], cwd=ROOT,
+      stdout=subprocess.PIPE,
       stderr=subprocess.DEVNULL, text=True)
   try:
     selector = selectors.DefaultSelector()
@@ -494,7 +656,8 @@ def test_launcher_serves_bm25_over_http(corpus_path, tmp_path):
     line = proc.stdout.readline()
     assert line.startswith("serving 30 documents at http://127.0.0.1:"), line
     client = _client(line.split()[-1])
-    assert client.health() == {"status": "ok", "num_docs": 30}
+    assert client.health() == {"status": "ok", "num_docs": 30, "pending": 0, "max_pending": 3,
+                               "rejected": 0}
     assert client.search(["Xandrith"], topk=1).documents[0][0].id == "doc-26"
     # --read_timeout_s reaches the server: a connection that sends nothing gets closed.
     host, port = urllib.parse.urlsplit(client.url).netloc.split(":")

@@ -8,6 +8,7 @@ fault isolation are also tested alone with a fake completer (no model, no compil
 import concurrent.futures
 import dataclasses
 import threading
+import time
 import types
 
 import httpx
@@ -15,7 +16,7 @@ import openai
 import pytest
 
 from agentjax.sampling.complete import PromptError
-from agentjax.serve import Batcher, SamplingKey, ServerThread, create_app
+from agentjax.serve import Batcher, Overloaded, SamplingKey, ServerThread, create_app
 
 MODEL = "tiny-chat"
 CONTEXT = 64        # the completer's max_total_tokens
@@ -171,6 +172,120 @@ def test_app_passes_vllms_repetition_penalty_and_thinking_budget():
                        ("max_think_tokens", "many")):
     bad = client.post("/v1/chat/completions", json={**body, field: value})
     assert bad.status_code == 400 and f"{field}:" in bad.json()["error"]["message"], bad.json()
+
+
+# ============================================================================ overload
+
+
+def test_batcher_refuses_jobs_beyond_max_pending_until_one_is_done():
+  fake = FakeCompleter()
+  gate = threading.Event()
+  real = fake.complete
+  fake.complete = lambda prompts, **kw: (gate.wait(30), real(prompts, **kw))[1]
+  batcher = Batcher(fake, max_batch=1, window_s=0.0, max_pending=2)
+  key = SamplingKey(max_new_tokens=4)
+  try:
+    held = [batcher.submit([[1]], key), batcher.submit([[2]], key)]  # one decoding, one queued
+    with pytest.raises(Overloaded, match="max_pending"):
+      batcher.submit([[3]], key)
+    assert (batcher.stats()["pending"], batcher.stats()["rejected"]) == (2, 1)
+    assert held[1].cancel()  # its client went away: its place is free at once
+    extra = batcher.submit([[4]], key)
+  finally:
+    gate.set()
+  assert [f.result(timeout=30)[0].token_ids for f in (held[0], extra)] == [(1,), (4,)]
+  stats = batcher.stats()
+  assert (stats["pending"], stats["requests"], stats["rejected"]) == (0, 3, 1)
+  with pytest.raises(ValueError, match="max_pending"):
+    Batcher(fake, max_pending=0)
+  batcher.close()
+
+
+@pytest.fixture
+def gated_server():
+  """(httpx client, app, gate): a FakeCompleter whose complete() waits for `gate`, served with
+  max_pending 2, max_batch 1 (one request decoding, one queued) on a free loopback port."""
+  fake = FakeCompleter()
+  gate = threading.Event()
+  real = fake.complete
+  fake.complete = lambda prompts, **kw: (gate.wait(30), real(prompts, **kw))[1]
+  app = create_app(fake, model_name="fake", max_batch=1, batch_window_s=0.0, max_pending=2,
+                   retry_after_s=7, max_request_bytes=MAX_BYTES)
+  try:
+    with ServerThread(app) as server, httpx.Client(base_url=server.url, timeout=60) as http:
+      yield http, app, gate
+  finally:
+    gate.set()
+
+
+def _hold_two(http, app):
+  """Two completions admitted and held by the gate: their threads and status codes."""
+  statuses, threads = [], []
+  for i in range(2):
+    t = threading.Thread(target=lambda i=i: statuses.append(http.post(
+        "/v1/completions", json={"model": "fake", "prompt": [1, i + 2], "max_tokens": 2}
+    ).status_code), daemon=True)
+    t.start()
+    threads.append(t)
+  for _ in range(3000):  # until both are submitted (a wait, not a timing)
+    if app.state.batcher.stats()["pending"] == 2:
+      break
+    time.sleep(0.01)
+  assert app.state.batcher.stats()["pending"] == 2
+  return threads, statuses
+
+
+def test_app_answers_503_with_retry_after_beyond_max_pending(gated_server):
+  http, app, gate = gated_server
+  threads, statuses = _hold_two(http, app)
+  for body in ({"model": "fake", "prompt": [5], "max_tokens": 2},
+               {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}):
+    path = "/v1/completions" if "prompt" in body else "/v1/chat/completions"
+    r = http.post(path, json=body)  # answered at once, while the two are held
+    assert (r.status_code, r.headers["Retry-After"]) == (503, "7"), r.text
+    error = r.json()["error"]
+    assert error["code"] == "overloaded" and "max_pending" in error["message"]
+  health = http.get("/health")
+  assert health.status_code == 200
+  assert (health.json()["pending"], health.json()["rejected"]) == (2, 2)
+  gate.set()
+  for t in threads:
+    t.join(30)
+  assert statuses == [200, 200]
+  assert app.state.batcher.stats()["pending"] == 0
+  ok = http.post("/v1/completions", json={"model": "fake", "prompt": [1, 2], "max_tokens": 1})
+  assert ok.status_code == 200 and ok.json()["choices"][0]["text"] == "[2, 1]"
+  assert http.get("/health").json()["status"] == "ok"
+
+
+def test_app_refused_bodies_at_the_bound_get_their_4xx_and_hold_no_place(gated_server):
+  http, app, gate = gated_server
+  threads, statuses = _hold_two(http, app)
+  json_headers = {"Content-Type": "application/json"}
+  refused = [  # (path, keyword arguments of http.post, status, part of the message)
+      ("/v1/completions", {"content": b"x" * (MAX_BYTES + 1), "headers": json_headers}, 413,
+       "max_request_bytes"),
+      ("/v1/completions", {"content": b'{"model": "fake", "prompt": [', "headers": json_headers},
+       400, "not valid JSON"),
+      ("/v1/completions", {"json": {"model": "fake"}}, 400, "prompt"),
+      ("/v1/completions", {"json": {"model": "fake", "prompt": [1], "temperature": 9}}, 400,
+       "temperature"),
+      ("/v1/completions", {"json": {"model": "other", "prompt": [1]}}, 404, "does not exist"),
+      ("/v1/chat/completions", {"json": {"model": "fake", "messages": []}}, 400, "messages"),
+  ]
+  for path, kwargs, status, message in refused:
+    r = http.post(path, **kwargs)
+    assert r.status_code == status and message in r.json()["error"]["message"], r.text
+    stats = app.state.batcher.stats()
+    assert (stats["pending"], stats["rejected"]) == (2, 0)
+  # A valid request at the bound is the one turned away.
+  assert http.post("/v1/completions", json={"model": "fake", "prompt": [3]}).status_code == 503
+  gate.set()
+  for t in threads:
+    t.join(30)
+  assert statuses == [200, 200]
+  stats = app.state.batcher.stats()
+  assert (stats["pending"], stats["rejected"], stats["requests"]) == (0, 1, 2)
 
 
 # ============================================================================ the real server

@@ -81,6 +81,18 @@ def define_flags() -> None:
   flags.DEFINE_integer("mix_layers", 0, "rollout_mix, async: --mix_model's depth (0: the "
                        "preset's); e.g. 1 for a CPU dry run of a GPU shape (its programs and "
                        "compile count are the real depth's, its time is not).")
+  flags.DEFINE_float("overload_s", 20.0, "server_overload: seconds of load per server, for one "
+                     "client and for --overload_clients clients each.")
+  flags.DEFINE_integer("overload_clients", 64, "server_overload: concurrent clients of the "
+                       "overload.")
+  flags.DEFINE_integer("overload_max_pending", 8, "server_overload: both servers' --max_pending "
+                       "(below the clients, so that the bound is exercised).")
+  flags.DEFINE_float("overload_bad_share", 0.1, "server_overload: share of malformed or "
+                     "oversized requests (half each).")
+  flags.DEFINE_integer("overload_docs", 300, "server_overload: synthetic documents of the "
+                       "retriever's BM25 index.")
+  flags.DEFINE_list("overload_servers", ["retriever", "serve"], "server_overload: the servers "
+                    "loaded (retriever: launch/retriever.py, serve: launch/serve.py).")
   flags.DEFINE_bool("no_reference", False, "Skip the transformers reference (e.g. on a GPU host "
                     "without torch); reports throughput and MFU only.")
 

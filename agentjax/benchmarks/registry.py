@@ -15,6 +15,7 @@ from agentjax.benchmarks.fit import bench_fit
 from agentjax.benchmarks.forward import bench_forward
 from agentjax.benchmarks.gpu import bench_gpu
 from agentjax.benchmarks.info_gain import bench_info_gain
+from agentjax.benchmarks.overload import bench_server_overload
 from agentjax.benchmarks.judge import bench_judge
 from agentjax.benchmarks.packing import bench_packing
 from agentjax.benchmarks.ppo_step import bench_ppo_step
@@ -33,4 +34,5 @@ BENCHES = {"gpu": bench_gpu, "forward": bench_forward, "decode": bench_decode, "
            "sft_step": bench_sft_step, "judge": bench_judge, "train_step": bench_train_step,
            "coreact": bench_coreact, "ppo_step": bench_ppo_step,
            "fit": bench_fit, "async": bench_async, "compiles": bench_compiles,
-           "dense": bench_dense, "dense_fit": bench_dense_fit}
+           "dense": bench_dense, "dense_fit": bench_dense_fit,
+           "server_overload": bench_server_overload}

@@ -100,32 +100,36 @@ class SearchStats:
   """Cumulative counters of one backend, for the trainer's logs ("retriever failures").
 
   calls: search() calls; queries: queries asked; failed_queries: queries answered with an error;
-  retries: extra attempts beyond the first (remote backends); seconds: wall time inside search().
+  retries: extra attempts beyond the first (remote backends); overloaded: attempts the server
+  turned away as overloaded (HTTP 503; each also counts as a retry when one followed);
+  seconds: wall time inside search().
   Thread-safe: the rollout engine and the retrieval server call search() from several threads.
   """
   calls: int = 0
   queries: int = 0
   failed_queries: int = 0
   retries: int = 0
+  overloaded: int = 0
   seconds: float = 0.0
   _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False,
                                             compare=False)
 
   def record(self, *, queries: int, failed_queries: int = 0, retries: int = 0,
-             seconds: float = 0.0) -> None:
+             overloaded: int = 0, seconds: float = 0.0) -> None:
     """Adds one search() call."""
     with self._lock:
       self.calls += 1
       self.queries += queries
       self.failed_queries += failed_queries
       self.retries += retries
+      self.overloaded += overloaded
       self.seconds += seconds
 
   def as_dict(self) -> dict[str, float]:
     """A snapshot, e.g. for a metrics logger."""
     with self._lock:
       return {"calls": self.calls, "queries": self.queries, "failed_queries": self.failed_queries,
-              "retries": self.retries, "seconds": self.seconds}
+              "retries": self.retries, "overloaded": self.overloaded, "seconds": self.seconds}
 
 
 @runtime_checkable

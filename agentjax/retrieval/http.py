@@ -10,7 +10,10 @@ Faults are the retriever's, not the rollout's: connection errors, timeouts, HTTP
 unparsable answers are retried with exponential backoff (bounded), then every query of the batch
 gets an error string naming the server's URL; search() never raises for them. HTTP 4xx means
 our request is wrong, and an answer above max_response_bytes would come back the same, so those
-are not retried (but still reported per query, not raised: the rollout goes on). The answer is
+are not retried (but still reported per query, not raised: the rollout goes on). HTTP 503 is
+the server saying it is overloaded (agentjax.retrieval.server answers it beyond its max_pending):
+retried like the other 5xx, but after the answer's Retry-After (seconds) when it gives one,
+capped by max_backoff_s, and counted (stats.overloaded). The answer is
 read up to max_response_bytes and no further: a Content-Length announcing more is refused before
 any body byte is read, a body without one is cut off there.
 """
@@ -36,8 +39,23 @@ class _RetryableError(Exception):
   """A fault worth another attempt; the message is the short reason reported per query."""
 
 
+class _OverloadedError(_RetryableError):
+  """HTTP 503; `retry_after_s`: the answer's Retry-After in seconds (None: absent or a date)."""
+
+  def __init__(self, reason: str, retry_after_s: float | None):
+    super().__init__(reason)
+    self.retry_after_s = retry_after_s
+
+
 class _FatalError(Exception):
   """A fault that another attempt would not fix (HTTP 4xx)."""
+
+
+def _retry_after(value: str | None) -> float | None:
+  """A Retry-After header's delay in seconds; None unless it is delta-seconds (the HTTP-date
+  form is left to the usual backoff: clocks of client and server need not agree)."""
+  value = (value or "").strip()
+  return float(value) if value.isdigit() and len(value) <= 9 else None
 
 
 def _parse_hit(hit: Any) -> Document:
@@ -87,9 +105,13 @@ class HttpSearchBackend:
     max_response_bytes: the largest answer read (64 MiB by default: a batch of 4096 queries
       with top-10 passages of ~1 KB is about 40 MiB of JSON).
     max_retries: attempts after the first; a failing batch costs at most 1 + max_retries requests.
+      An overloaded server's 503 uses them up like any other retryable fault.
     backoff_s, max_backoff_s: the wait before retry r (1-based) is
       min(max_backoff_s, backoff_s * 2 ** (r - 1)), scaled by a random factor in [0.5, 1] so that
-      many rollout workers do not hammer a restarting server in lockstep.
+      many rollout workers do not hammer a restarting server in lockstep. After a 503 with a
+      Retry-After of s seconds it is min(max_backoff_s, s * a random factor in [1, 1.5]): never
+      sooner than the server asked, spread so that the workers it turned away together do not
+      come back together.
 
   Worst-case time of one search() call is about (1 + max_retries) * timeout_s (per blocking
   socket operation) plus the backoffs.
@@ -144,6 +166,8 @@ class HttpSearchBackend:
       except Exception:  # noqa: BLE001 -- the status alone is reason enough
         pass
       reason = f"HTTP {e.code}" + (f": {str(detail)[:200]}" if detail else "")
+      if e.code == 503:
+        raise _OverloadedError(reason, _retry_after(e.headers.get("Retry-After"))) from None
       raise (_FatalError if 400 <= e.code < 500 else _RetryableError)(reason) from None
     except urllib.error.URLError as e:
       reason = e.reason
@@ -172,15 +196,24 @@ class HttpSearchBackend:
       return SearchResponse([], [])
     start = time.perf_counter()
     body = json.dumps({"queries": queries, "topk": topk, "return_scores": True}).encode()
-    attempts = 0
+    attempts = overloaded = 0
     reason = ""
+    retry_after_s = None  # the last 503's Retry-After
     for attempt in range(self.max_retries + 1):
       if attempt:
-        delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
-        time.sleep(delay * random.uniform(0.5, 1.0))
+        if retry_after_s is not None:
+          time.sleep(min(self.max_backoff_s, retry_after_s * random.uniform(1.0, 1.5)))
+        else:
+          delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1))
+          time.sleep(delay * random.uniform(0.5, 1.0))
       attempts += 1
+      retry_after_s = None
       try:
         documents = self._post(body, len(queries))
+      except _OverloadedError as e:
+        reason, retry_after_s = str(e), e.retry_after_s
+        overloaded += 1
+        continue
       except _RetryableError as e:
         reason = str(e)
         continue
@@ -189,12 +222,12 @@ class HttpSearchBackend:
         break
       # Servers may ignore topk; the contract is "at most topk".
       documents = [d[:topk] for d in documents]
-      self.stats.record(queries=len(queries), retries=attempts - 1,
+      self.stats.record(queries=len(queries), retries=attempts - 1, overloaded=overloaded,
                         seconds=time.perf_counter() - start)
       return SearchResponse(documents, [None] * len(queries))
     tries = f"{attempts} attempt{'s' if attempts > 1 else ''}"
     self.stats.record(queries=len(queries), failed_queries=len(queries), retries=attempts - 1,
-                      seconds=time.perf_counter() - start)
+                      overloaded=overloaded, seconds=time.perf_counter() - start)
     return SearchResponse.failed(len(queries),
                                  f"retriever {self.url} failed after {tries}: {reason}")
 

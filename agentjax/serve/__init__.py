@@ -1,7 +1,7 @@
 """An OpenAI-compatible server for agentjax models (launch/serve.py): app factory and batcher."""
 
 from agentjax.serve.app import BodyLimitMiddleware, ClientError, ServerThread, create_app
-from agentjax.serve.batcher import Batcher, SamplingKey
+from agentjax.serve.batcher import Batcher, Overloaded, SamplingKey
 
-__all__ = ["Batcher", "BodyLimitMiddleware", "ClientError", "SamplingKey", "ServerThread",
-           "create_app"]
+__all__ = ["Batcher", "BodyLimitMiddleware", "ClientError", "Overloaded", "SamplingKey",
+           "ServerThread", "create_app"]

@@ -10,7 +10,8 @@
                              Co-ReAct client sends them}
   POST /v1/completions       {"model", "prompt": str | [str] | [int] | [[int]], the same settings}
   GET  /v1/models            the one served model (its id is `model_name`)
-  GET  /health               {"status": "ok", "model", batcher counters (requests, batches, rows)}
+  GET  /health               {"status": "ok", "model", batcher counters (requests, batches, rows,
+                             pending, rejected)}; never refused for overload
 
 Responses have OpenAI's shapes (id, object, created, model, choices, usage). Handlers validate
 and tokenize on the event loop (the tokenizer is used by that one thread only: the Completer
@@ -25,7 +26,11 @@ server:
        that leaves no room in the context (or whose prompt + max_tokens exceed it);
   404  an unknown model name or path;  405  a wrong method;
   413  a body above max_request_bytes (by its Content-Length, or counted while reading it);
-  500  the model failed on this request (the worker goes on with the others).
+  500  the model failed on this request (the worker goes on with the others);
+  503  overloaded: max_pending requests are already waiting or decoding; answered at once with a
+       Retry-After header (seconds, retry_after_s), code "overloaded". Only a request that passed
+       every check above is counted, from its submission to the batcher until it is answered (or
+       its client goes away): refused bodies never hold a place.
 Defaults follow OpenAI's: temperature 1, top_p 1, n 1; without max_tokens a completion runs to
 max_tokens_limit or to the end of the context, whichever comes first. Sampled (temperature > 0)
 outputs depend on the batch they were decoded in, so a seed makes a request reproducible only
@@ -48,7 +53,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from agentjax.sampling.complete import PromptError
-from agentjax.serve.batcher import Batcher, SamplingKey
+from agentjax.serve.batcher import Batcher, Overloaded, SamplingKey
 
 _INT64 = 2**63
 
@@ -57,9 +62,11 @@ class ClientError(Exception):
   """A request's own mistake, answered with `status` and this message."""
 
   def __init__(self, message: str, status: int = 400, param: str | None = None,
-               type: str = "invalid_request_error", code: str | None = None):  # noqa: A002
+               type: str = "invalid_request_error", code: str | None = None,  # noqa: A002
+               headers: dict[str, str] | None = None):
     super().__init__(message)
     self.message, self.status, self.param, self.type, self.code = message, status, param, type, code
+    self.headers = headers  # of the answer (a 503's Retry-After)
 
 
 def error_body(message: str, type: str, param: str | None = None,  # noqa: A002
@@ -137,7 +144,8 @@ class CompletionRequest(_Sampling):
 
 def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
                batch_window_s: float = 0.01, max_tokens_limit: int = 1024,
-               max_request_bytes: int = 1 << 20, max_stop: int = 16) -> fastapi.FastAPI:
+               max_request_bytes: int = 1 << 20, max_stop: int = 16, max_pending: int = 256,
+               retry_after_s: int = 1) -> fastapi.FastAPI:
   """The FastAPI app serving `completer` (a Completer, or any object with its methods:
   chat_ids, encode, complete, and the attributes max_total_tokens and cfg.vocab_size).
 
@@ -148,6 +156,12 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
     max_tokens_limit: largest max_tokens a request may ask for (and the default).
     max_request_bytes: largest request body (413 above it).
     max_stop: most stop strings in one request.
+    max_pending: the most requests waiting or decoding (the batcher's bound); one more is answered
+      503 at once. 256 is 16 batches of launch/serve.py's --max_batch 16: a judge's concurrent
+      calls (judge.max_concurrency, 64 by default) fit four times over, a request admitted last
+      waits at most 16 decode batches, and the prompts held are at most 256 bodies of
+      max_request_bytes. Keep it at least max_batch: batches are made of the pending requests.
+    retry_after_s: the Retry-After of a 503, whole seconds (HTTP's unit).
   Returns:
     The app; app.state.batcher is its Batcher (stats() counts batches and rows), closed when the
     app shuts down (the lifespan, which uvicorn runs).
@@ -156,7 +170,10 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
     raise ValueError(f"max_tokens_limit must be >= 1, got {max_tokens_limit}")
   if max_request_bytes < 1:
     raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
-  batcher = Batcher(completer, max_batch=max_batch, window_s=batch_window_s)
+  if isinstance(retry_after_s, bool) or not isinstance(retry_after_s, int) or retry_after_s < 0:
+    raise ValueError(f"retry_after_s must be an integer >= 0 (seconds), got {retry_after_s!r}")
+  batcher = Batcher(completer, max_batch=max_batch, window_s=batch_window_s,
+                    max_pending=max_pending)
   context = int(completer.max_total_tokens)
   vocab = int(completer.cfg.vocab_size)
   created = int(time.time())
@@ -243,7 +260,13 @@ def create_app(completer: Any, *, model_name: str, max_batch: int = 8,
     # Awaiting (not blocking) the worker's future: other requests are taken meanwhile. A client
     # that goes away cancels the future, and the worker drops the job if it has not started.
     try:
-      return await asyncio.wrap_future(batcher.submit(prompts, key))
+      future = batcher.submit(prompts, key)
+    except Overloaded as e:
+      raise ClientError(f"the server is overloaded: {e}; retry after {retry_after_s} s",
+                        status=503, type="server_error", code="overloaded",
+                        headers={"Retry-After": str(retry_after_s)}) from e
+    try:
+      return await asyncio.wrap_future(future)
     except PromptError as e:  # the completer's own checks of a request's prompts or settings
       raise ClientError(f"the model refused the request: {e}") from e
     except Exception as e:  # noqa: BLE001  this request failed; the worker goes on
@@ -357,7 +380,8 @@ def _add_error_handlers(app: fastapi.FastAPI) -> None:
 
   @app.exception_handler(ClientError)
   async def client_error(_, e: ClientError) -> JSONResponse:
-    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status)
+    return JSONResponse(error_body(e.message, e.type, e.param, e.code), status_code=e.status,
+                        headers=e.headers)
 
   @app.exception_handler(RequestValidationError)
   async def validation_error(_, e: RequestValidationError) -> JSONResponse:

@@ -12,6 +12,9 @@ seed) and runs each group as one `complete()` call of at most `max_batch` rows.
 
 A failing call never stops the thread: when a call of several jobs fails, each job is retried in
 a call of its own, so only the job that causes the failure gets the exception (on its future).
+
+The jobs waiting or decoding are bounded by `max_pending`: submit() beyond it raises Overloaded at
+once (the server answers 503 with Retry-After) rather than queueing without bound.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ class SamplingKey:
   max_think_tokens: int = 0         # Completer.complete's; 0 off
 
 
+class Overloaded(RuntimeError):
+  """submit() refused a job: max_pending jobs are already waiting or decoding."""
+
+
 @dataclasses.dataclass
 class _Job:
   prompts: list[list[int]]
@@ -62,13 +69,20 @@ class Batcher:
   Attributes are read-only for callers; stats() gives the counters (also exposed by /health).
   """
 
-  def __init__(self, completer: Any, *, max_batch: int = 8, window_s: float = 0.01):
+  def __init__(self, completer: Any, *, max_batch: int = 8, window_s: float = 0.01,
+               max_pending: int = 256):
+    """`max_pending`: the most jobs (requests) waiting or decoding; submit() beyond it raises
+    Overloaded. A job leaves the count when its future is done: answered, failed or cancelled."""
     if max_batch < 1:
       raise ValueError(f"max_batch must be >= 1, got {max_batch}")
     if window_s < 0:
       raise ValueError(f"window_s must be >= 0, got {window_s}")
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+      raise ValueError(f"max_pending must be an integer >= 1, got {max_pending!r}")
     self.completer = completer
     self.max_batch = max_batch
+    self.max_pending = max_pending
+    self._pending = 0  # jobs submitted whose future is not done (under _lock)
     # How long the worker waits for more jobs after the first one. A plain attribute: tests set
     # it high so that concurrent requests deterministically meet in one batch (a full batch is
     # dispatched at once, without waiting for the window to end).
@@ -88,25 +102,38 @@ class Batcher:
     """Queues `prompts` (token ids) for decoding; the future gets one Completion per prompt.
 
     Cancelling the future before the worker starts the job (e.g. the client went away) drops it.
+    Raises Overloaded when max_pending jobs are waiting or decoding (nothing is queued then).
     """
     if not prompts:
       raise ValueError("submit needs at least one prompt")
     future: concurrent.futures.Future = concurrent.futures.Future()
+    # Runs once, when the job is answered, failed or cancelled, in the thread that does that (none
+    # holds _lock then); a refused job's future is never done, so it never runs for one.
+    future.add_done_callback(self._finished)
     with self._lock:  # the put too: no job can land behind close()'s stop marker
       if self._closed:
         raise RuntimeError("the batcher is closed")
+      if self._pending >= self.max_pending:
+        self._stats["rejected"] += 1
+        raise Overloaded(f"{self._pending} requests are waiting or decoding (max_pending)")
+      self._pending += 1
       self._stats["requests"] += 1
       self._queue.put(_Job([list(p) for p in prompts], key, future))
     return future
 
+  def _finished(self, _: concurrent.futures.Future) -> None:
+    with self._lock:
+      self._pending -= 1
+
   def stats(self) -> dict[str, int]:
     """Counters: requests (jobs submitted), batches (complete() calls), rows (prompts decoded),
-    max_rows (largest call), failed_calls, failed_requests, pending (jobs queued now)."""
+    max_rows (largest call), failed_calls, failed_requests, rejected (submits refused as
+    Overloaded), pending (jobs waiting or decoding now, what max_pending bounds)."""
     with self._lock:
       out = {k: int(v) for k, v in self._stats.items()}
-    for k in ("requests", "batches", "rows", "failed_calls", "failed_requests"):
+      out["pending"] = self._pending
+    for k in ("requests", "batches", "rows", "failed_calls", "failed_requests", "rejected"):
       out.setdefault(k, 0)
-    out["pending"] = self._queue.qsize()
     return out
 
   @property
