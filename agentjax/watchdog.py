@@ -7,9 +7,9 @@ watchdog, which aborts a collective that has not finished within its timeout).
       ...  # the loop; its parts call progress("what") as they finish something
 
 Progress is `progress(what)`, called where something finishes: a rollout's turn (every engine,
-training's and eval's), a compiled program (every compile, so a long first step or a warm-up
-counts as progress while it compiles), a train or SFT step, a checkpoint write. Any thread may
-call it. What stalls a run without another call: a retriever or judge that never answers, a
+training's and eval's), a train or SFT step, a checkpoint write; and every XLA compilation's
+start and end (jax's monitoring events), a compilation in flight counting as progress however
+long it takes (a first step or a warm-up compiles for minutes). Any thread may call it. What stalls a run without another call: a retriever or judge that never answers, a
 rollout producer thread that blocks (the update then waits on it), a collective one process
 never joins (the other processes wait in it; on a pod every process then times out and exits),
 a checkpoint write that does not finish, a deadlock.
@@ -51,9 +51,19 @@ def progress(what: str) -> None:
     watchdog.beat(what)
 
 
-def _on_compile(name: str, *_, **__) -> None:
-  if name == "/jax/core/compile/backend_compile_duration":
-    progress("compiled a program")
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def _compile_started(name: str, *_, fun_name: str = "?", **__) -> None:
+  watchdog = _active
+  if name == _COMPILE_EVENT and watchdog is not None:
+    watchdog.compiling(+1, f"compiling {fun_name}")
+
+
+def _compile_ended(name: str, *_, fun_name: str = "?", **__) -> None:
+  watchdog = _active
+  if name == _COMPILE_EVENT and watchdog is not None:
+    watchdog.compiling(-1, f"compiled {fun_name}")
 
 
 class Watchdog:
@@ -75,10 +85,20 @@ class Watchdog:
     self._last = (time.monotonic(), "started")
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
+    self._lock = threading.Lock()
+    self._compiles = 0  # XLA compilations in flight
     self.stalled: str | None = None  # the dump's path once it acted
 
   def beat(self, what: str) -> None:
     self._last = (time.monotonic(), what)  # one tuple: read whole by the watching thread
+
+  def compiling(self, change: int, what: str) -> None:
+    """A compilation started (+1) or ended (-1). One in flight is progress however long it
+    takes: a large model's first programs can compile for many minutes on a loaded host, and
+    a compiler that never returns is not the hang this watches for."""
+    with self._lock:
+      self._compiles = max(0, self._compiles + change)
+    self.beat(what)
 
   def __enter__(self) -> "Watchdog":
     global _active, _listening
@@ -86,9 +106,10 @@ class Watchdog:
       return self
     if _active is not None:
       raise RuntimeError("Watchdog: one is already running in this process")
-    if not _listening:  # jax's listeners cannot be removed: one for the process, a no-op idle
+    if not _listening:  # registered once for the process: a no-op while no watchdog runs
       import jax
-      jax.monitoring.register_event_duration_secs_listener(_on_compile)
+      jax.monitoring.register_scalar_listener(_compile_started)
+      jax.monitoring.register_event_duration_secs_listener(_compile_ended)
       _listening = True
     self.beat("started")
     self._stop.clear()
@@ -110,7 +131,7 @@ class Watchdog:
     while not self._stop.wait(self.poll_s):
       since, what = self._last
       idle = time.monotonic() - since
-      if idle > self.timeout_s:
+      if idle > self.timeout_s and not self._compiles:
         self.stalled = self.dump(what, idle)
         if self.on_stall is not None:
           self.on_stall(self.stalled)

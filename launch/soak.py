@@ -62,6 +62,7 @@ _KILL_TRIALS = flags.DEFINE_integer("kill_trials", 0, "Process-loss trials inste
 _SEED = flags.DEFINE_integer("seed", 0, "The kill trials' random choices.")
 _KILL = flags.DEFINE_string("kill", "", "Internal: point:occurrence:delay_s (the victim's "
                             "self-kill).")
+_KILL_PROCESS = flags.DEFINE_integer("kill_process", 1, "Internal: the process --kill applies to.")
 _STOP_AFTER = flags.DEFINE_integer("stop_after", 0, "Internal: train(stop_after=) (a preemption).")
 _PARAMS_OUT = flags.DEFINE_string("params_out", "", "Internal: process 0 writes the final "
                                   "parameters here (.npz).")
@@ -125,7 +126,8 @@ KILL_POINTS = ("rollout", "update", "checkpoint", "handover")
 
 
 def _arm_kill(spec: str) -> None:
-  """This process SIGKILLs itself `delay_s` after the `occurrence`-th (1-based) start of `point`:
+  """This process SIGKILLs itself (`point:occurrence:delay_s`; `...:STOP`: SIGSTOP) `delay_s`
+  after the `occurrence`-th (1-based) start of `point`:
   a rollout (RLStep.produce), an update (RLStep.consume), a checkpoint write (Checkpointer.save:
   orbax writes it in the background meanwhile) or a device-turn hand-over (DeviceTurn._release,
   at once)."""
@@ -135,17 +137,20 @@ def _arm_kill(spec: str) -> None:
   from agentjax.parallel.host import DeviceTurn
   from agentjax.train.checkpoint import Checkpointer
   from agentjax.train.step import RLStep
-  point, occurrence, delay = spec.split(":")
+  point, occurrence, delay, *how = spec.split(":")
   occurrence, delay = int(occurrence), float(delay)
+  # STOP: the process freezes instead (SIGSTOP: its sockets stay open, so the others' next
+  # collective waits on it for ever; what a hung host looks like, unlike a dead one).
+  sig = signal.SIGSTOP if how == ["STOP"] else signal.SIGKILL
   owner, name = {"rollout": (RLStep, "produce"), "update": (RLStep, "consume"),
                  "checkpoint": (Checkpointer, "save"), "handover": (DeviceTurn, "_release")}[point]
   real, seen = getattr(owner, name), [0]
-  die = lambda: os.kill(os.getpid(), signal.SIGKILL)  # noqa: E731
+  die = lambda: os.kill(os.getpid(), sig)  # noqa: E731
 
   def wrapped(*args, **kwargs):
     seen[0] += 1
     if seen[0] == occurrence:
-      print(f"soak: killing process {_PROCESS_ID.value} at {point} #{occurrence} "
+      print(f"soak: {sig.name} to process {_PROCESS_ID.value} at {point} #{occurrence} "
             f"+{delay:.2f} s", flush=True)
       if delay <= 0:
         die()
@@ -164,7 +169,7 @@ def _worker(workdir: str) -> None:
   from agentjax.train.trainer import train
   config = soak_config(_CONFIG.value, _ROOT.value, _STEPS.value, _ASYNC.value, _SHAPE.value,
                        _PROCESSES.value)
-  if _KILL.value:
+  if _KILL.value and _PROCESS_ID.value == _KILL_PROCESS.value:
     _arm_kill(_KILL.value)
   out = train(config, workdir, stop_after=_STOP_AFTER.value or None)
   if _PARAMS_OUT.value:
@@ -206,9 +211,9 @@ def _run_both(args: list[str], extra: list[list[str]], timeout_s: float) -> list
 
 
 def _share_world(root: str, runs: str) -> None:
-  """`runs` (a fresh folder) sees root's world, data and index: every run reads the same."""
+  """`runs` (a fresh folder) sees root's world and index: every run reads the same."""
   os.makedirs(runs)
-  for shared in ("synthworld", "tfds", "bm25_index"):
+  for shared in ("synthworld", "bm25_index"):  # (tfds: each run prepares its own)
     os.symlink(os.path.abspath(os.path.join(root, shared)), os.path.join(runs, shared))
 
 
@@ -220,7 +225,10 @@ def kill_trials(trials: int) -> dict:
   root, steps, timeout = _ROOT.value, _STEPS.value, _STALL.value
   base = [a for a in sys.argv[1:] if not a.startswith(("--kill_trials", "--processes",
                                                        "--async_steps", "--root"))]
-  base += ["--processes=2", "--async_steps=1"]
+  # Every run reads its programs back from one compilation cache: the trials' runs have the same
+  # shapes, and compiling them again each time would be most of a trial.
+  base += ["--processes=2", "--async_steps=1",
+           f"--config.train.jax_cache_dir={os.path.abspath(os.path.join(root, 'jax_cache'))}"]
   if _SHAPE.value == "tiny":
     from agentjax.data.demo_world import build_demo_world
     build_demo_world(os.path.join(root, "synthworld"), topk=_CONFIG.value.retrieval.topk)
@@ -247,10 +255,11 @@ def kill_trials(trials: int) -> dict:
     point = KILL_POINTS[trial % len(KILL_POINTS)]
     victim = rng.randrange(2)
     # rollouts and updates: one per step (+1 produced ahead); checkpoint writes: one per step;
-    # hand-overs: tens per step
+    # hand-overs: two or more a step (the tiny run's rollout is one turn of the devices with
+    # two host waits; the update one)
     occurrence = {"rollout": rng.randint(2, steps), "update": rng.randint(1, steps - 1),
                   "checkpoint": rng.randint(1, steps - 1),
-                  "handover": rng.randint(20, 20 * steps)}[point]
+                  "handover": rng.randint(3, 2 * steps)}[point]
     delay = 0.0 if point == "handover" else round(rng.uniform(0.0, 1.5), 2)
     runs = os.path.join(root, "trials", str(trial))
     shutil.rmtree(runs, ignore_errors=True)
@@ -258,7 +267,7 @@ def kill_trials(trials: int) -> dict:
     args = base + [f"--root={runs}"]
     workdir = os.path.join(runs, "p2_async1")
     kill = [[], []]
-    kill[victim] = [f"--kill={point}:{occurrence}:{delay}"]
+    kill[victim] = [f"--kill={point}:{occurrence}:{delay}", f"--kill_process={victim}"]
     t0 = time.monotonic()
     procs = _spawn(args, kill)
     record = {"trial": trial, "point": point, "occurrence": occurrence, "delay_s": delay,
@@ -322,10 +331,21 @@ def main(argv):
       build_demo_world(os.path.join(root, "synthworld"), topk=_CONFIG.value.retrieval.topk)
     procs = _spawn(sys.argv[1:], [[] for _ in range(_PROCESSES.value)])
     try:
-      codes = [p.wait() for p in procs]
+      # Until all end, or one fails: the others may then wait for it for ever (a frozen one
+      # never exits; its peers' watchdogs end them).
+      while (any(p.poll() is None for p in procs)
+             and not any(p.poll() for p in procs if p.poll() is not None)):
+        time.sleep(1.0)
+      for p in procs:
+        if p.poll() is None and any(q.poll() for q in procs if q.poll() is not None):
+          try:
+            p.wait(timeout=_STALL.value + 10)  # its own watchdog's turn to end it
+          except subprocess.TimeoutExpired:
+            pass
     finally:  # one that failed must not leave the other waiting in a collective
       for p in procs:
         p.kill()
+    codes = [p.wait() for p in procs]
     if any(codes):
       raise SystemExit(f"soak: worker exit codes {codes}")
   out = report(workdir, time.perf_counter() - t0)

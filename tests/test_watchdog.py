@@ -68,6 +68,23 @@ def test_an_idle_or_disabled_watchdog_does_nothing(tmp_path):
   progress("after")  # none running again
 
 
+def test_a_compilation_in_flight_is_progress_however_long(tmp_path):
+  """jax's compile events (its start, a scalar; its end, a duration) bracket a compilation:
+  inside one the watchdog waits past its timeout; after it, the timeout counts again."""
+  from agentjax.watchdog import _COMPILE_EVENT
+  stalls = []
+  with Watchdog(0.4, str(tmp_path), on_stall=stalls.append, poll_s=0.05):
+    jax.monitoring.record_scalar(_COMPILE_EVENT, time.time(), fun_name="slow_program")
+    time.sleep(1.2)  # three timeouts inside the compilation
+    assert not stalls
+    jax.monitoring.record_event_duration_secs(_COMPILE_EVENT, 1.2, fun_name="slow_program")
+    t0 = time.monotonic()
+    while not stalls and time.monotonic() - t0 < 10:
+      time.sleep(0.05)
+  assert len(stalls) == 1
+  assert "the last was: compiled slow_program" in open(stalls[0]).read()
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir(tokenizer):
   return tokenizer.name_or_path
@@ -127,3 +144,25 @@ def test_a_retriever_that_never_answers_ends_the_run_and_a_restart_resumes_it(
   rows = {r["step"]: r for r in run_metrics(workdir, "reward")}
   for r in run_metrics(os.path.join(tmp, "whole"), "reward"):
     assert rows[r["step"]]["reward"] == r["reward"] and rows[r["step"]]["kl"] == r["kl"]
+
+
+@pytest.mark.slow  # two jax processes on loopback: minutes on 2 cores
+def test_a_collective_a_frozen_process_never_joins_ends_the_other_process(tmp_path):
+  """Two processes; process 1 freezes (SIGSTOP: its sockets stay open, so nothing fails) during
+  its second update: process 0 waits in a collective with no progress, and its watchdog dumps
+  its stacks and exits with code 75 within the timeout."""
+  proc = subprocess.run([sys.executable, "launch/soak.py", "--steps=4", "--processes=2",
+                         f"--root={tmp_path}", "--stall_timeout_s=30",
+                         "--kill=update:2:0.2:STOP", "--kill_process=1"],
+                        cwd=ROOT, env=subprocess_env(PYTHONPATH=ROOT), capture_output=True,
+                        text=True, timeout=1800)
+  assert proc.returncode != 0
+  codes = proc.stderr.strip().splitlines()[-1]
+  assert codes.startswith("soak: worker exit codes [75, "), proc.stderr[-3000:]
+  assert "SIGSTOP to process 1 at update #2" in proc.stdout
+  dumps = glob.glob(str(tmp_path / "p2_async0" / "stall-p0-*.txt"))
+  assert len(dumps) == 1
+  text = open(dumps[0]).read()
+  assert text.startswith("no progress for") and "the last was: " in text.splitlines()[0]
+  main = text.split("--- thread MainThread")[1].split("--- thread")[0]
+  assert "agentjax/train/" in main  # stuck inside the step, in a collective process 1 never joins
