@@ -104,8 +104,8 @@ class Watchdog:
     global _active, _listening
     if self.timeout_s <= 0:
       return self
-    if _active is not None:
-      raise RuntimeError("Watchdog: one is already running in this process")
+    if _active is not None:  # a run inside a run (a sweep's stage): the outer one watches
+      return self
     if not _listening:  # registered once for the process: a no-op while no watchdog runs
       import jax
       jax.monitoring.register_scalar_listener(_compile_started)

@@ -61,9 +61,12 @@ def test_an_idle_or_disabled_watchdog_does_nothing(tmp_path):
     progress("anything")  # no watchdog running: a no-op
     time.sleep(0.1)
   assert off._thread is None
-  with Watchdog(5.0, str(tmp_path), on_stall=stalls.append, poll_s=0.01):
-    with pytest.raises(RuntimeError, match="already running"):
-      Watchdog(5.0, str(tmp_path)).__enter__()
+  with Watchdog(5.0, str(tmp_path), on_stall=stalls.append, poll_s=0.01) as outer:
+    with Watchdog(0.01, str(tmp_path)) as inner:  # nested: the outer one keeps watching
+      time.sleep(0.1)
+    assert inner._thread is None and outer._thread is not None
+    import agentjax.watchdog as watchdog_lib
+    assert watchdog_lib._active is outer
   assert not stalls and not os.listdir(tmp_path)
   progress("after")  # none running again
 
