@@ -450,6 +450,10 @@ SEARCHER_LR, GENERATOR_LR = 1e-2, 1e-4
 
 def _dac_config(world_dir, tokenizer_dir, tmp):
   c = tiny_config(world_dir, tokenizer_dir, tmp, algorithm="dac", steps=2)
+  # One decoder layer (the tiny preset has 2): compiling the layers is most of a run's time, and
+  # nothing checked here depends on depth (the adapters' per-layer PEFT names and their mapping
+  # are tests/test_lora_peft.py's, on the 2-layer presets).
+  c.model.shape.num_layers = 1
   c.model.lora.init = ""
   c.model.lora.rank = 4
   # The generator 100x slower than the searcher: the rates must reach their adapters.
