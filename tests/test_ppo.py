@@ -210,6 +210,10 @@ def ppo_runs(world_dir, tokenizer, tmp_path_factory):
   from agentjax.train.trainer import train
   tmp = str(tmp_path_factory.mktemp("ppo_runs"))
   config = tiny_config(world_dir, tokenizer.name_or_path, tmp, algorithm="ppo")
+  # One decoder layer (the tiny preset has 2), in the policy and its critic: compiling the layers
+  # is most of a run's time, and nothing checked here depends on depth (the value model's
+  # per-layer export is tests/test_value_model.py's, on the 2-layer preset).
+  config.model.shape.num_layers = 1
   config.critic.warmup_steps = 1
   config.train.eval_every = 0
   a = train(config, os.path.join(tmp, "a"))
@@ -281,6 +285,7 @@ def test_lora_ppo_trains_a_value_adapter_and_head_on_the_shared_backbone(world_d
   config = tiny_config(world_dir, tokenizer.name_or_path, str(tmp_path), algorithm="ppo",
                        steps=2)
   config.algorithm = "ppo_turn"  # and the turn-level critic's targets as the step wires them
+  config.model.shape.num_layers = 1  # as in ppo_runs: the checks do not depend on depth
   config.model.lora.adapters = "policy"
   config.model.lora.rank = 4
   config.model.lora.alpha = 8.0
