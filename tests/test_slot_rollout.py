@@ -137,29 +137,51 @@ def test_thinking_budget_acts_alike_in_both_engines(world):
     with_think_tags(cut, no_tags, "rollout.max_think_tokens")
 
 
+HOOK_RUBRIC = [f"Rubric {t}: cite a document." for t in range(3)]
+HOOK_BUDGETS = (45, 60, 200)  # cut mid-turn, cut at an observation, room for every turn
+
+
+def hook_gives_even_rows_text(turn, rows, transcripts):
+  return [HOOK_RUBRIC[turn] if b % 2 == 0 else None for b in rows]
+
+
+def searcher_then_answerer(t):
+  return "searcher" if t < 2 else "answerer"
+
+
+@pytest.fixture(scope="module")
+def hooked_turn_runs(world):
+  """(policies, {budget: (engine kwargs, the turn engine's trajectories)}) for the hooks test:
+  the reference does not depend on the slot layout, so both layouts compare to one run of it
+  per budget instead of each running it again."""
+  tok, backend, agent = world
+  policies = {"searcher": agent.params(af.SEARCH, extra_starts=HOOK_RUBRIC),
+              "answerer": agent.params(af.ANSWER, extra_starts=HOOK_RUBRIC)}
+  prompt = len(make(world).prompt_ids(QUESTIONS[0]))
+  runs = {}
+  for extra in HOOK_BUDGETS:
+    kw = dict(max_total_tokens=prompt + extra, max_obs_tokens=24)
+    turns = make(world, engine="turns", **kw)
+    turns.before_turn = hook_gives_even_rows_text
+    want, _ = turns.run(policies, QUESTIONS, jax.random.key(0),
+                        policy_for_turn=searcher_then_answerer)
+    runs[extra] = (kw, want)
+  return policies, runs
+
+
 @pytest.mark.parametrize("layout", [dict(lanes=1, slots=2), dict(lanes=2, slots=2)])
-def test_hooks_two_policies_and_budget_cuts_equal_the_turn_engine(world, layout):
+def test_hooks_two_policies_and_budget_cuts_equal_the_turn_engine(world, hooked_turn_runs,
+                                                                  layout):
   """Greedy, with a hook that gives text to some rows only, a policy that changes after two
   turns, and a budget that cuts trajectories in the middle of a turn and at an observation while
   others go on: token for token the turn engine's trajectories, with refilled slots."""
-  tok, backend, agent = world
-  rubric = [f"Rubric {t}: cite a document." for t in range(3)]
-
-  def hook(turn, rows, transcripts):
-    return [rubric[turn] if b % 2 == 0 else None for b in rows]
-
-  policies = {"searcher": agent.params(af.SEARCH, extra_starts=rubric),
-              "answerer": agent.params(af.ANSWER, extra_starts=rubric)}
-  pick = lambda t: "searcher" if t < 2 else "answerer"  # noqa: E731
-  prompt = len(make(world).prompt_ids(QUESTIONS[0]))
-  for extra in (45, 60, 200):  # cut mid-turn, cut at an observation, room for every turn
-    kw = dict(max_total_tokens=prompt + extra, max_obs_tokens=24)
-    turns = make(world, engine="turns", **kw)
-    turns.before_turn = hook
-    want, _ = turns.run(policies, QUESTIONS, jax.random.key(0), policy_for_turn=pick)
+  policies, runs = hooked_turn_runs
+  for extra in HOOK_BUDGETS:
+    kw, want = runs[extra]
     slots = make(world, engine="slots", **layout, **kw)
-    slots.before_turn = hook
-    got, _ = slots.run(policies, QUESTIONS, jax.random.key(0), policy_for_turn=pick)
+    slots.before_turn = hook_gives_even_rows_text
+    got, _ = slots.run(policies, QUESTIONS, jax.random.key(0),
+                       policy_for_turn=searcher_then_answerer)
     assert_same_trajectories(got, want)
     assert_consistent(got)
     assert_turn_records(got, slots)
