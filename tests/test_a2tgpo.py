@@ -443,6 +443,13 @@ def test_a2tgpo_trains_end_to_end_with_and_without_the_adaptive_clip(world_dir, 
     config = tiny_config(world_dir, tokenizer.name_or_path, str(tmp_path), algorithm="a2tgpo",
                          steps=2)
     config.a2tgpo.adaptive_clip = adaptive
+    # One decoder layer (the tiny preset has 2): compiling the layers is most of a run's time,
+    # and what is checked (the clip scale's path to the loss) does not depend on depth.
+    config.model.shape.num_layers = 1
+    # No eval at the end, and no warm-up (it compiles the eval's rollout too): nothing here
+    # reads an eval, and the warm-up's own check is tests/test_trainer.py's.
+    config.train.final_eval = False
+    config.rollout.warm_up = False
     config.train.eval_every = 0
     config.train.eval_at_start = False
     config.train.export_hf = False
