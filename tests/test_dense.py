@@ -326,7 +326,14 @@ def test_an_encoder_trained_on_the_world_retrieves_in_a_short_rl_run(world_dir, 
                        steps=2)
   config.retrieval.backend = "dense"
   config.retrieval.index_dir = index
+  # One decoder layer (the tiny preset has 2): compiling the policy's layers is most of the run's
+  # time, and what is checked (its rollouts search the dense index) does not depend on depth.
+  config.model.shape.num_layers = 1
   config.train.eval_every = 0
+  # No eval at the end, and no warm-up (it compiles the eval's rollout too): nothing here reads
+  # an eval, and the warm-up's own check is tests/test_trainer.py's.
+  config.train.final_eval = False
+  config.rollout.warm_up = False
   config.train.export_hf = False
   calls = []
   original = DenseBackend.search
