@@ -28,6 +28,10 @@ def _lora_config(world_dir, tokenizer_dir, tmp, trainer="rl"):
   c = tiny_config(world_dir, tokenizer_dir, tmp, algorithm="sft" if trainer == "sft" else "igpo",
                   steps=2)
   # Two adapters: the second rides along untrained (as DAC's roles will share one backbone).
+  # One decoder layer (the tiny preset has 2): compiling the layers is most of a run's time, and
+  # nothing checked here depends on depth (the adapters' per-layer PEFT names and their mapping
+  # are tests/test_lora_peft.py's, on the 2-layer presets).
+  c.model.shape.num_layers = 1
   c.model.lora.adapters = "policy,other"
   c.model.lora.rank = 4
   c.model.lora.alpha = 8.0
