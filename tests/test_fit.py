@@ -61,8 +61,10 @@ def test_fit_check_fails_at_a_tiny_limit_naming_the_program():
 def test_fit_check_extrapolates_two_depths_to_the_models_own():
   """--extrapolate=1,2: each program's total at the model's depth from its totals at 1 and 2
   layers, on a straight line; `fits` judges the extrapolated totals."""
+  # KL on as in the first test: its 2-layer update (the tiny preset's depth) is then the same
+  # program, read back from the compilation cache the suite shares with its subprocesses.
   rc, out, result = _fit("--device_memory_gb=80", "--extrapolate=1,2",
-                         "--programs=rollout/prefill,update")
+                         "--programs=rollout/prefill,update", "--config.rl.kl_coef=0.001")
   assert rc == 0, out
   depth = result["model"]["layers"]
   assert result["how"] == f"extrapolated from 1 and 2 layers to {depth}"
