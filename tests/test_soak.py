@@ -120,3 +120,21 @@ def test_two_process_async_soak_keeps_its_coordination_keys_bounded(tmp_path):
   assert len(keys) == 24
   bound = _TurnOrder.PRUNE_EVERY + _TurnOrder.ACK_EVERY + 8 + 1
   assert max(keys) <= bound, keys
+
+
+@pytest.mark.slow  # two jax processes, killed and restarted: minutes on 2 cores
+def test_a_killed_process_restarts_to_its_reference(tmp_path):
+  """One process-loss trial of launch/soak.py (docs/BENCHMARKS.md has ten): a process SIGKILLed
+  during a rollout; the survivor exits (does not hang); both restarted resume from the last
+  finalized checkpoint and end with the reference run's parameters, bit for bit."""
+  proc = subprocess.run([sys.executable, "launch/soak.py", "--kill_trials=1", "--steps=3",
+                         "--stall_timeout_s=60", "--seed=0", f"--root={tmp_path}",
+                         "--config.rollout.warm_up=False", "--config.train.final_eval=False"],
+                        cwd=ROOT, env=subprocess_env(PYTHONPATH=ROOT), capture_output=True,
+                        text=True, timeout=3600)
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  (trial,) = out["trials"]
+  assert trial["point"] == "rollout" and trial["killed"]
+  assert trial["survivor_exit"] not in (None, 0)  # it ended, with a failure
+  assert trial["restart_exit"] == [0, 0] and trial["max_abs_diff"] == 0.0 and trial["ok"]
