@@ -6,11 +6,13 @@ watchdog, which aborts a collective that has not finished within its timeout).
     with Watchdog(config.train.stall_timeout_s, workdir):
       ...  # the loop; its parts call progress("what") as they finish something
 
-Progress is `progress(what)`, called where something finishes: a rollout's turn (every engine,
-training's and eval's), a train or SFT step, a checkpoint write; and every XLA compilation's
-start and end (jax's monitoring events), a compilation in flight counting as progress however
-long it takes (a first step or a warm-up compiles for minutes). Any thread may call it. What stalls a run without another call: a retriever or judge that never answers, a
-rollout producer thread that blocks (the update then waits on it), a collective one process
+Progress is `progress(what)`, called as work moves: at each turn of a rollout (every engine,
+training's and eval's: the previous turn is done), after each train or SFT step and its
+checkpoint save (which waits for the previous write), after the final checkpoint's write; and
+at every XLA compilation's start and end (jax's monitoring events). A compilation in flight, or
+a `busy` block (the export), counts as progress for up to Watchdog.BUSY_TIMEOUTS timeouts from
+its start. Any thread may call it. What stalls a run without another call: a retriever or
+judge that never answers, a rollout producer thread that blocks (the update then waits on it), a collective one process
 never joins (the other processes wait in it; on a pod every process then times out and exits),
 a checkpoint write that does not finish, a deadlock.
 
@@ -24,6 +26,7 @@ uninterrupted run).
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import logging
 import os
@@ -31,7 +34,7 @@ import sys
 import threading
 import time
 import traceback
-from typing import Callable
+from typing import Callable, Iterator
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,17 @@ def progress(what: str) -> None:
 
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+@contextlib.contextmanager
+def busy(what: str) -> Iterator[None]:
+  """Watchdog.busy of the running watchdog (nothing when none runs)."""
+  watchdog = _active
+  if watchdog is None:
+    yield
+    return
+  with watchdog.busy(what):
+    yield
 
 
 def _compile_started(name: str, *_, fun_name: str = "?", **__) -> None:
@@ -86,19 +100,38 @@ class Watchdog:
     self._stop = threading.Event()
     self._thread: threading.Thread | None = None
     self._lock = threading.Lock()
-    self._compiles = 0  # XLA compilations in flight
+    self._compiles = 0  # XLA compilations (and `busy` blocks) in flight
+    self._busy_since = 0.0  # when the first of those began
+    self._process = 0
     self.stalled: str | None = None  # the dump's path once it acted
 
   def beat(self, what: str) -> None:
     self._last = (time.monotonic(), what)  # one tuple: read whole by the watching thread
 
+  # Long legitimate work without progress calls (a compilation, an export) counts as progress
+  # up to this many timeouts; past it the watchdog acts (a compiler or a write that never
+  # returns, e.g. on a hung file system, is a hang too).
+  BUSY_TIMEOUTS = 4
+
   def compiling(self, change: int, what: str) -> None:
-    """A compilation started (+1) or ended (-1). One in flight is progress however long it
-    takes: a large model's first programs can compile for many minutes on a loaded host, and
-    a compiler that never returns is not the hang this watches for."""
+    """A compilation (or other long work: `busy`) started (+1) or ended (-1). While one is in
+    flight the watchdog waits up to BUSY_TIMEOUTS timeouts from its start: a large model's
+    first programs can compile for many minutes on a loaded host."""
     with self._lock:
+      if change > 0 and not self._compiles:
+        self._busy_since = time.monotonic()
       self._compiles = max(0, self._compiles + change)
     self.beat(what)
+
+  @contextlib.contextmanager
+  def busy(self, what: str) -> Iterator[None]:
+    """Long work with no progress calls inside (the Hugging Face export of a large model):
+    progress however long, up to BUSY_TIMEOUTS timeouts."""
+    self.compiling(+1, what)
+    try:
+      yield
+    finally:
+      self.compiling(-1, f"{what}: done")
 
   def __enter__(self) -> "Watchdog":
     global _active, _listening
@@ -111,6 +144,8 @@ class Watchdog:
       jax.monitoring.register_scalar_listener(_compile_started)
       jax.monitoring.register_event_duration_secs_listener(_compile_ended)
       _listening = True
+    import jax
+    self._process = jax.process_index()  # here: the watchdog thread must not wait on jax
     self.beat("started")
     self._stop.clear()
     self._thread = threading.Thread(target=self._watch, name="watchdog", daemon=True)
@@ -130,9 +165,21 @@ class Watchdog:
   def _watch(self) -> None:
     while not self._stop.wait(self.poll_s):
       since, what = self._last
-      idle = time.monotonic() - since
-      if idle > self.timeout_s and not self._compiles:
-        self.stalled = self.dump(what, idle)
+      now = time.monotonic()
+      idle = now - since
+      busy = self._compiles and now - self._busy_since < self.BUSY_TIMEOUTS * self.timeout_s
+      if idle > self.timeout_s and not busy:
+        if self.on_stall is None:
+          # The dump writes to the workdir, which may be the hung file system itself: the
+          # process ends after 60 s whatever the write does, and the stacks go to stderr first.
+          backstop = threading.Timer(60.0, os._exit, (STALL_EXIT_CODE,))
+          backstop.daemon = True
+          backstop.start()
+          faulthandler.dump_traceback(sys.stderr, all_threads=True)
+        try:
+          self.stalled = self.dump(what, idle)
+        except Exception as e:  # noqa: BLE001 - no file (disk full, hung mount): exit anyway
+          self.stalled = f"(not written: {type(e).__name__}: {e}; the stacks are on stderr)"
         if self.on_stall is not None:
           self.on_stall(self.stalled)
           return
@@ -140,9 +187,8 @@ class Watchdog:
 
   def dump(self, last: str, idle: float) -> str:
     """Writes every thread's stack to a new file in `folder`; returns its path."""
-    import jax
     os.makedirs(self.folder, exist_ok=True)
-    path = os.path.join(self.folder, f"stall-p{jax.process_index()}-{int(time.time())}.txt")
+    path = os.path.join(self.folder, f"stall-p{self._process}-{int(time.time())}.txt")
     names = {t.ident: t.name for t in threading.enumerate()}
     with open(path, "w") as f:
       f.write(f"no progress for {idle:.0f} s (timeout {self.timeout_s:g} s); the last was: "
@@ -169,4 +215,4 @@ def _exit_stalled(path: str, timeout_s: float) -> None:
   os._exit(STALL_EXIT_CODE)
 
 
-__all__ = ["STALL_EXIT_CODE", "Watchdog", "progress"]
+__all__ = ["STALL_EXIT_CODE", "Watchdog", "busy", "progress"]

@@ -201,10 +201,18 @@ def _finalized(workdir: str) -> tuple[list[int], list[str]]:
   return sorted(int(n) for n in names if n.isdigit()), [n for n in names if not n.isdigit()]
 
 
-def _run_both(args: list[str], extra: list[list[str]], timeout_s: float) -> list[int]:
+def _run_both(args: list[str], extra: list[list[str]], timeout_s: float) -> list[int | None]:
+  """The workers' exit codes; None for one still running after timeout_s (then killed)."""
   procs = _spawn(args, extra)
+  deadline = time.monotonic() + timeout_s
+  codes = []
   try:
-    return [p.wait(timeout=timeout_s) for p in procs]
+    for p in procs:
+      try:
+        codes.append(p.wait(timeout=max(0.0, deadline - time.monotonic())))
+      except subprocess.TimeoutExpired:
+        codes.append(None)  # hung: the trial records it rather than ending every trial
+    return codes
   finally:
     for p in procs:
       p.kill()

@@ -88,6 +88,21 @@ def test_a_compilation_in_flight_is_progress_however_long(tmp_path):
   assert "the last was: compiled slow_program" in open(stalls[0]).read()
 
 
+def test_long_busy_work_counts_as_progress_up_to_its_cap(tmp_path):
+  """A `busy` block (the export) or a compilation is progress for BUSY_TIMEOUTS timeouts from
+  its start, not for ever: a write or compiler that never returns is a hang too."""
+  from agentjax.watchdog import busy
+  stalls = []
+  with Watchdog(0.2, str(tmp_path), on_stall=stalls.append, poll_s=0.02) as watchdog:
+    t0 = time.monotonic()
+    with busy("the export"):
+      while not stalls and time.monotonic() - t0 < 10:
+        time.sleep(0.02)
+  waited = time.monotonic() - t0
+  assert len(stalls) == 1 and "the last was: the export" in open(stalls[0]).read()
+  assert waited >= watchdog.BUSY_TIMEOUTS * 0.2 - 0.05  # not before the cap
+
+
 @pytest.fixture(scope="module")
 def tokenizer_dir(tokenizer):
   return tokenizer.name_or_path

@@ -59,7 +59,7 @@ from agentjax.sampling import bucket, init_state, kv_window_arg, kv_window_size
 from agentjax.sampling.sampler import RUNNING, rewind
 from agentjax.sampling.slots import (copy_rows, decode_slots, empty_trajectories, extend_rows,
                                      init_progress, store_rows, take_rows)
-from agentjax.watchdog import progress
+from agentjax import watchdog
 
 # The smallest row count of the row-subset programs (extend_rows, copy_rows, store_rows; their
 # ladder: row_bucket), so a rollout compiles a few of them.
@@ -274,7 +274,7 @@ class SlotRollout:
         if lane.pending is None:
           continue
         self._collect(lane)
-        progress("a lane's decode call of a rollout")
+        watchdog.progress("a lane's decode call of a rollout")
         self._settle(lane)
         self._dispatch(lane)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 from typing import Any, Iterator, Sequence
 
@@ -229,9 +230,14 @@ class _TurnOrder:
       except Exception:  # noqa: BLE001 - not yet written: that follower has said nothing
         return
     upto = min(read, default=self.count - 1)
-    for n in range(self.pruned, upto + 1):
-      self.kv.key_value_delete(f"{self.prefix}/{n}")
-    self.pruned = max(self.pruned, upto + 1)
+    try:
+      for n in range(self.pruned, upto + 1):
+        self.kv.key_value_delete(f"{self.prefix}/{n}")
+        self.pruned = n + 1
+    except Exception as e:  # noqa: BLE001 - housekeeping: the turn is granted already, and an
+      # error here would leave the followers waiting in its collective
+      logging.getLogger(__name__).warning("DeviceTurn: could not delete turn keys of %r (%s); "
+                                          "trying again later", self.prefix, e)
 
   def fetch(self, n: int) -> str | None:
     """The name of turn n's holder (a follower's; blocks until the leader publishes it), or None

@@ -79,6 +79,7 @@ from agentjax.train.builders import (COMPAT_KEYS, EXPORT_DIR, QuestionStream,
                                      make_search_backend, opt_state_shardings, restore_policy,
                                      restore_trainable, rollout_config)
 from agentjax.watchdog import Watchdog, progress
+from agentjax.watchdog import busy as watchdog_busy
 
 log = logging.getLogger(__name__)
 
@@ -533,6 +534,7 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
         stopping = (fault is not None or any_process(preempt.requested)
                     or (stop_after is not None and step >= stop_after))
         save(step, force=stopping or evals.due(step) or step == steps)
+        progress(f"step {step}'s checkpoint save (after the previous write)")
         if fault is not None:
           ckpt.close()
           writer.close()
@@ -550,10 +552,12 @@ def train_rl(config: Any, workdir: str, *, stop_after: int | None = None) -> dic
       evals.final(state["params"], finished_before, ckpt)
     save(step, force=True)
     ckpt.close()
+    progress("the final checkpoint written")
     writer.close()
     export = None
     if step >= steps and not (finished_before and exported):
-      export = _export_rl(config, workdir, parts, state)
+      with watchdog_busy("the Hugging Face export"):  # a large model's: minutes of writing
+        export = _export_rl(config, workdir, parts, state)
     elif step >= steps and exported:
       export = os.path.join(workdir, EXPORT_DIR)
   return {"step": step, "workdir": workdir, "hf_export": export,
