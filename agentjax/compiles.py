@@ -8,8 +8,10 @@ import logging
 import jax
 
 # Recorded around the backend's compile, which includes reading a program back from a persistent
-# compilation cache (jax_compilation_cache_dir): a retrace is counted either way.
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+# compilation cache (jax_compilation_cache_dir): a retrace is counted either way. jax records it
+# twice: a scalar (the start time) as the compile begins, a duration as it ends (watchdog.py
+# listens to both).
+COMPILE_EVENT = _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _count = 0
 _seconds = 0.0
 _registered = False

@@ -36,6 +36,8 @@ import time
 import traceback
 from typing import Callable, Iterator
 
+from agentjax.compiles import COMPILE_EVENT as _COMPILE_EVENT
+
 log = logging.getLogger(__name__)
 
 # os.EX_TEMPFAIL ("temporary failure; the user is invited to retry"): distinct from a crash (1),
@@ -52,9 +54,6 @@ def progress(what: str) -> None:
   watchdog = _active
   if watchdog is not None:
     watchdog.beat(what)
-
-
-_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
 @contextlib.contextmanager
