@@ -23,6 +23,8 @@ from typing import Any, Mapping, Sequence
 import jax
 import numpy as np
 
+from agentjax.parallel.host import distributed_kv
+
 # The prefix of every key agentjax writes to the coordination service.
 KV_PREFIX = "agentjax/"
 
@@ -49,12 +51,8 @@ def kv_keys() -> int | None:
   """The run's keys in the coordination service (None on one process: there is none)."""
   if jax.process_count() == 1:
     return None
-  from jax._src import distributed
-  client = distributed.global_state.client
-  if client is None:
-    return None
   try:
-    return len(client.key_value_dir_get(KV_PREFIX))
+    return len(distributed_kv().key_value_dir_get(KV_PREFIX))
   except Exception:  # noqa: BLE001 - a measurement: a coordination hiccup must not stop the run
     return None
 
