@@ -115,13 +115,6 @@ def report(workdir: str, seconds: float) -> dict:
           "metrics": out, "bounded": all(g["bounded"] for g in out.values())}
 
 
-def _free_port() -> int:
-  import socket
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 KILL_POINTS = ("rollout", "update", "checkpoint", "handover")
 
 
@@ -184,7 +177,8 @@ def _worker(workdir: str) -> None:
 
 def _spawn(workdir_args: list[str], extra: list[list[str]]) -> list[subprocess.Popen]:
   """--processes workers of this script on loopback; extra[i]: process i's own flags."""
-  port = _free_port()
+  from agentjax.parallel.host import free_port
+  port = free_port()
   env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [
       os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
       os.environ.get("PYTHONPATH")])))

@@ -212,9 +212,4 @@ class SlowBackend:
     return self.backend.search(queries, topk)
 
 
-def free_port() -> int:
-  """A TCP port on 127.0.0.1 that nothing listens on now (bound, then released)."""
-  import socket
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+from agentjax.parallel.host import free_port  # noqa: E402,F401  (the tests' import of it)

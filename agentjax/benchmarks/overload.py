@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 
 from agentjax.benchmarks.common import FLAGS, REPO, fixture_modules
+from agentjax.parallel.host import free_port
 
 # Bodies above this are refused (413) by both servers here: small, so that the oversized requests
 # the clients mix in are cheap to send, and the same for both.
@@ -145,12 +146,6 @@ def _wait_healthy(proc: subprocess.Popen, port: int, what: str, timeout_s: float
     time.sleep(0.2)
 
 
-def _free_port() -> int:
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
-
-
 def _measure(name: str, proc: subprocess.Popen, port: int, make: dict, warmup) -> dict:
   """Warm-up, then one client and --overload_clients clients for --overload_s each, the RSS
   around the overload, and a health check after it."""
@@ -229,7 +224,7 @@ def _model_server(tmp: str) -> dict:
   cfg = QwenConfig.preset("tiny", vocab_size=400)
   folder = os.path.join(tmp, "tiny-chat")
   save_hf(folder, cfg, init_params(cfg, jax.random.key(0)), tokenizer=load_tokenizer(tok_dir))
-  port = _free_port()
+  port = free_port()
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   proc = subprocess.Popen(
       [sys.executable, os.path.join(REPO, "launch", "serve.py"), f"--hf_path={folder}",

@@ -257,6 +257,15 @@ class _TurnOrder:
       return name
 
 
+def free_port() -> int:
+  """A TCP port on 127.0.0.1 that nothing listens on now (bound, then released): for a
+  loopback coordinator (jax.distributed) or a local server."""
+  import socket
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
 def distributed_kv() -> Any:
   """jax.distributed's key-value client (set after jax.distributed.initialize; every process of
   a multi-host run has one)."""
