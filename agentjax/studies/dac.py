@@ -559,7 +559,7 @@ def markdown_dac(table: dict, steps: int, hardware: str) -> str:
       lines += ["", f"The threshold predicted before RL (the DAC agent at the start, dev): P(S = 0) "
                 f"{th['p_insufficient']:.3f}, c_G {th['c_G']:.3f} (accuracy when answering on "
                 f"S = 1), c0 {th['c0']:.3f} (on S = 0): α* = {th['alpha_star']:.3f} (the "
-                f"issue's c_G·P(S=1)/P(S=0): {th['alpha_star_paper']:.3f}). Above α* a generator "
+                f"paper's c_G·P(S=1)/P(S=0): {th['alpha_star_paper']:.3f}). Above α* a generator "
                 "that cannot tell S apart earns more by abstaining everywhere."]
       if t.get("dac_start", {}).get("dev", {}).get("abstain_sufficient") is not None:
         d = t["dac_start"]["dev"]
