@@ -89,8 +89,8 @@ def get_config(arg: str = "demo"):
     # (gate: accuracy 0.785 on sufficient sets, abstention 0.999 on insufficient ones).
     c.optimizer.lr = LORA_LR
     c.rl.pack_tokens = 0  # DAC's two roles score and update padded rows (train/config.py)
-    # Every document of the longest chain: 4 hops x top k (top 3 on the issue-32 backbone: at 8
-    # the last hop's passage of a 4-hop question was cut, 4-hop F1 0.00 before RL, dev F1 0.492;
+    # Every document of the longest chain: 4 hops x top k (top 3 on the first research backbone: at
+    # 8 the last hop's passage of a 4-hop question was cut, 4-hop F1 0.00 before RL, dev F1 0.492;
     # at 12 dev F1 0.561, docs/results/dac_research/README.md). With top 2 (the shipped
     # backbone) that is 8, the SFT corpus' own bound.
     c.dac.max_evidence_docs = 4 * c.retrieval.topk

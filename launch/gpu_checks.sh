@@ -1,15 +1,15 @@
 #!/bin/bash
-# Issue 30 §6 on a one-GPU machine, in one short run (results under $OUT):
+# The GPU checks on a one-GPU machine, in one short run (results under $OUT):
 #   1. python launch/bench.py gpu: the qwen2.5-1.5b shape run for real in bfloat16: decode
 #      tokens/s against the HBM roofline, train-step MFU, attention cudnn vs blockwise vs xla.
 #   2. launch/fit.py --backend=gpu --extrapolate=2,4: the paper presets' programs compiled (never
 #      run) by the GPU compiler on mock GPUs (jax_mock_gpu_topology), at 2 and 4 layers,
 #      extrapolated to the model's depth, beside the CPU compiler's figures (docs/BENCHMARKS.md,
 #      fit). CPU-bound (seconds a program); it runs beside 1.
-# Packages the machine lacks travel as wheels in .whl (the device tool's README says how).
+# Packages the machine lacks can be given as wheels in .whl/ (installed apart, without network).
 #   bash launch/gpu_checks.sh [fit specs...]   spec: method:preset:devices:programs (e.g.
 #   dac:qwen3-8b:8:rollout,generator_rollout,update)
-#   bash launch/gpu_checks.sh async            issue 34's GPU check instead: launch/bench.py async
+#   bash launch/gpu_checks.sh async            the async RL check instead: launch/bench.py async
 #      at qwen2.5-1.5b's shape in bfloat16 (the scripted mix policy; async_steps 0, 1, 2; the
 #      sampler/trainer mismatch metrics), every step's compiles printed, the log in $OUT.
 set -u
@@ -33,7 +33,7 @@ cat "$OUT/env.txt"
 
 if [ "${1:-}" = async ]; then
   # XLA's GEMM autotuner off: a fresh machine compiles ~30 programs (decode per live-slot count
-  # and key window, prefill per length, the update per packed shape) and the session's device
+  # and key window, prefill per length, the update per packed shape) and a short GPU run's
   # time is minutes; cuBLAS's heuristics pick the kernels instead.
   XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_autotune_level=0" timeout ${BENCH_TIMEOUT:-480} \
     python3 launch/bench.py async --mix_model=qwen2.5-1.5b --dtype=bfloat16 \

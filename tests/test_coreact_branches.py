@@ -100,7 +100,7 @@ def test_oracle_value_to_go_against_hand_computed_values():
     assert np.shape(got) == (3, len(want))
     for judge in got:  # noise 0: three identical rankings, ties kept
       np.testing.assert_allclose(judge, _ranks_desc(want))
-  # The orderings: the next gold document beats a repeated search; a correct answer
+  # The intended orderings: the next gold document beats a repeated search; a correct answer
   # after the last hop beats everything; an early wrong answer is last.
   assert rankings[1][0] == [2.0, 1.0]
   assert rankings[0][0] == [2.0, 3.5, 1.0, 5.0, 3.5]

@@ -861,7 +861,7 @@ def test_abstention_threshold_makes_answering_and_abstaining_pay_alike(penalty):
   """alpha* from P(S = 0), c_G and the guess accuracy c0: under generator_rewards at alpha*, a
   generator that answers every set and one that abstains on every set earn the same mean reward
   (counted on random labels); just below alpha* answering pays more, just above abstaining does.
-  With c0 = penalty = 0 it is the issue's c_G P(S = 1) / P(S = 0)."""
+  With c0 = penalty = 0 it is the paper's c_G P(S = 1) / P(S = 0)."""
   rng = np.random.default_rng(0)
   n = 4000
   sufficient = rng.random(n) < 0.45

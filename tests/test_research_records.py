@@ -1,4 +1,4 @@
-"""The research study's durable evidence (issue 45): run records kept in the repository, a report
+"""The research study's durable evidence: run records kept in the repository, a report
 rebuilt from them alone, each record committed alone; the start measurements and the
 mechanisms the report pools (all-equal groups, IG against a new gold retrieval)."""
 

@@ -615,7 +615,7 @@ class TurnLevelTest(chex.TestCase):
     a, ret, think, n = jnp.array([2.0]), jnp.zeros((1, 3)), jnp.ones((1, 3)), jnp.array([3])
     cw = adv_lib.contribution_weighted_advantages
     # The official code: gamma >= 10 gives weights c / max(sum c, 1e-6) = 0, so only the answer
-    # round is reinforced (the kernel before issue 16 gave [2, 2, 2] by default).
+    # round is reinforced (an earlier kernel gave [2, 2, 2] by default).
     for kw, want in (({}, [0.0, 0.0, 2.0]),
                      ({"all_zero_fallback": "zero"}, [0.0, 0.0, 2.0]),
                      ({"all_zero_fallback": "uniform"}, [2.0, 2.0, 2.0]),
@@ -680,7 +680,7 @@ class TurnLevelTest(chex.TestCase):
       adv_lib.contribution_weighted_advantages(
           np.ones(14), d["retrieval_scores"], d["thinking_scores"], d["num_turns"],
           gamma=math.nan)
-    with self.assertRaises(TypeError):  # the pre-issue-16 keyword is gone, not ignored
+    with self.assertRaises(TypeError):  # the old `mode` keyword is gone, not ignored
       adv_lib.get_advantage_estimator("cw_grpo")(**d, mode="softmax")
 
 
@@ -899,7 +899,7 @@ class CollapsedGroupsTest(absltest.TestCase):
       adv, _ = adv_lib.grpo_advantages(outcome, ids, mask, std_estimator=std)
       np.testing.assert_array_equal(np.asarray(adv)[[0, 1, 2, 3, 6, 7, 8, 9]], 0.0)
       self.assertTrue(np.all(np.abs(np.asarray(adv)[4:6]) > 0.5))
-    # The issue's repro (there with 11 rows: +0.1065; with these 10 the old code gave +0.0563).
+    # The case as first reported (11 rows: +0.1065; with these 10 the old code gave +0.0563).
     adv, stats = adv_lib.get_advantage_estimator("grpo")(
         outcome=jnp.full(10, 0.7), group_ids=jnp.zeros(10, jnp.int32), loss_mask=mask)
     np.testing.assert_array_equal(np.asarray(adv), 0.0)

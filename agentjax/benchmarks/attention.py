@@ -17,7 +17,7 @@ def bench_attention() -> dict:
   The bare attention function at 8 query heads over 4 kv heads (GQA 2), head_dim 64, batch 1,
   float32, a causal mask, block 512 (QwenConfig.attention_block's default): temp memory from
   `jax.jit(jax.grad(f)).lower(...).compile().memory_analysis()` at L = --length (default 2048)
-  and 2L, and the issue's probe, a 2-layer 8-head model (hidden 256, remat full, batch 1) on the
+  and 2L, and a 2-layer 8-head model (hidden 256, remat full, batch 1) on the
   loss sequence_logprobs(...).sum(), at the same lengths. Time (median of 5+ rounds) at L = 512,
   where blockwise runs one block (and, as time_ratio_512_block128, 4 x 4 blocks of 128), and at
   L = 2048 (4 x 4 blocks of 512; blocks above the causal diagonal are skipped). max_rel_diff: outputs and gradients of the timed runs (L = 512 and

@@ -10,7 +10,7 @@ is on, and its RLStep, on this machine's devices), without checkpoints: steps an
 with the world (synthworld/, tfds/, bm25_index/, as launch/demo.py and the studies lay it out);
 default: the demo world built in a temporary folder. --compile_model: an HF folder to start from
 (default: the config's; a random model of its preset when it names none). The reference is the
-issue's target, not another implementation: programs after step 1 should be 0.
+target, not another implementation: programs after step 1 should be 0.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from typing import Any, Mapping
 from agentjax.studies.runs import DAC_START, GENERATOR_SFT
 
 RECORDS = "runs"  # the records' folder under a study's out folder
-MAX_RECORD_BYTES = 1 << 20  # the issue's bound on a run's compressed record
+MAX_RECORD_BYTES = 1 << 20  # a run's compressed record stays small enough to commit
 
 
 # A size's stages before RL whose record is one per size: the DAC agent's eval before RL (its
