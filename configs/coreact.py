@@ -1,6 +1,7 @@
 r"""Co-ReAct: a rubric generator trained with GRPO on a list-wise Spearman reward, and agents that
-take its rubric at each step (agentjax/coreact/; methods spec §4). Settings are the official
-code's (rubric_rl/train_grpo*.sh, reward_fn.py, co_react_eval.yaml) unless marked "ours".
+take its rubric at each step (agentjax/coreact/; Co-ReAct, arXiv:2605.23590). Settings are the
+official code's (github.com/ZBWpro/Co-ReAct: rubric_rl/train_grpo*.sh, rubric_rl/reward_fn.py,
+agent/workflows/co_react_eval.yaml) unless marked "ours".
 
   # the demo (after `make demo`): branch points, the generator's warm start, GRPO, guided eval
   python launch/collect_branches.py --config=configs/coreact.py:demo --split=train
@@ -82,7 +83,7 @@ def _rubric_rollout(c, max_new_tokens: int, max_total_tokens: int) -> None:
   c.rollout.max_turns = 1
   c.rollout.group_size = 8
   c.rollout.temperature = 1.0
-  c.rollout.repetition_penalty = 1.1  # train_grpo_qwen3_14b.sh (methods spec §4.4)
+  c.rollout.repetition_penalty = 1.1  # the official rubric_rl/train_grpo_qwen3_14b.sh
   c.rollout.max_new_tokens = max_new_tokens
   c.rollout.max_total_tokens = max_total_tokens
   c.rl.kl_coef = 0.005
@@ -134,7 +135,8 @@ def get_config(arg: str = "demo"):
     c.train.checkpoint_every = 10
     c.data.eval_size = 0
     return config
-  # The paper's rubric generator (methods spec §4.4).
+  # The paper's rubric generator, trained as the official rubric_rl/train_grpo_qwen3_14b.sh
+  # (qwen3-14b) and rubric_rl/train_grpo.sh (qwen3-8b) train it; the paper gives no settings.
   _rubric_rollout(c, max_new_tokens=2048, max_total_tokens=8192 + 2048)
   c.model.hf_path = {"qwen3-14b": "models/Qwen3-14B", "qwen3-8b": "models/Qwen3-8B"}[arg]
   c.rl.prompts_per_step = {"qwen3-14b": 32, "qwen3-8b": 64}[arg]

@@ -1,6 +1,6 @@
 r"""DAC (Divide and Cooperate): a searcher and a generator as two LoRA adapters on one frozen
 backbone, the generator answering from the searcher's evidence or abstaining, its abstention part
-of the searcher's reward (agentjax/dac/; methods spec §5). There is no public implementation:
+of the searcher's reward (agentjax/dac/; DAC, arXiv:2606.10684). There is no public implementation:
 every choice below that the paper leaves open is a config.dac field (configs/base.py), our
 reading, with its alternatives one override away.
 
@@ -108,7 +108,9 @@ def get_config(arg: str = "demo"):
     c.dac.generator_max_new_tokens = 32
     c.dac.generator_max_total_tokens = 768
     return config
-  # The paper's table (methods spec §5.4); everything else is the IGPO presets' (base._paper).
+  # The paper's training settings (DAC, arXiv:2606.10684, appendix on training details: betas
+  # (0.9, 0.999), weight decay 0.01, 500 steps, checkpoints every 100, each role's learning rate);
+  # everything else is the IGPO presets' (base._paper).
   c.optimizer.b2 = 0.999
   c.optimizer.weight_decay = 0.01
   c.train.steps = 500

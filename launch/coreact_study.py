@@ -1,5 +1,6 @@
-r"""The Co-ReAct study on SynthWorld (methods spec §4.9): branch points, the
-rubric generator's warm start and its GRPO under three ranking rewards, and rubric-guided agents.
+r"""The Co-ReAct study on SynthWorld (ours: the claims of Co-ReAct, arXiv:2605.23590, abstract and
+Fig. 3-4, tested at CPU scale): branch points, the rubric generator's warm start and its GRPO
+under three ranking rewards, and rubric-guided agents.
 
     python launch/coreact_study.py                    # every stage, then the report
     python launch/coreact_study.py --stage=grpo       # one stage (its inputs must exist)

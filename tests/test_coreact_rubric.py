@@ -1,6 +1,7 @@
 """Tests of agentjax.coreact.rubric (parser, reward, prompts) and agentjax.coreact.executor (the
 SynthWorld predicate vocabulary), against independent references written here: the reward is a
-direct transcription of the official formula (methods spec §4.2) using scipy.stats.spearmanr."""
+direct transcription of the official formula (Co-ReAct's rubric_rl/reward_fn.py `compute_score`)
+using scipy.stats.spearmanr."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Co-ReAct: rubrics as step-level collaborators for ReAct search agents (methods spec §4).
+"""Co-ReAct: rubrics as step-level collaborators for ReAct search agents (Co-ReAct,
+arXiv:2605.23590; official code github.com/ZBWpro/Co-ReAct).
 
 context.py   BranchContext: the trajectory so far at a branch point (every stage reads it)
 rubric.py    the rubric format, its parser, the reward (list-wise Spearman), prompts, phase hints

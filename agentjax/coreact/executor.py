@@ -5,9 +5,11 @@
     s = verify_score(rubric, ctx, candidate, entities)          # in [0, 1]
     feedback = failed_items(rubric, ctx, candidate, entities)   # what a retry is told
 
-The official code has an LLM apply a rubric to the candidate actions (methods spec §4.2); on
-SynthWorld a deterministic executor does (CR-A1): each criterion is read as one predicate over
-the candidate action, and a candidate's score is the weighted sum of the predicates it meets.
+The official code has an LLM apply a rubric to the candidate actions (Co-ReAct's
+rubric_rl/rubric_judge.py `rank_actions_by_rubric`; the paper does not say who applies it); on
+SynthWorld a deterministic executor does (our reading, config.coreact.applier = "executor"):
+each criterion is read as one predicate over the candidate action, and a candidate's score is
+the weighted sum of the predicates it meets.
 
 Matching a criterion. The criterion text is normalized (lowercase, every non-alphanumeric
 character replaced by a space, whitespace collapsed) and compared with the canonical phrases of

@@ -1,5 +1,6 @@
-"""Rubric-guided search agents at inference (Co-ReAct, methods spec §4): shadow suffix, verify and
-retry, Best-of-N.
+"""Rubric-guided search agents at inference (Co-ReAct, arXiv:2605.23590: the abstract's step-level
+rubric injection, Fig. 4's rubric-verify-retry; the official agent/dr_agent/rubric_generator.py
+`format_rubric_suffix` and `verify`): shadow suffix, verify and retry, Best-of-N.
 
     generator = RubricGenerator.from_config(config)            # a Completer over an HF folder
     engine = GuidedEngine(cfg, tokenizer, backend, rollout, GuidedSettings.from_config(

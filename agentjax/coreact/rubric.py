@@ -11,8 +11,8 @@ should sum to about 1, negative ones mark what the next action should avoid; 3 t
 expected. An item whose weight float() rejects ("1.2.3", "-") or that is not finite (a digit run
 too long for a float) is skipped; nothing in a model's text makes the parser raise.
 
-The reward (methods spec §4.2, the official `compute_score`; every constant a config.coreact
-field, see RewardSettings):
+The reward (the official rubric_rl/reward_fn.py `compute_score`; the paper, Co-ReAct
+arXiv:2605.23590, gives no formula; every constant a config.coreact field, see RewardSettings):
 
     0                                              if the raw response's 4-gram repeat rate > 0.40
     0.75 s_rank + 0.15 s_atom + 0.10 s_fmt         otherwise, with
@@ -23,7 +23,8 @@ field, see RewardSettings):
 
 rank_reward swaps s_rank for the study's alternatives: "pairwise" (ranking.pairwise_accuracy over
 the expert's strictly ordered pairs, no such pair -> nan_score) or "top1" (ranking.top1_match).
-The prompts are English (the official code's are Chinese; methods spec CR-A7).
+The prompts are English (the official ranking and verify prompts, rubric_rl/rubric_judge.py and
+agent/dr_agent/rubric_generator.py, are Chinese).
 """
 
 from __future__ import annotations

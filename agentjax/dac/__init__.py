@@ -1,5 +1,6 @@
 """DAC (Divide and Cooperate): a searcher and a generator as two LoRA roles on one backbone, the
-generator's abstention in the searcher's reward (configs/dac.py; methods spec §5).
+generator's abstention in the searcher's reward (DAC, arXiv:2606.10684, which has no public
+code; configs/dac.py).
 
   rewards.py  labels (sufficiency, correctness, abstention), both roles' rewards, augmentation
   roles.py    the two-role rollout (DacAgent): searcher -> evidence set -> generator

@@ -1,14 +1,16 @@
 """DAC's labels, rewards and hard-positive augmentation (host side, over strings and documents).
 
-The paper (methods spec §5) fixes only the two labels, both "EM-based after basic normalization":
+The paper (DAC, arXiv:2606.10684, its appendix on EM-based verification) fixes only the two
+labels, both "EM-based after basic normalization":
 
   sufficiency  S(E) = 1 iff some document of the evidence set E contains a gold answer as an
                exact string (`sufficient`; whole words by default, see `contains_answer`)
   correctness  C(a) = 1 iff the answer equals a gold answer (`exact_match`); the abstention
                answer is never correct (`is_abstention`)
 
-The reward tables are our reading (DAC-A1, DAC-A2; configs/base.py c.dac), per generator answer
-g of evidence set e (m answers per set) and per searcher trajectory e:
+The reward tables are our reading (the paper is silent; config.dac.alpha,
+insufficient_answer_penalty, searcher_reward in configs/base.py), per generator answer g of
+evidence set e (m answers per set) and per searcher trajectory e:
 
   generator   answered, C = 1            -> 1
               abstained, S = 0           -> alpha
@@ -20,7 +22,8 @@ g of evidence set e (m answers per set) and per searcher trajectory e:
               "sufficient_only"      S_e
               "correct"              S_e * mean_g C_g   (the monolithic credit, as a control)
 
-Hard-positive augmentation (DAC-A4, training only): a share of the sufficient evidence sets gets
+Hard-positive augmentation (training only; the paper names it, its details are our reading:
+config.dac.augment_rate, augment_k, augment_depth): a share of the sufficient evidence sets gets
 k documents that the retriever returned for the searcher's own queries but that hold no gold
 answer (the top-ranked ones: "hard"), and the set is shuffled.
 """
@@ -78,9 +81,9 @@ def abstention_threshold(p_insufficient: float, accuracy_sufficient: float,
   """alpha*: the abstention reward at which a generator that cannot tell S = 0 from S = 1 is
   indifferent between answering everything and abstaining on everything (generator_rewards):
   answering earns c1 P(S = 1) + (c0 - (1 - c0) penalty) P(S = 0), abstaining alpha P(S = 0). With
-  c0 = penalty = 0 it is the paper's trade-off c_G P(S = 1) / P(S = 0) (methods spec §5: alpha
-  against gamma c_G); above it abstention pays more than answering wherever the generator is no
-  surer than average, below it answering does.
+  c0 = penalty = 0 it is the paper's trade-off c_G P(S = 1) / P(S = 0) (DAC, arXiv:2606.10684,
+  the appendix's abstention threshold: alpha against gamma c_G(1)); above it abstention pays more
+  than answering wherever the generator is no surer than average, below it answering does.
 
   Args:
     p_insufficient: P(S = 0) of the evidence sets the generator is given.

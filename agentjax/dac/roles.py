@@ -17,7 +17,8 @@
 
 Both stages run the same backbone; the params of each role select its adapter (models/lora.attach:
 the adapter index is data, so switching roles compiles nothing). The hand-over is our reading
-(DAC-A7): the paper does not say how the searcher stops or what the generator reads.
+(the paper is silent on how the searcher stops and what the generator reads;
+config.dac.generator_sees_reasoning).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Study controls on the judge's bits (CW-GRPO study, methods.md §3.9): noise and random credit.
+"""Study controls on the judge's bits (the CW-GRPO study's, ours: CW-GRPO, arXiv:2604.14267, gives
+the judge's credit but no such controls): noise and random credit.
 
     retrieval, thinking = apply_noise(retrieval, thinking, judged, config.judge.noise,
                                       config.judge.noise_p, rng)

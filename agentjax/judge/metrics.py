@@ -7,12 +7,15 @@ Rounds: round t of row b exists for t < num_turns[b]; its answer round is t = nu
 `judged` marks the rounds that got a verdict. With answer_round_judged the judged rounds of a
 row include its answer round (config judge.answer_round, the CW-GRPO code's protocol), which then
 counts in the per-round means but never in the contribution metrics: a contribution
-c = retrieval * thinking is defined for the K non-answer rounds only (methods.md §3.2). Without
+c = retrieval * thinking is defined for the K non-answer rounds only (the official CW-GRPO code,
+verl/trainer/ppo/core_algos.py `compute_cw_grpo_advantage`; the paper gives no formula). Without
 it, every judged round is a non-answer round.
 
-Concentration of credit within a trajectory (methods.md §3.5/§3.9; the paper's metric is NOT
-STATED) is the Gini coefficient of its c over its K non-answer rounds: for binary c with m ones,
-(K - m) / K when m > 0: 0 when every round contributed, 1 - 1/K when one round carries it all.
+Concentration of credit within a trajectory (CW-GRPO, arXiv:2604.14267, abstract: successful
+trajectories concentrate their contributions in specific rounds; the paper names no metric, the
+Gini coefficient is our reading) is the Gini coefficient of its c over its K non-answer rounds:
+for binary c with m ones, (K - m) / K when m > 0: 0 when every round contributed, 1 - 1/K when
+one round carries it all.
 """
 
 from __future__ import annotations

@@ -14,8 +14,10 @@ normalized the same way. The answer entity's own passage (chain[H]) is not gold:
 nothing the question needs. Documents are identified by title, not id (the CW-GRPO judge prompt:
 documents with the same title are one entry).
 
-Our reading of the CW-GRPO criteria (methods.md §3.3, §3.9) on SynthWorld. Hop h is RESOLVED
-after round k iff a gold document of hop h was retrieved in some round <= k. For round k:
+Our reading of the CW-GRPO judge's criteria (CW-GRPO, arXiv:2604.14267; the official prompt is
+verl/workers/reward_manager/llm_judge.py JUDGE_PROMPT) on SynthWorld (config judge.backend =
+"oracle"). Hop h is RESOLVED after round k iff a gold document of hop h was retrieved in some
+round <= k. For round k:
 
   search round   retrieval = 1 iff round k retrieved a gold document of a hop not resolved before
                    round k (relevant AND new; a gold document seen in an earlier round, or a

@@ -5,11 +5,12 @@
     expert = borda_to_ranking(borda(judge_rankings))     # [..., J, K] -> [..., K]
     keep = diverse_select(texts, k=4)                    # host: dedup + greedy BM25 diversity
 
-Co-ReAct's reward (methods spec §4.2) compares the ranking a rubric induces over K candidate
-actions with an expert consensus ranking: J judges rank the candidates (1 = best, ties allowed,
-tied candidates get the average of the ranks they span), Borda sums the judges' ranks (lower is
-better), and the expert ranking is the average ranks of the Borda scores, ascending:
-{A: 4, B: 7.5, C: 10, D: 7.5} -> [1, 2.5, 4, 2.5] (the official `borda_to_ranking`).
+Co-ReAct's reward (arXiv:2605.23590, abstract; the official rubric_rl/reward_fn.py) compares the
+ranking a rubric induces over K candidate actions with an expert consensus ranking: J judges rank
+the candidates (1 = best, ties allowed, tied candidates get the average of the ranks they span),
+Borda sums the judges' ranks (lower is better), and the expert ranking is the average ranks of the
+Borda scores, ascending: {A: 4, B: 7.5, C: 10, D: 7.5} -> [1, 2.5, 4, 2.5] (the official
+`borda_to_ranking`).
 
 Array functions are jittable jnp, batched over any leading axes, with K (the last axis) small
 (4 in the paper): ranks are counted with O(K^2) pairwise comparisons rather than a sort, which is

@@ -1,9 +1,9 @@
-"""The Co-ReAct study on SynthWorld (methods spec §4.9), as a library (its
-command line: launch/coreact_study.py): the runs of its stages (jobs: collect, sft, grpo, guided;
-each a subprocess of the repository's own launchers), their scheduler (each run claimed as the
-sweep claims its runs, agentjax/studies/sweep.py), and the report: branch-point statistics, the
-rubric generator's held-out scores before and after GRPO, the guided-inference variants, their
-tables and plots."""
+"""The Co-ReAct study on SynthWorld (ours: the claims of Co-ReAct, arXiv:2605.23590, abstract and
+Fig. 3-4, tested at CPU scale), as a library (its command line: launch/coreact_study.py): the runs
+of its stages (jobs: collect, sft, grpo, guided; each a subprocess of the repository's own
+launchers), their scheduler (each run claimed as the sweep claims its runs,
+agentjax/studies/sweep.py), and the report: branch-point statistics, the rubric generator's held-out
+scores before and after GRPO, the guided-inference variants, their tables and plots."""
 
 from __future__ import annotations
 

@@ -136,9 +136,10 @@ def dac_split(config, root: str, split: str) -> dict:
 
 
 def augmented_dev_rows(config, workdir: str) -> list[dict]:
-  """The augmentation check's rollouts (methods spec 5.9): the run's final
-  searcher and generator, greedy, one answer per evidence set, on the dev questions the trainer's
-  final eval used, with dac.augment_rate = 1: every sufficient evidence set gets augment_k hard
+  """The augmentation check's rollouts (ours: a test of DAC's claim, arXiv:2606.10684, abstract,
+  that hard-positive augmentation makes the generator robust): the run's final searcher and
+  generator, greedy, one answer per evidence set, on the dev questions the trainer's final eval
+  used, with dac.augment_rate = 1: every sufficient evidence set gets augment_k hard
   distractors (answer-free retriever hits for the searcher's own queries) shuffled in, as in
   training. Batches as the trainer's eval (train.eval_batch, the last padded), so the searcher's
   greedy trajectories are the eval's; the augmentation rng of batch b is
@@ -270,7 +271,8 @@ def resolve_alpha_star(value: AlphaStar, start: dict | None, where: str) -> floa
 # from it, with no generator warm start. GRPO is the research study's own arm (its records,
 # sweep.Study.borrow); the alpha arms sit at alpha* / 3, alpha* and 3 alpha*, alpha* measured on
 # the DAC agent before RL (the searcher's own evidence) and recorded with each run.
-# dac_paper: DAC at the paper's settings as far as the paper gives them (methods spec §5.2, §5.4):
+# dac_paper: DAC at the paper's settings as far as the paper gives them (DAC, arXiv:2606.10684,
+# appendix: EM-based verification; training details):
 # sufficiency as "any retrieved document contains the gold answer as an exact string match"
 # (substring after normalization), and the Qwen3-8B row's role rates, the generator's 5 times
 # the searcher's (2e-6 / 1e-5), here on our LoRA rate (searcher 3e-4, generator 1.5e-3); its
