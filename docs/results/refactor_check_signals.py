@@ -2,8 +2,10 @@
 metrics.jsonl files), line by line, the keys compared, those whose values differ and those in one
 run only. Wall-clock keys (…_s, …/seconds, tokens_per_s, compiles) are not compared.
 
-    python docs/results/refactor_check_signals.py igpo:research /tmp/rc/old/igpo/metrics.jsonl \
-        /tmp/rc/new/igpo/metrics.jsonl ...
+    python docs/results/refactor_check_signals.py igpo:research \
+        runs/refactor_check/old/igpo/metrics.jsonl runs/refactor_check/new/igpo/metrics.jsonl ...
+
+(runs/refactor_check/TAG/NAME: where refactor_check_signals.sh puts its runs by default.)
 """
 import json
 import sys
