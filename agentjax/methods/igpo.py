@@ -1,6 +1,6 @@
 """IGPO (information gain-based policy optimization): turn rewards from the ground-truth probes'
 information gain plus the outcome, discounted turn returns normalized within the group
-(agentjax/rl/advantages.py igpo_advantages; ../shared/specs/methods.md)."""
+(agentjax/rl/advantages.py igpo_advantages; IGPO, arXiv:2510.14967, §3.2, Eq. 3-4)."""
 
 from __future__ import annotations
 

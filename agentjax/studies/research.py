@@ -31,7 +31,7 @@ The arms (method: config file and overrides on its `research` preset):
   a2tgpo          configs/a2tgpo.py: IGPO's IG normalized per (question, turn), accumulated
                   with a discount, adaptive turn-level clipping
 
-The papers' claims beside ours (PAPER_CLAIMS; methods spec): IGPO over GRPO, CW-GRPO over GRPO.
+The papers' claims beside ours (PAPER_CLAIMS: IGPO arXiv:2510.14967 Tables 2-3; CW-GRPO arXiv:2604.14267 abstract): IGPO over GRPO, CW-GRPO over GRPO.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ REFERENCE = "grpo"
 # `steps`.
 STEPS = 30
 
-# Test F1 / accuracy points over GRPO that the papers report (methods spec; the IGPO paper's
+# Test F1 / accuracy points over GRPO that the papers report (the IGPO paper's
 # Table 2 at Qwen2.5-7B averaged over its seven benchmarks, its Table 3 at 3B; CW-GRPO's
 # abstract at Qwen3-8B and 1.7B).
 PAPER_CLAIMS = {
