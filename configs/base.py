@@ -73,8 +73,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # Start adapters from PEFT folders, "name=path,..." (the rank, targets and shapes are checked).
   c.model.lora.init = ""
 
-  # ---- data: FlashRAG JSONL under manual_dir, built by tfds into data_dir (array_record).
+  # ---- data: benchmarks: FlashRAG JSONL under manual_dir, built by tfds into data_dir
+  # (array_record).
   c.data = ml_collections.ConfigDict()
+  # Entries: benchmark names, or paths to your own question files (.jsonl, .json, .parquet) or
+  # folders of split files (docs/guides/data.md); a file is all of its split.
   c.data.train = "synthworld"   # comma-separated benchmarks mixed for training
   c.data.eval = "synthworld"    # comma-separated benchmarks; the first one is evaluated in training
   c.data.manual_dir = f"{DEMO_ROOT}/synthworld"
@@ -82,8 +85,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.data.eval_split = "dev"
   c.data.eval_size = 0          # questions evaluated per benchmark (0: the whole split)
 
-  # ---- retrieval: bm25 (local corpus), http (a Search-R1 retriever server) or dense (an index
-  # of launch/index.py searched in-process on the training mesh's devices).
+  # ---- retrieval: bm25 (local corpus), http (a Search-R1 retriever server), dense (an index
+  # of launch/index.py searched in-process on the training mesh's devices), or your own (plugins).
   c.retrieval = ml_collections.ConfigDict()
   c.retrieval.backend = "bm25"
   c.retrieval.corpus_path = f"{DEMO_ROOT}/synthworld/corpus.jsonl"
@@ -94,6 +97,11 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.retrieval.devices = 0               # dense: the index on the first N devices; 0: all
   c.retrieval.url = ""
   c.retrieval.timeout_s = 30.0
+  # Your own backend (docs/guides/data.md): modules (names or .py files, comma-separated) whose
+  # import calls agentjax.retrieval.register_backend, imported when `backend` is not bm25, http or
+  # dense; that backend's factory gets backend_kwargs, a JSON object ("": none).
+  c.retrieval.plugins = ""
+  c.retrieval.backend_kwargs = ""
   c.retrieval.topk = 3
   # A failed query is an error observation; a retriever that fails more than max_failure_rate of
   # a step's queries for max_failed_steps steps in a row is down: checkpoint and stop (exit != 0).

@@ -7,14 +7,17 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
 from agentjax.agent.protocol import ANSWER, SEARCH, SEARCH_R1, TOOL_CALL, format_documents
 from agentjax.data import (BENCHMARKS, QUESTION_TEMPLATES, RELATIONS, QAFormatError, SearchQA,
-                           SynthWorld, load_split, natural_key, prepare, read_qa_jsonl)
+                           SynthWorld, load_qa_path, load_split, natural_key, prepare,
+                           read_qa_file, read_qa_jsonl, source_files)
 from agentjax.retrieval import BM25Backend, load_corpus
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -319,11 +322,11 @@ def test_tfds_builds_flashrag_dir_into_array_record_without_tensorflow(tmp_path)
   train, dev = _nq_style_manual_dir(str(manual))
   # A fresh interpreter, so that no other test's imports can hide a TensorFlow import.
   script = f"""
-import importlib.util, json, sys
-import tensorflow_datasets as tfds
-tfds.disable_progress_bar()
+import importlib.util, json, logging, sys
+logging.basicConfig(level=logging.INFO)  # as launch/train.py logs: every INFO line shows
 from agentjax.data import load_split, SearchQA
 out = {{s: load_split("nq", s, {str(data)!r}, {str(manual)!r}) for s in ("train", "dev")}}
+print("LOADED", file=sys.stderr, flush=True)
 builder = SearchQA(config="nq", data_dir={str(data)!r})
 raw = builder.as_data_source(split="train")[0]
 out["raw_types"] = sorted(type(v).__name__ for v in raw.values())
@@ -336,6 +339,13 @@ print("RESULT" + json.dumps(out))
                         timeout=120)
   assert proc.returncode == 0, proc.stderr[-3000:]
   out = json.loads(proc.stdout.split("RESULT", 1)[1])
+  # Nothing downloads, and tfds' own progress lines say nothing a user can act on: neither its
+  # "Downloading and preparing dataset" print nor its absl lines reach the output; ours does.
+  loading = proc.stderr.split("LOADED")[0]  # what load_split's build and reads logged
+  assert "Downloading and preparing" not in proc.stdout + loading
+  assert "downloaded and prepared" not in proc.stdout + loading
+  assert not [line for line in loading.splitlines() if ":absl:" in line], loading
+  assert "building search_qa/nq into" in loading
   # Building and reading never import TensorFlow (this holds whether or not it is installed; in
   # this project's environment it is not installed at all, so nothing could have used it).
   assert not out["tf_loaded"], f"tensorflow imported (installed: {out['tf_installed']})"
@@ -421,8 +431,15 @@ def test_builder_has_one_config_per_benchmark_and_manual_instructions():
   assert BENCHMARKS == ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique",
                         "bamboogle", "synthworld")
   assert [c.name for c in SearchQA.BUILDER_CONFIGS] == list(BENCHMARKS)
-  assert "RUC-NLPIR/FlashRAG_datasets" in SearchQA.MANUAL_DOWNLOAD_INSTRUCTIONS
-  assert "Search-R1" in SearchQA.MANUAL_DOWNLOAD_INSTRUCTIONS
+  # The layout in the message, the download steps in the guide it points to.
+  assert "{manual_dir}/{config}/{split}.jsonl" in SearchQA.MANUAL_DOWNLOAD_INSTRUCTIONS
+  assert "docs/guides/data.md" in SearchQA.MANUAL_DOWNLOAD_INSTRUCTIONS
+  guide = _guide()
+  assert "hf download RUC-NLPIR/FlashRAG_datasets" in guide
+  assert "hf download PeterJinGo/nq_hotpotqa_train" in guide
+  assert "hf download PeterJinGo/wiki-18-corpus" in guide
+  with pytest.raises(FileNotFoundError, match=r"docs/guides/data\.md"):
+    source_files(ROOT, "musique")  # no musique files here: the message points to the guide
 
 
 def test_natural_key_orders_digit_runs_as_numbers():
@@ -504,3 +521,217 @@ def test_v2_options_are_checked():
     SynthWorld.generate(seed=0, distractors=-1.0, **SMALL)
   with pytest.raises(ValueError, match="confusable_rate in"):
     SynthWorld.generate(seed=0, confusable_rate=1.5, **SMALL)
+
+
+# ------------------------------------------------------------------ your own question files
+
+
+def _guide() -> str:
+  with open(os.path.join(ROOT, "docs", "guides", "data.md")) as f:
+    return f.read()
+
+
+def guide_block(marker: str) -> str:
+  """The fenced block after `<!-- data-guide: {marker} -->` in docs/guides/data.md."""
+  match = re.search(rf"<!-- data-guide: {marker} -->\s*```\w*\n(.*?)```", _guide(), re.S)
+  assert match, f"docs/guides/data.md lost its {marker!r} block"
+  return match.group(1)
+
+
+def guide_commands() -> list[str]:
+  """Every command of the guide's ```bash blocks, continuation lines joined, a trailing & cut."""
+  commands = []
+  for block in re.findall(r"```bash\n(.*?)```", _guide(), re.S):
+    text = re.sub(r"\\\n\s*", "", textwrap.dedent(block))
+    commands += [line.strip().rstrip("&").strip() for line in text.splitlines() if line.strip()]
+  return commands
+
+
+def test_the_guides_question_example_loads_with_its_field_names(tmp_path):
+  path = tmp_path / "mydata.jsonl"
+  path.write_text(guide_block("questions"))
+  assert load_qa_path(str(path), "train") == [
+      {"id": "mydata_0", "question": "Who wrote the novel Middlemarch?",
+       "golden_answers": ["George Eliot", "Mary Ann Evans"]},
+      {"id": "q2", "question": "In which city is the Rijksmuseum?", "golden_answers": ["Amsterdam"]},
+      {"id": "mydata_2", "question": "What is the capital of Australia?",
+       "golden_answers": ["Canberra"]}]
+  assert load_qa_path(str(path), "test") == load_qa_path(str(path), "train")  # a file: any split
+
+
+def test_question_files_in_every_format_and_alias(tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  rows = [{"id": 3, "question": "q0?", "golden_answers": ["a0"], "extra": {"x": 1}},
+          {"question": "q1?", "answers": ["a1", "b1"]},
+          {"id": "x", "question": "q2?", "answer": "a2"},
+          {"question": "q3?", "answer": ["a3"]},
+          {"question": "q4?", "reward_model": {"ground_truth": {"target": ["a4"]}}},
+          {"question": "q5?", "golden_answers": ["first"], "answers": ["second"]}]
+  want = [{"id": "3", "question": "q0?", "golden_answers": ["a0"]},
+          {"id": "f_1", "question": "q1?", "golden_answers": ["a1", "b1"]},
+          {"id": "x", "question": "q2?", "golden_answers": ["a2"]},
+          {"id": "f_3", "question": "q3?", "golden_answers": ["a3"]},
+          {"id": "f_4", "question": "q4?", "golden_answers": ["a4"]},
+          {"id": "f_5", "question": "q5?", "golden_answers": ["first"]}]  # the first name wins
+  (tmp_path / "jsonl").mkdir()
+  _write_lines(str(tmp_path / "jsonl" / "f.jsonl"), rows)
+  (tmp_path / "json").mkdir()
+  (tmp_path / "json" / "f.json").write_text("\ufeff" + json.dumps(rows, indent=2))
+  (tmp_path / "lines").mkdir()
+  _write_lines(str(tmp_path / "lines" / "f.json"), rows)  # .json holding JSON lines
+  (tmp_path / "parquet").mkdir()  # columns as Search-R1's processed files have them
+  table = pa.Table.from_pylist([
+      {"id": None if "id" not in r else str(r["id"]), "question": r["question"],
+       "golden_answers": w["golden_answers"],
+       "reward_model": {"ground_truth": {"target": w["golden_answers"]}}}
+      for r, w in zip(rows, want)])
+  pq.write_table(table, str(tmp_path / "parquet" / "f.parquet"))
+  for form in ("jsonl", "json", "lines", "parquet"):
+    assert read_qa_file(str(tmp_path / form / os.listdir(tmp_path / form)[0])) == want, form
+
+
+BAD_RECORDS = [
+    ('{"golden_answers": ["a"]}', "missing field 'question'"),
+    ('{"question": "q?"}', "missing field 'golden_answers'"),
+    ('{"question": "q?", "answers": []}', "field 'answers' is empty"),
+    ('{"question": "q?", "answer": 3}', "field 'answer' must be a list of strings"),
+    ('{"question": "", "answers": ["a"]}', "field 'question' is empty"),
+    ('{"question": "q?", "answers": ["a", 2]}', "field 'answers[1]' must be a string"),
+    ('{"id": true, "question": "q?", "answers": ["a"]}', "field 'id' must be a string"),
+    ('{"id": "k", "question": "q?", "answers": ["a"]}', "field 'id' repeats 'k' from line 1"),
+    ('{"question": "q?", "answers": ["a"]', "not valid JSON"),
+    ('["q?", "a"]', "expected a JSON object"),
+]
+
+
+@pytest.mark.parametrize("record,message", BAD_RECORDS)
+def test_a_bad_record_names_file_line_and_field(tmp_path, record, message):
+  good = '{"id": "k", "question": "fine?", "answers": ["yes"]}'
+  path = str(tmp_path / "mine.jsonl")
+  _write_lines(path, [good, "", record])  # the bad record is on line 3
+  with pytest.raises(QAFormatError) as err:
+    read_qa_file(path)
+  assert str(err.value).startswith(f"{path}:3: ") and message in str(err.value), str(err.value)
+  if record.startswith("{") and record.endswith("}"):  # the same record in a JSON list
+    path = str(tmp_path / "mine.json")
+    with open(path, "w") as f:
+      f.write(f"[\n  {good},\n\n  {record}\n]\n")
+    with pytest.raises(QAFormatError) as err:
+      read_qa_file(path)
+    message = message.replace("from line 1", "from line 2")  # the list's first item: line 2
+    assert str(err.value).startswith(f"{path}:4: ") and message in str(err.value), str(err.value)
+
+
+def test_parquet_rows_and_folders_of_split_files(tmp_path):
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  folder = tmp_path / "mine"
+  folder.mkdir()
+  pq.write_table(pa.Table.from_pylist([{"question": "q?", "golden_answers": ["a"]},
+                                       {"question": "r?", "golden_answers": []}]),
+                 str(folder / "train.parquet"))
+  with pytest.raises(QAFormatError, match=r"train\.parquet: row 2: field 'golden_answers' is"):
+    load_qa_path(str(folder), "train")
+  _write_lines(str(folder / "dev.jsonl"), [{"question": "d?", "answers": ["x"]}])
+  assert load_qa_path(f"{folder}/", "dev") == [
+      {"id": "dev_0", "question": "d?", "golden_answers": ["x"]}]
+  with pytest.raises(QAFormatError, match=r"no test\.jsonl/\.json/\.parquet in this folder \(it "
+                                          r"has the splits \['dev', 'train'\]\)"):
+    load_qa_path(str(folder), "test")
+  _write_lines(str(folder / "dev.json"), [{"question": "d?", "answers": ["x"]}])
+  with pytest.raises(QAFormatError, match=r"2 files for split 'dev'.*keep one"):
+    load_qa_path(str(folder), "dev")
+  with pytest.raises(QAFormatError, match="no such file or folder"):
+    load_qa_path(str(tmp_path / "nothing.jsonl"), "train")
+  (tmp_path / "empty.jsonl").write_text("\n")
+  with pytest.raises(QAFormatError, match="no questions"):
+    load_qa_path(str(tmp_path / "empty.jsonl"), "train")
+
+
+def test_data_entries_take_paths_beside_benchmark_names(tmp_path, monkeypatch):
+  from agentjax.data.searchqa import BENCHMARK_LISTS, expand_benchmarks
+  from agentjax.train import config as config_lib
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "mine").mkdir()  # a bare folder name in the working directory is a path too
+  value = "mydata.jsonl, data/x, ~/q.parquet, mine, ./nq, cw_grpo_400"
+  names = [n for n, _, _ in expand_benchmarks(value)]
+  assert names[:5] == ["mydata.jsonl", "data/x", "~/q.parquet", "mine", "./nq"]
+  assert names[5:] == [n for n, _, _ in BENCHMARK_LISTS["cw_grpo_400"]]  # nq among them
+  with pytest.raises(ValueError, match=r"unknown benchmark 'mydata'; .*or a path to your own "
+                                       r"questions .*docs/guides/data\.md"):
+    expand_benchmarks("mydata")
+  with pytest.raises(config_lib.ConfigError, match=r"^config\.data\.train='nq,mydata': unknown"):
+    config_lib.benchmark_list("nq,mydata", "data.train")
+
+
+def test_load_questions_reads_a_file_and_names_the_field_of_a_bad_one(tmp_path):
+  import ml_collections
+  from agentjax.train import config as config_lib
+  from agentjax.train.builders import load_questions
+  config = ml_collections.ConfigDict({"data": {"data_dir": str(tmp_path / "tfds"),
+                                               "manual_dir": str(tmp_path / "manual")}})
+  path = str(tmp_path / "mydata.jsonl")
+  path_bad = str(tmp_path / "bad.jsonl")
+  _write_lines(path, [{"question": "q?", "answers": ["a"]}])
+  _write_lines(path_bad, [{"question": "q?", "answers": ["a"]}, {"question": "r?"}])
+  assert load_questions(config, [path], "train") == [
+      {"id": "mydata_0", "question": "q?", "golden_answers": ["a"], "benchmark": path}]
+  assert load_questions(config, [path], "dev", "data.eval_split") == \
+      load_questions(config, [path], "train")
+  with pytest.raises(config_lib.ConfigError) as err:
+    load_questions(config, [path_bad], "train")
+  assert str(err.value) == (f"config.data.train={path_bad!r}: {path_bad}:2: missing field "
+                            f"'golden_answers' (the gold answers: a list of strings; also read "
+                            f"from ['answers', 'answer', 'reward_model.ground_truth.target'])")
+  with pytest.raises(config_lib.ConfigError, match=r"^config\.data\.eval="):
+    load_questions(config, [path_bad], "dev", "data.eval_split")
+  with pytest.raises(config_lib.ConfigError, match=r"^config\.data\.manual_dir=.*no "
+                                                   r"train/dev/test\.jsonl for 'popqa'"):
+    load_questions(config, ["popqa"], "test")
+
+
+# ------------------------------------------------------------------ the guide's commands
+# (tests/test_guides.py parses and validates every launch command of the guides; these run the
+# data guide's own)
+
+
+def test_the_guides_bm25_command_builds_the_index_of_its_corpus(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / "mycorpus.jsonl").write_text(guide_block("corpus"))
+  [command] = [c for c in guide_commands() if c.startswith("python -c ")]
+  exec(compile(command[len("python -c "):].strip("\"'"), "data.md", "exec"), {})
+  assert [r["id"] for r in load_corpus(str(tmp_path / "mycorpus.jsonl"))] == ["0", "1"]
+  backend = BM25Backend("mycorpus.jsonl", index_dir="indexes/bm25")
+  assert not backend.built  # the command built the cache this one loads
+  assert backend.search(["who wrote Middlemarch"], 1).documents[0][0].id == "0"
+
+
+@pytest.mark.slow
+def test_the_guides_plugin_training_command_runs(tmp_path, tiny_tokenizer_dir):
+  """The guide's last train command, as written (in a folder holding its three files), with the
+  tiny model from scratch and short rollouts: two GRPO steps on the guide's own questions, with
+  its word-overlap backend over its corpus."""
+  from tests.subprocess_env import subprocess_env
+  (tmp_path / "mydata.jsonl").write_text(guide_block("questions"))
+  (tmp_path / "mycorpus.jsonl").write_text(guide_block("corpus"))
+  (tmp_path / "my_search.py").write_text(guide_block("backend"))
+  [command] = [c for c in guide_commands() if "retrieval.plugins" in c]
+  words = shlex.split(command)
+  words[1] = os.path.join(ROOT, words[1])
+  words = [w.replace("--config=configs/", f"--config={ROOT}/configs/") for w in words]
+  tiny = ["--config.model.hf_path=", "--config.model.preset=tiny",
+          f"--config.model.tokenizer_path={tiny_tokenizer_dir}", "--config.rollout.group_size=2",
+          "--config.rollout.max_turns=2", "--config.rollout.max_new_tokens=24",
+          "--config.rl.prompts_per_step=2", "--config.rl.minibatch_size=4",
+          "--config.train.eval_batch=4", "--config.train.checkpoint_every=2"]
+  proc = subprocess.run([sys.executable, *words[1:], *tiny], cwd=tmp_path, capture_output=True,
+                        text=True, timeout=1200, env=subprocess_env(PYTHONPATH=ROOT))
+  assert proc.returncode == 0, proc.stderr[-4000:]
+  workdir = tmp_path / "runs" / "mine-plugin"
+  with open(workdir / "metrics.jsonl") as f:
+    steps = [json.loads(line) for line in f if '"reward"' in line]
+  assert [s["step"] for s in steps] == [1, 2]
+  with open(workdir / "eval" / "2.json") as f:
+    final = json.load(f)
+  assert final["benchmark"] == "mydata.jsonl" and final["n"] == 3

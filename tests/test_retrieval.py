@@ -666,3 +666,117 @@ def test_launcher_serves_bm25_over_http(corpus_path, tmp_path):
   finally:
     proc.terminate()
     proc.wait(timeout=10)
+
+
+# --- your own backend: register_backend, reached from a run's config -------------------------
+
+
+@pytest.fixture
+def restore_backends():
+  """The backend registry as it was before the test (a test's registrations are undone)."""
+  from agentjax.retrieval.base import BACKENDS
+  before = dict(BACKENDS)
+  yield
+  BACKENDS.clear()
+  BACKENDS.update(before)
+
+
+def _demo_config(**retrieval):
+  import importlib
+  config = importlib.import_module("configs.grpo").get_config("demo")
+  for key, value in retrieval.items():
+    config.retrieval[key] = value
+  return config
+
+
+def _guide_files(tmp_path):
+  """The guide's corpus and custom backend, written as the guide says (mycorpus.jsonl,
+  my_search.py); returns their paths."""
+  from tests.test_data import guide_block
+  corpus, plugin = tmp_path / "mycorpus.jsonl", tmp_path / "my_search.py"
+  corpus.write_text(guide_block("corpus"))
+  plugin.write_text(guide_block("backend"))
+  return str(corpus), str(plugin)
+
+
+def test_the_guides_backend_snippet_registers_a_working_backend(tmp_path, restore_backends):
+  corpus, plugin = _guide_files(tmp_path)
+  with open(plugin) as f:
+    code = f.read()
+  assert len(code.strip().splitlines()) <= 25  # a short example
+  exec(compile(code, "docs/guides/data.md", "exec"), {})
+  backend = make_backend("word_overlap", path=corpus)
+  assert isinstance(backend, SearchBackend)
+  response = backend.search(["who wrote Middlemarch", "the Rijksmuseum city"], topk=1)
+  assert [d[0].id for d in response.documents] == ["0", "1"]
+  assert response.errors == [None, None] and backend.stats.queries == 2
+
+
+def test_a_plugin_backend_is_built_from_the_config(tmp_path, restore_backends):
+  from agentjax.train import config as config_lib
+  from agentjax.train.builders import make_search_backend
+  corpus, plugin = _guide_files(tmp_path)
+  config = _demo_config(plugins=plugin, backend="word_overlap",
+                        backend_kwargs=json.dumps({"path": corpus}))
+  config_lib.validate(config)  # imports the plugin: it registers word_overlap
+  config_lib.validate(config)  # ... once per process, however often a config names it
+  backend = make_search_backend(config)
+  assert backend.search(["Middlemarch"], topk=2).documents[0][0].id == "0"
+  # A module name on the path works as well as a file: it registers another name.
+  (tmp_path / "pkg").mkdir()
+  (tmp_path / "pkg" / "other_search.py").write_text(
+      "from agentjax.retrieval import register_backend\n"
+      "from agentjax.retrieval.bm25 import BM25Backend\n"
+      "register_backend('bm25_again', BM25Backend)\n")
+  sys.path.insert(0, str(tmp_path / "pkg"))
+  try:
+    config = _demo_config(plugins=f"other_search, {plugin}", backend="bm25_again",
+                          backend_kwargs=json.dumps({"corpus_path": corpus,
+                                                     "index_dir": str(tmp_path / "idx")}))
+    config_lib.validate(config)
+    assert make_search_backend(config).search(["Rijksmuseum"], 1).documents[0][0].id == "1"
+  finally:
+    sys.path.remove(str(tmp_path / "pkg"))
+    sys.modules.pop("other_search", None)
+
+
+def test_an_unknown_backend_is_one_line_naming_the_registered_ones_and_how_to_add_one(
+    tmp_path, restore_backends):
+  from agentjax.train import config as config_lib
+  from agentjax.train.builders import make_search_backend
+  config = _demo_config(backend="faiss")
+  for check in (config_lib.validate, make_search_backend):
+    with pytest.raises(config_lib.ConfigError) as err:
+      check(config)
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("config.retrieval.backend='faiss': no such search backend; "
+                              "registered: ['bm25', 'dense', 'http']; register one with "
+                              "agentjax.retrieval.register_backend(name, factory) in a module "
+                              "named in config.retrieval.plugins"), message
+  _, plugin = _guide_files(tmp_path)
+  with pytest.raises(config_lib.ConfigError, match=r"registered: \['bm25', 'dense', 'http', "
+                                                   r"'word_overlap'\]"):
+    config_lib.validate(_demo_config(backend="faiss", plugins=plugin))
+  with pytest.raises(ValueError, match=r"kind 'faiss'.*register_backend\('faiss', factory\)"):
+    make_backend("faiss")
+
+
+@pytest.mark.parametrize("fields,message", [
+    (dict(plugins="no_such_module_xyz"),
+     "config.retrieval.plugins='no_such_module_xyz': importing 'no_such_module_xyz' failed: "
+     "ModuleNotFoundError"),
+    (dict(plugins="missing.py"), "importing 'missing.py' failed: ImportError: no such file"),
+    (dict(plugins="PLUGIN", backend_kwargs="{'path': 1}"),
+     "config.retrieval.backend_kwargs=\"{'path': 1}\": not valid JSON"),
+    (dict(plugins="PLUGIN", backend_kwargs="[1]"),
+     "config.retrieval.backend_kwargs='[1]': must be a JSON object"),
+])
+def test_plugin_fields_are_checked(tmp_path, restore_backends, fields, message):
+  from agentjax.train import config as config_lib
+  _, plugin = _guide_files(tmp_path)
+  fields = {k: v.replace("PLUGIN", plugin) for k, v in fields.items()}
+  with pytest.raises(config_lib.ConfigError) as err:
+    config_lib.validate(_demo_config(backend="word_overlap", **fields))
+  assert str(err.value).startswith(message) or message in str(err.value), str(err.value)
+  assert "\n" not in str(err.value)

@@ -6,6 +6,8 @@ SynthWorld, a generated knowledge world with multi-hop questions and demonstrati
     train = load_split("synthworld", "train", data_dir="data/tfds", manual_dir="data/manual")
     nq = load_split("nq", "test", data_dir="data/tfds", manual_dir="data/manual")
 
+    mine = load_qa_path("data/mine.jsonl", "train")         # your own questions (qa_files)
+
 The tfds names (SearchQA, load_split, ...) are imported lazily, so that SynthWorld alone does
 not pay for importing tensorflow_datasets; `import agentjax.data.searchqa` registers the
 "search_qa" builder with tfds (e.g. for tfds.builder("search_qa/nq", data_dir=...)).
@@ -16,15 +18,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from agentjax.data.qa_files import QAFormatError, load_qa_path, read_qa_file
 from agentjax.data.synthworld import (ENTITY_TYPES, QUESTION_TEMPLATES, RELATIONS, Entity,
                                       SynthWorld)
 
-_SEARCHQA = ("BENCHMARKS", "SPLITS", "QAFormatError", "SearchQA", "SearchQAConfig",
+_SEARCHQA = ("BENCHMARKS", "SPLITS", "SearchQA", "SearchQAConfig",
              "fingerprint", "load_split", "natural_key", "prepare", "read_qa_jsonl",
              "source_files")
 
-__all__ = ["ENTITY_TYPES", "Entity", "QUESTION_TEMPLATES", "RELATIONS", "SynthWorld",
-           *_SEARCHQA]
+__all__ = ["ENTITY_TYPES", "Entity", "QAFormatError", "QUESTION_TEMPLATES", "RELATIONS",
+           "SynthWorld", "load_qa_path", "read_qa_file", *_SEARCHQA]
 
 
 def __getattr__(name: str) -> Any:

@@ -23,6 +23,11 @@ order (digit runs compared as numbers: train_2 < train_10), which restores file 
 FlashRAG-style ids ("train_0", "test_17") and SynthWorld ids; tfds itself stores records in an
 order shuffled by key. Ids must therefore be unique within a split (checked while building).
 
+A user's own question files are not benchmarks: they are read directly, without tfds
+(agentjax.data.qa_files), and `expand_benchmarks` takes either in a config's data entries.
+tfds' own chatter (its "Downloading and preparing dataset" print, though nothing downloads, and
+its absl INFO lines) is kept out of a run's log (`quiet_tfds`).
+
 tfds keys a built dataset by (config, version) under data_dir only. `load_split` with a
 manual_dir also records the sha256 of the source files in the dataset's metadata and rebuilds
 when they changed (e.g. a SynthWorld regenerated with another seed into the same folder).
@@ -31,15 +36,18 @@ when they changed (e.g. a SynthWorld regenerated with another seed into the same
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import tensorflow_datasets as tfds
 
+from agentjax.data.qa_files import (QA_SUFFIXES, QAFormatError, check_id, check_text,
+                                    check_text_list, is_data_path)
 from agentjax.jsonl import iter_json_objects
 
 _log = logging.getLogger(__name__)
@@ -48,10 +56,6 @@ SPLITS = ("train", "dev", "test")
 # Fields the synthworld config keeps beyond the common three.
 SYNTHWORLD_FIELDS = ("hops", "chain", "relations")
 _METADATA_KEY = "source_sha256"
-
-
-class QAFormatError(ValueError):
-  """A QA JSONL file that cannot be read; the message names the file, line and field."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +93,20 @@ BENCHMARK_LISTS = {
 }
 
 
-def expand_benchmarks(value: str) -> list[tuple[str, int, str | None]]:
-  """A comma-separated benchmark value ('nq,cw_grpo_400') as (name, size, split) per benchmark.
+def is_benchmark(name: str) -> bool:
+  """Whether a data entry is a benchmark (a tfds search_qa config) rather than a path."""
+  return name in BENCHMARKS
 
-  A plain name gives (name, 0, None): its size and split are the config's (data.eval_size,
-  data.eval_split). A named list (BENCHMARK_LISTS) gives its members, each with its own size and
-  split. Raises ValueError naming an unknown name, an empty value or a benchmark named twice.
+
+def expand_benchmarks(value: str) -> list[tuple[str, int, str | None]]:
+  """A comma-separated data value ('nq,cw_grpo_400', 'data/mine.jsonl') as (name, size, split)
+  per entry.
+
+  A plain benchmark name, or a path to a question file or folder (agentjax.data.qa_files), gives
+  (name, 0, None): its size and split are the config's (data.eval_size, data.eval_split). A named
+  list (BENCHMARK_LISTS) gives its members, each with its own size and split. Whether a path
+  exists is checked when it is read. Raises ValueError naming an unknown name, an empty value or
+  an entry named twice.
   """
   out = []
   for name in (n.strip() for n in str(value).split(",")):
@@ -102,11 +114,13 @@ def expand_benchmarks(value: str) -> list[tuple[str, int, str | None]]:
       continue
     if name in BENCHMARK_LISTS:
       out += list(BENCHMARK_LISTS[name])
-    elif name in BENCHMARKS:
+    elif name in BENCHMARKS or is_data_path(name):
       out.append((name, 0, None))
     else:
-      raise ValueError(f"unknown benchmark {name!r}; known: {list(BENCHMARKS)}, or a list: "
-                       f"{list(BENCHMARK_LISTS)}")
+      raise ValueError(f"unknown benchmark {name!r}; known: {list(BENCHMARKS)}, a list: "
+                       f"{list(BENCHMARK_LISTS)}, or a path to your own questions (a "
+                       f"{'/'.join(QA_SUFFIXES)} file or a folder of split files, e.g. "
+                       f"data/mine.jsonl: docs/guides/data.md)")
   if not out:
     raise ValueError("names no benchmark")
   names = [n for n, _, _ in out]
@@ -114,24 +128,6 @@ def expand_benchmarks(value: str) -> list[tuple[str, int, str | None]]:
   if twice:
     raise ValueError(f"names {twice} more than once")
   return out
-
-
-def _check_text(value: Any, path: str, lineno: int, field: str) -> str:
-  if not isinstance(value, str):
-    raise QAFormatError(f"{path}:{lineno}: field {field!r} must be a string, "
-                        f"got {type(value).__name__}")
-  if not value.strip():
-    raise QAFormatError(f"{path}:{lineno}: field {field!r} is empty")
-  return value
-
-
-def _check_text_list(value: Any, path: str, lineno: int, field: str) -> list[str]:
-  if not isinstance(value, list):
-    raise QAFormatError(f"{path}:{lineno}: field {field!r} must be a list of strings, "
-                        f"got {type(value).__name__}")
-  if not value:
-    raise QAFormatError(f"{path}:{lineno}: field {field!r} is empty")
-  return [_check_text(v, path, lineno, f"{field}[{i}]") for i, v in enumerate(value)]
 
 
 def read_qa_jsonl(path: str, extra_fields: tuple[str, ...] = ()) -> Iterator[tuple[int, dict]]:
@@ -149,16 +145,13 @@ def read_qa_jsonl(path: str, extra_fields: tuple[str, ...] = ()) -> Iterator[tup
   seen: dict[str, int] = {}
   required = ("id", "question", "golden_answers", *extra_fields)
   for lineno, row in iter_json_objects(path, QAFormatError, required):
-    qid = row["id"]
-    if isinstance(qid, int) and not isinstance(qid, bool):
-      qid = str(qid)
-    qid = _check_text(qid, path, lineno, "id")
+    where = f"{path}:{lineno}"
+    qid = check_id(row["id"], where)
     if qid in seen:
       raise QAFormatError(f"{path}:{lineno}: field 'id' repeats {qid!r} from line {seen[qid]}")
     seen[qid] = lineno
-    record = {"id": qid, "question": _check_text(row["question"], path, lineno, "question"),
-              "golden_answers": _check_text_list(row["golden_answers"], path, lineno,
-                                                 "golden_answers")}
+    record = {"id": qid, "question": check_text(row["question"], where, "question"),
+              "golden_answers": check_text_list(row["golden_answers"], where, "golden_answers")}
     for field in extra_fields:
       if field == "hops":
         hops = row["hops"]
@@ -167,7 +160,7 @@ def read_qa_jsonl(path: str, extra_fields: tuple[str, ...] = ()) -> Iterator[tup
                               f"got {hops!r}")
         record["hops"] = hops
       elif field in ("chain", "relations"):
-        record[field] = _check_text_list(row[field], path, lineno, field)
+        record[field] = check_text_list(row[field], where, field)
       else:
         raise ValueError(f"unknown extra field {field!r}; known: {SYNTHWORLD_FIELDS}")
     yield lineno, record
@@ -187,7 +180,8 @@ def source_files(manual_dir: str, name: str) -> dict[str, str]:
   if not files:
     raise FileNotFoundError(
         f"no {'/'.join(SPLITS)}.jsonl for {name!r} in {os.path.join(manual_dir, name)} or "
-        f"{manual_dir}. {SearchQA.MANUAL_DOWNLOAD_INSTRUCTIONS}")
+        f"{manual_dir}: put the benchmark's FlashRAG files there (where to get them: "
+        f"docs/guides/data.md, \"Benchmarks\"), or name your own file instead of {name!r}")
   return files
 
 
@@ -228,18 +222,20 @@ class SearchQA(tfds.core.GeneratorBasedBuilder):
                      extra_fields=SYNTHWORLD_FIELDS if b.name == "synthworld" else ())
       for b in _BENCHMARKS
   ]
-  MANUAL_DOWNLOAD_INSTRUCTIONS = """\
-Put each benchmark's FlashRAG JSONL files in {manual_dir}/{config}/{split}.jsonl, split one of
-train, dev, test (those present become the tfds splits; several benchmarks have only dev and/or
-test), one {"id": ..., "question": ..., "golden_answers": [...]} object per line.
-Sources: the FlashRAG collection on the Hugging Face hub, RUC-NLPIR/FlashRAG_datasets (one
-folder per benchmark: nq, triviaqa, popqa, hotpotqa, 2wikimultihopqa, musique, bamboogle, with
-train/dev/test .jsonl files; e.g. `huggingface-cli download RUC-NLPIR/FlashRAG_datasets
---repo-type dataset --include "nq/*" --local-dir {manual_dir}`), or Search-R1's processed
-NQ/HotpotQA (PeterJinGo/nq_hotpotqa_train, parquet: write one JSON line per row with id,
-question and golden_answers). For synthworld, run
-agentjax.data.synthworld.SynthWorld.generate(...).write("{manual_dir}/synthworld").
-"""
+  # tfds shows this where a manual dir is missing; the steps themselves are in the guide.
+  MANUAL_DOWNLOAD_INSTRUCTIONS = (
+      "Put each benchmark's FlashRAG JSONL files at {manual_dir}/{config}/{split}.jsonl (split: "
+      "train, dev or test, those present; one {\"id\", \"question\", \"golden_answers\"} "
+      "object per line). Where to get them (the FlashRAG collection, Search-R1's NQ/HotpotQA) "
+      "and how to lay them out: docs/guides/data.md, \"Benchmarks\". For synthworld: "
+      "SynthWorld.generate(...).write(\"{manual_dir}/synthworld\") (agentjax.data.synthworld).")
+
+  def _log_download_bytes(self) -> None:
+    # tfds prints "Downloading and preparing dataset Unknown size ..." here: nothing downloads.
+    _log.info("building search_qa/%s into %s", self.builder_config.name, self.data_dir)
+
+  def _log_download_done(self) -> None:
+    _log.debug("search_qa/%s built in %s", self.builder_config.name, self.data_dir)
 
   def __init__(self, *, file_format: str | None = "array_record", **kwargs: Any):
     super().__init__(file_format=file_format, **kwargs)
@@ -270,6 +266,36 @@ agentjax.data.synthworld.SynthWorld.generate(...).write("{manual_dir}/synthworld
       yield record["id"], record
 
 
+_TFDS_DIR = os.path.dirname(tfds.__file__)
+
+
+class _DropTfdsChatter(logging.Filter):
+  """Drops tensorflow-datasets' own log records below ERROR: its progress lines of a local build
+  and read ("Generating dataset", "Load dataset info from", a folder without dataset_info.json
+  before the first build), which say nothing a run's user can act on."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR or not record.pathname.startswith(_TFDS_DIR)
+
+
+def quiet_tfds(fn: Callable[..., Any]) -> Callable[..., Any]:
+  """Runs `fn` with tfds' chatter dropped from the absl logger (which tfds logs through) and its
+  progress bars off (a global tfds setting, left off: agentjax never shows them)."""
+
+  @functools.wraps(fn)
+  def wrapper(*args: Any, **kwargs: Any) -> Any:
+    tfds.disable_progress_bar()
+    logger, chatter = logging.getLogger("absl"), _DropTfdsChatter()
+    logger.addFilter(chatter)
+    try:
+      return fn(*args, **kwargs)
+    finally:
+      logger.removeFilter(chatter)
+
+  return wrapper
+
+
+@quiet_tfds
 def prepare(name: str, data_dir: str, manual_dir: str, force: bool = False) -> SearchQA:
   """Builds benchmark `name` from manual_dir into data_dir unless an up-to-date build exists.
 
@@ -277,6 +303,7 @@ def prepare(name: str, data_dir: str, manual_dir: str, force: bool = False) -> S
   the builder, ready for `as_data_source()`.
   """
   data_dir = os.path.expanduser(os.fspath(data_dir))
+  source_files(manual_dir, name)  # no files: our message (tfds' own is an AssertionError)
   builder = SearchQA(config=name, data_dir=data_dir)
   if builder.is_prepared() and not force:
     if builder.info.metadata.get(_METADATA_KEY) == fingerprint(manual_dir, name):
@@ -312,6 +339,7 @@ def natural_key(qid: str) -> tuple:
   return tuple(int(p) if i % 2 else p for i, p in enumerate(parts)), qid
 
 
+@quiet_tfds
 def load_split(name: str, split: str, data_dir: str, manual_dir: str | None = None
                ) -> list[dict[str, Any]]:
   """The records of one split as Python dicts, sorted by `natural_key` of their ids.

@@ -195,7 +195,9 @@ BACKENDS = Registry("search backend kind", {"bm25": "agentjax.retrieval.bm25",
 
 
 def register_backend(kind: str, factory: Callable[..., SearchBackend]) -> None:
-  """Makes `make_backend(kind, **kwargs)` call `factory(**kwargs)`."""
+  """Makes `make_backend(kind, **kwargs)` call `factory(**kwargs)`. A run selects it with
+  config.retrieval.backend=kind once a module named in config.retrieval.plugins has called this
+  (agentjax/retrieval/plugins.py). A taken kind raises ValueError."""
   BACKENDS.register(kind, factory)
 
 
@@ -204,5 +206,6 @@ def make_backend(kind: str, **kwargs: Any) -> SearchBackend:
   try:
     factory = BACKENDS[kind]
   except KeyError as e:
-    raise ValueError(e.args[0]) from None
+    raise ValueError(f"{e.args[0]}; register one with register_backend({kind!r}, factory) "
+                     f"(from a run's config: a module in config.retrieval.plugins)") from None
   return factory(**kwargs)

@@ -29,6 +29,7 @@ from agentjax.models.tokenizer import load_tokenizer
 from agentjax.parallel import make_mesh
 from agentjax.parallel.host import primary_first
 from agentjax.retrieval import SearchBackend, make_backend
+from agentjax.retrieval.plugins import PluginError, resolve_backend
 from agentjax.retrieval.shared import PrimarySearch
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
@@ -81,7 +82,9 @@ def load_model(config: Any, mesh: jax.sharding.Mesh) -> tuple[QwenConfig, Any, A
 
 def make_search_backend(config: Any, mesh: jax.sharding.Mesh | None = None) -> SearchBackend:
   """config.retrieval's backend; a dense index is placed with its rows over `mesh`'s devices
-  (every process searches it with the same queries: a collective, like BM25 a pure function)."""
+  (every process searches it with the same queries: a collective, like BM25 a pure function).
+  A backend that is not built in is the user's: retrieval.plugins are imported (they register
+  it) and its factory is called with retrieval.backend_kwargs (agentjax/retrieval/plugins.py)."""
   r = config.retrieval
   if r.backend == "dense":
     if r.devices and mesh is not None:  # the first N devices of the mesh hold the index
@@ -94,9 +97,17 @@ def make_search_backend(config: Any, mesh: jax.sharding.Mesh | None = None) -> S
     with primary_first("bm25-index"):  # one process builds the on-disk index, the others load it
       return make_backend("bm25", corpus_path=os.path.expanduser(r.corpus_path),
                           index_dir=os.path.expanduser(r.index_dir) if r.index_dir else None)
-  backend = make_backend("http", url=r.url, timeout_s=r.timeout_s)
-  # A remote retriever may answer hosts differently (a timeout on one): process 0 asks for all.
-  # (BM25 is a pure function of the query on every host, so it needs no broadcast.)
+  if r.backend == "http":
+    backend = make_backend("http", url=r.url, timeout_s=r.timeout_s)
+  else:  # the user's own (agentjax/retrieval/plugins.py): retrieval.plugins register it
+    try:
+      factory, kwargs = resolve_backend(r)
+    except PluginError as e:
+      raise config_lib.ConfigError(str(e)) from None
+    backend = factory(**kwargs)
+  # A remote retriever may answer hosts differently (a timeout on one): process 0 asks for all,
+  # as it does for the user's own backends, which may be remote. (BM25 is a pure function of the
+  # query on every host, so it needs no broadcast.)
   return PrimarySearch(backend) if jax.process_count() > 1 else backend
 
 
@@ -157,18 +168,31 @@ def make_agents(config: Any, cfg: QwenConfig, tokenizer: Any, backend: SearchBac
 
 def load_questions(config: Any, names: Sequence[str], split: str,
                    field: str = "data.train") -> list[dict[str, Any]]:
-  """Question records of `split` of each benchmark (tfds search_qa, built from data.manual_dir
-  on first use), concatenated in benchmark order; each gains "benchmark". A benchmark without
-  that split raises ConfigError naming `field` (the config entry that asked for it)."""
-  import tensorflow_datasets as tfds  # only when data is needed
-  from agentjax.data.searchqa import load_split
-  tfds.disable_progress_bar()
+  """Question records of `split` of each entry, concatenated in entry order; each gains
+  "benchmark" (the entry). An entry is a benchmark (tfds search_qa, built from data.manual_dir on
+  first use) or a path to the user's own question file or folder (agentjax.data.qa_files, read
+  directly; a file gives all its questions whatever the split). A benchmark without that split,
+  missing benchmark files or a bad question file raise ConfigError naming `field` (the config
+  entry that asked for it: "data.train", "data.eval" or "data.eval_split")."""
+  from agentjax.data.qa_files import QAFormatError, load_qa_path
+  from agentjax.data.searchqa import is_benchmark, load_split
   out = []
   for name in names:
+    if not is_benchmark(name):  # the user's own file: every process reads it, nothing is built
+      entry = "data.train" if field == "data.train" else "data.eval"
+      try:
+        records = load_qa_path(name, split)
+      except QAFormatError as e:
+        raise config_lib.ConfigError(f"config.{entry}={name!r}: {e}") from None
+      out += [dict(rec, benchmark=name) for rec in records]
+      continue
     with primary_first(f"tfds:{name}:{split}"):  # one process builds, the others read
       try:
         records = load_split(name, split, data_dir=os.path.expanduser(config.data.data_dir),
                              manual_dir=os.path.expanduser(config.data.manual_dir))
+      except (FileNotFoundError, QAFormatError) as e:  # no benchmark files, or a bad line
+        raise config_lib.ConfigError(f"config.data.manual_dir={config.data.manual_dir!r}: "
+                                     f"{e}") from None
       except ValueError as e:
         if "has no split" not in str(e):
           raise

@@ -372,8 +372,12 @@ def _validate_retrieval(config: Any) -> None:
     devices = _get(config, "retrieval.devices")
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 0:
       _fail("retrieval.devices", devices, "must be an int >= 0 (0: every device of the mesh)")
-  else:
-    _fail("retrieval.backend", backend, "must be 'bm25', 'http' or 'dense'")
+  else:  # the user's own: its plugins import, it is registered, its kwargs parse
+    from agentjax.retrieval.plugins import PluginError, resolve_backend
+    try:
+      resolve_backend(config.retrieval)
+    except PluginError as e:
+      _fail(e.field, e.value, e.why)
 
 def _validate_critic(config: Any) -> None:
   """The PPO estimators' settings (ppo.*, critic.*)."""

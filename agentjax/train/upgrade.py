@@ -37,6 +37,8 @@ ADDED: tuple[tuple[str, Any, str], ...] = (
     ("retrieval.query_prefix", "query: ", "the dense backend's query prefix (unused by others)"),
     ("retrieval.recall_target", 0.0, "exact dense search (unused by other backends)"),
     ("retrieval.devices", 0, "a dense index on every device (unused by other backends)"),
+    ("retrieval.plugins", "", "no plugin modules: the built-in backends only"),
+    ("retrieval.backend_kwargs", "", "no keyword arguments for a plugin's backend"),
     ("rl.ig_probe_tokens", "split", "IGPO's probes tokenized apart from the template"),
     ("rl.probe_width_multiple", 8, "probe widths on multiples of 8"),
     ("rl.probe_all", False, "IGPO's probes only for the methods that read them"),
