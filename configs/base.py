@@ -22,7 +22,9 @@ whole config (naming the field) before anything compiles.
 import ml_collections
 
 RUN_PRESETS = ("demo", "research", "qwen2.5-3b", "qwen2.5-7b", "qwen3-8b")
-FLASHRAG = "nq,triviaqa,popqa,hotpotqa,2wikimultihopqa,musique,bamboogle"
+# Search-R1's seven evaluation benchmarks, each on its own split (agentjax.data.searchqa
+# BENCHMARK_LISTS: test, or dev where FlashRAG has no test split).
+FLASHRAG = "flashrag"
 DEMO_ROOT = "runs/demo"  # where `make demo` writes SynthWorld, the tokenizer and the workdirs
 RESEARCH_ROOT = "runs/research"  # SynthWorld v2, the backbone (launch/backbone.py), the studies
 

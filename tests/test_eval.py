@@ -214,6 +214,36 @@ def test_cw_grpo_400_takes_the_first_questions_of_each_split(tmp_path):
       n: 2 for n, _, _ in BENCHMARK_LISTS["cw_grpo_400"]}
 
 
+def test_paper_presets_evaluate_each_flashrag_benchmark_on_its_own_split(tmp_path):
+  """FlashRAG has no test split for hotpotqa, 2wikimultihopqa and musique: the paper presets'
+  eval (data.eval_split='test') takes their dev split, Search-R1's convention, and every other
+  benchmark's test split, data.eval_size questions of each."""
+  from configs import base, igpo
+  paper = igpo.get_config("qwen2.5-7b")
+  assert (paper.data.eval, paper.data.eval_split) == (base.FLASHRAG, "test")
+  manual = tmp_path / "manual"
+  only_dev = {"hotpotqa", "2wikimultihopqa", "musique"}
+  for name in ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"):
+    os.makedirs(manual / name)
+    for split in (("train", "dev") if name in only_dev else
+                  ("test",) if name == "bamboogle" else ("train", "dev", "test")):
+      with open(manual / name / f"{split}.jsonl", "w") as f:
+        for i in range(4):
+          f.write(json.dumps({"id": f"{split}_{i}", "question": f"{name} {split} {i}?",
+                              "golden_answers": [str(i)]}) + "\n")
+  config = ml_collections.ConfigDict({"data": {
+      "eval": base.FLASHRAG, "eval_split": "test", "eval_size": 3,
+      "data_dir": str(tmp_path / "tfds"), "manual_dir": str(manual)}})
+  got = eval_questions(config)
+  assert {n: s for n, (s, _) in got.items()} == {
+      "nq": "test", "triviaqa": "test", "popqa": "test", "hotpotqa": "dev",
+      "2wikimultihopqa": "dev", "musique": "dev", "bamboogle": "test"}
+  for name, (split, records) in got.items():
+    assert [r["id"] for r in records] == [f"{split}_{i}" for i in range(3)]
+  # The in-training eval is the list's first benchmark, on data.eval_split.
+  assert config_lib.benchmark_list(base.FLASHRAG, "data.eval")[0] == "nq"
+
+
 def test_table_shows_accuracy_overall_and_macro():
   result = {"benchmarks": {"a": {"n": 3, "accuracy": 0.5, "em": 0.5, "f1": 0.6},
                            "b": {"n": 1, "accuracy": 0.0, "em": 0.0, "f1": 0.1}},

@@ -90,6 +90,12 @@ BENCHMARK_LISTS = {
     "cw_grpo_400": (("musique", 100, "dev"), ("nq", 50, "test"), ("triviaqa", 50, "test"),
                     ("popqa", 50, "test"), ("hotpotqa", 50, "dev"),
                     ("2wikimultihopqa", 50, "dev"), ("bamboogle", 50, "test")),
+    # The seven benchmarks of Search-R1's evaluation (and IGPO's), each on the split Search-R1
+    # reports: the test split, or the dev split where FlashRAG has no test split (hotpotqa,
+    # 2wikimultihopqa, musique). Size 0: data.eval_size questions of each (0: all).
+    "flashrag": (("nq", 0, "test"), ("triviaqa", 0, "test"), ("popqa", 0, "test"),
+                 ("hotpotqa", 0, "dev"), ("2wikimultihopqa", 0, "dev"), ("musique", 0, "dev"),
+                 ("bamboogle", 0, "test")),
 }
 
 
