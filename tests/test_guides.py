@@ -391,6 +391,33 @@ def test_doc_command_parses(checked, where, script, args):
   assert not problem, f"{where}: python {script} {' '.join(args)}\n  {problem}"
 
 
+def _slug(heading: str) -> str:
+  """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces to '-'."""
+  text = re.sub(r"[`*_]", "", heading.strip().lower())
+  return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
+
+
+def test_doc_links_resolve():
+  """Every relative link of the README, docs/README.md and the guides names a file or folder
+  that exists, and an anchor into a Markdown file names one of its headings."""
+  problems = []
+  for path in doc_files() + [os.path.join(ROOT, "docs", "README.md")]:
+    text = re.sub(r"^```.*?^```", "", open(path).read(), flags=re.S | re.M)
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+      if re.match(r"^[a-z]+:", target):
+        continue
+      file, _, anchor = target.partition("#")
+      resolved = os.path.normpath(os.path.join(os.path.dirname(path), file)) if file else path
+      where = f"{os.path.relpath(path, ROOT)}: {target}"
+      if not os.path.exists(resolved):
+        problems.append(f"{where}: no such file")
+      elif anchor and resolved.endswith(".md"):
+        headings = re.findall(r"^#+\s+(.+)$", open(resolved).read(), re.M)
+        if anchor not in {_slug(h) for h in headings}:
+          problems.append(f"{where}: no heading with that anchor")
+  assert not problems, "\n".join(problems)
+
+
 @pytest.mark.slow
 def test_fit_command_of_the_guide_runs():
   """The scaling guide's seconds-long fit check, run as written: its JSON says the demo fits."""
