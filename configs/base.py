@@ -173,7 +173,8 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # parameters "off": ends with those it started with; "continue": samples the rest with the
   # newest (read at each turn / decode call; its tokens tagged with their versions, the KV cache
   # of its context kept: PipelineRL's in-flight update); "restart": starts again with them.
-  # Our reading; the issue's "restart" | "continue" plus today's behaviour as the default.
+  # Our reading (PipelineRL's in-flight update is "continue"); "off", the synchronous behaviour, is
+  # the default.
   c.rollout.partial = "off"
 
   # ---- RL
@@ -330,7 +331,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # ---- DAC (trainer = "dac"; configs/dac.py, agentjax/dac/): a searcher and a generator, two LoRA
   # adapters ("searcher", "generator" in model.lora.adapters) on one frozen backbone. The paper gives
   # no reward table, prompt, hand-off or augmentation rule: every value here is our reading
-  # (methods spec DAC-A1..A8), each one override away.
+  # (the paper, DAC arXiv:2606.10684, is silent), each one override away.
   c.dac = ml_collections.ConfigDict()
   # The generator's answers per evidence set (m); its advantages are grouped by "question" (every
   # answer to any evidence set of the question: the default) or by "evidence"
@@ -340,7 +341,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   # alpha runs were bit-identical), and an abstention there gets sqrt((1 - p) / p) (p: the
   # group's abstention share) whatever alpha is, about what a correct answer gets. The paper's
   # trade-off (abstaining pays when alpha exceeds the generator's accuracy times the odds of
-  # sufficient evidence; methods spec §5) needs inputs with different S to share one baseline:
+  # sufficient evidence; DAC arXiv:2606.10684, its appendix on abstention) needs inputs with different S to share one baseline:
   # grouped by question they do, and alpha acts.
   c.dac.generator_samples = 4
   c.dac.generator_group = "question"
@@ -382,7 +383,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.dac.augment_k = 2
   c.dac.augment_depth = 10
 
-  # ---- Co-ReAct (configs/coreact.py, agentjax/coreact/; methods spec §4): a rubric generator
+  # ---- Co-ReAct (configs/coreact.py, agentjax/coreact/; Co-ReAct arXiv:2605.23590): a rubric generator
   # trained with GRPO on a list-wise Spearman reward (trainer = "rubric") and rubric-guided agents
   # at inference. Values are the official code's unless marked "ours".
   c.coreact = ml_collections.ConfigDict()
@@ -452,7 +453,7 @@ def get_config(arg: str = "demo") -> ml_collections.ConfigDict:
   c.coreact.generator_max_new_tokens = 128
   c.coreact.generator_max_total_tokens = 2048
   # The official eval decodes rubrics with transformers' repetition penalty 1.1
-  # (co_react_eval.yaml; methods spec §4): greedy rubrics otherwise repeat lines.
+  # (its agent/workflows/co_react_eval.yaml): greedy rubrics otherwise repeat lines.
   c.coreact.generator_repetition_penalty = 1.1
   # ... and with max_think_tokens 1500 (a budget our demo's 128-token rubrics never reach).
   c.coreact.generator_max_think_tokens = 1500
@@ -601,7 +602,7 @@ def _demo(c):
   c.train.checkpoint_every = 10
   c.data.eval_size = 500
   c.train.eval_batch = 100
-  # Few programs (issue 48: a CPU run's first steps were mostly compiling): every program of the
+  # Few programs (a CPU run's first steps were otherwise mostly compiling): every program of the
   # rollouts compiled before step 1, training's and eval's (rollout.warm_up), none after. One lane
   # shape (no compaction), feeds on 4, 16 or all rows of a lane; eval on the training's slots and
   # prompt chunks (64 slots, 8 prompts a prefill), so that it runs the training's feed, gather,
@@ -640,7 +641,7 @@ def _research(c):
   hop queries; the needed passage is missing from it for 1.7%: synthworld_v2.md); 6 turns (a
   4-hop question needs 5 with its answer) in 1024 tokens; a constant lr after 5 warm-up steps
   (a decayed lr freezes a short run's end), lr 1e-4, 30 steps; 500 eval questions.
-  The issue-32 backbone (hidden 256, top 3, 1536 tokens, 3.3 h of SFT) is
+  The first research backbone (hidden 256, top 3, 1536 tokens, 3.3 h of SFT) is
   `--config.model.shape.hidden_size=256 --config.model.shape.intermediate_size=768
   --config.model.shape.head_dim=64 --config.retrieval.topk=3` (docs/results/backbone.md)."""
   _demo(c)

@@ -27,8 +27,8 @@ export ({root}/backbone/sft/hf_export); it is built once, never per study.
 
     python launch/backbone.py --stages=properties
 
-The backbone every research study starts from is the shipped one (backbones/research_v2, issue
-45); rebuilding it (about an hour on a 2-core CPU) and shipping it again:
+The backbone every research study starts from is the shipped one (backbones/research_v2);
+rebuilding it (about an hour on a 2-core CPU) and shipping it again:
 
     python launch/backbone.py --stages=build,sft,early,gate,ship
 """
