@@ -1,17 +1,25 @@
 #!/bin/bash
-# The GPU checks on a one-GPU machine, in one short run (results under $OUT):
-#   1. python launch/bench.py gpu: the qwen2.5-1.5b shape run for real in bfloat16: decode
-#      tokens/s against the HBM roofline, train-step MFU, attention cudnn vs blockwise vs xla.
-#   2. launch/fit.py --backend=gpu --extrapolate=2,4: the paper presets' programs compiled (never
-#      run) by the GPU compiler on mock GPUs (jax_mock_gpu_topology), at 2 and 4 layers,
-#      extrapolated to the model's depth, beside the CPU compiler's figures (docs/BENCHMARKS.md,
-#      fit). CPU-bound (seconds a program); it runs beside 1.
-# Packages the machine lacks can be given as wheels in .whl/ (installed apart, without network).
-#   bash launch/gpu_checks.sh [fit specs...]   spec: method:preset:devices:programs (e.g.
-#   dac:qwen3-8b:8:rollout,generator_rollout,update)
-#   bash launch/gpu_checks.sh async            the async RL check instead: launch/bench.py async
-#      at qwen2.5-1.5b's shape in bfloat16 (the scripted mix policy; async_steps 0, 1, 2; the
-#      sampler/trainer mismatch metrics), every step's compiles printed, the log in $OUT.
+# The GPU checks of docs/BENCHMARKS.md in one short run, on one NVIDIA GPU with agentjax's
+# dependencies installed (pip install -e '.[cuda]'); run from the repository root:
+#
+#   bash launch/gpu_checks.sh [fit specs...]
+#     1. python launch/bench.py gpu: the qwen2.5-1.5b shape run for real in bfloat16: decode
+#        tokens/s against the HBM roofline, train-step MFU, attention cudnn vs blockwise vs xla.
+#     2. launch/fit.py --backend=gpu --extrapolate=2,4: the paper presets' programs compiled
+#        (never run) by the GPU compiler on mock GPUs (jax_mock_gpu_topology), at 2 and 4 layers,
+#        extrapolated to the model's depth, beside the CPU compiler's figures (docs/BENCHMARKS.md,
+#        fit). CPU-bound (seconds a program); it runs beside 1. A spec is
+#        method:preset:devices:programs, e.g. dac:qwen3-8b:8:rollout,generator_rollout,update
+#        (default: one per paper preset, below).
+#   bash launch/gpu_checks.sh async
+#     launch/bench.py async at qwen2.5-1.5b's shape in bfloat16 instead (the scripted mix policy;
+#     async_steps 0, 1, 2; the sampler/trainer mismatch metrics), every step's compiles printed.
+#
+# Results and logs go to $OUT (default /tmp/gpu_checks): env.txt (GPU, driver, package versions),
+# bench_gpu.log, fit_gpu.log or bench_async.log. Time limits: BENCH_TIMEOUT (seconds for the
+# benchmark), FIT_SECONDS (no new fit spec starts after it); async: ASYNC_STEPS, ASYNC_ARGS.
+# A machine without network access: put the wheels of the packages it lacks in .whl/ (e.g.
+# `pip download -d .whl <package>` elsewhere); they are installed into /tmp/site first.
 set -u
 OUT=${OUT:-/tmp/gpu_checks}
 mkdir -p "$OUT"
