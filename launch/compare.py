@@ -27,11 +27,12 @@ it writes under --out): agentjax/studies/igpo.py, cw_grpo.py, lora.py, dac.py an
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 from agentjax.studies import sweep
 
 flags.adopt_module_key_flags(sweep)  # --helpshort lists them
 
 if __name__ == "__main__":
-  app.run(sweep.main)
+  common.run(sweep.main)

@@ -1,6 +1,7 @@
 r"""EM, F1 and accuracy per benchmark, from a run's checkpoint or a Hugging Face folder.
 
-  python launch/eval.py --config=configs/igpo.py:demo --workdir=runs/demo/igpo
+  python launch/eval.py --workdir=runs/demo/igpo      # with the config the run recorded
+  python launch/eval.py --workdir=runs/demo/igpo --config.data.eval_split=test
   python launch/eval.py --config=configs/igpo.py:qwen2.5-7b --hf_path=models/Qwen2.5-7B-Instruct \
       --config.data.eval_size=0 --output=results/qwen7b_test.json
   # CW-GRPO's evaluation: its 400-question mix, 4 samples per question at temperature 1
@@ -41,7 +42,9 @@ query repeats an earlier query of the same trajectory) and the steps to answer (
 of the trajectories that answered); a guided agent's JSON records its settings, the generator
 and applier identities and its counts (rubrics, verify retries, mean verify score).
 
-Prints a table, writes JSON (per-sample answers and the judge identity included) to --output
+With --workdir and no --config, the config is the one the run recorded ({workdir}/config.json),
+with any --config.* overrides on top; each such command is appended to {workdir}/overrides.jsonl
+(launch/common.py). Prints a table, writes JSON (per-sample answers and the judge identity included) to --output
 (default {workdir}/eval_{split}_{step}[_samples{S}_t{T}].json, or
 {hf_path}_eval_{split}[...].json beside the folder), and prints one JSON line last. Multi-host:
 the same flags as launch/train.py; process 0 writes.
@@ -50,16 +53,15 @@ the same flags as launch/train.py; process 0 writes.
 from __future__ import annotations
 
 import json
-import logging
 import os
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
 
-import common  # noqa: E402  (launch/common.py: multi-host flags)
-from agentjax.coreact import AGENTS, SELECTS  # noqa: E402  (names only: no jax import)
+import common  # launch/common.py: the entry point, the run config, multi-host flags
+from agentjax.coreact import AGENTS, SELECTS  # names only: no jax import
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and preset.")
+_CONFIG = common.define_config("Config file and preset (default, with --workdir: the config the "
+                               "run recorded).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: evaluate its checkpoint.")
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step (default: the latest).")
 _HF_PATH = flags.DEFINE_string("hf_path", None, "A Hugging Face folder to evaluate instead.")
@@ -74,7 +76,6 @@ _GENERATOR = flags.DEFINE_string("rubric_generator", None,
                                  "config.coreact.generator_path).")
 _SELECT = flags.DEFINE_enum("select", None, list(SELECTS),
                             "Best-of-N selection (default config.coreact.best_of_n_select).")
-flags.mark_flag_as_required("config")
 
 
 def _write_rubric_result(result):
@@ -103,7 +104,6 @@ def _rounded(scores):
 
 
 def main(_):
-  logging.getLogger().setLevel(logging.INFO)
   if (_WORKDIR.value is None) == (_HF_PATH.value is None):
     raise app.UsageError("give exactly one of --workdir or --hf_path")
   if _SAMPLES.value < 1:
@@ -134,6 +134,7 @@ def main(_):
     raise app.UsageError(f"--agent={agent} needs a rubric generator: --rubric_generator=<HF "
                          f"folder> or --config.coreact.generator_path")
   common.init_distributed()
+  _CONFIG.record()
   import jax
   from agentjax.train.evaluation import ABSTENTION_SCORES, eval_benchmarks, format_table
   guided = []  # the engine eval_benchmarks builds, to read its settings and counts after
@@ -197,4 +198,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

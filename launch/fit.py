@@ -24,11 +24,12 @@ agentjax/benchmarks/fit.py. Exit status 1 when a program does not fit (its name 
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 from agentjax.benchmarks import fit  # no jax yet: fit.main sets the fake devices first
 
 flags.adopt_module_key_flags(fit)  # --helpshort lists them
 
 if __name__ == "__main__":
-  app.run(fit.main)
+  common.run(fit.main)

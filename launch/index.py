@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import sys
 
-from absl import app, flags
+from absl import flags
 
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 from agentjax.retrieval.dense_index import E5_PASSAGE, TextEncoder, build_dense_index
 
 FLAGS = flags.FLAGS
@@ -47,4 +48,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

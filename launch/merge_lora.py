@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+import common  # launch/common.py: one-line errors, quiet logs
 from agentjax.models.qwen.merge import MERGE_DTYPES, merge_lora
 
 
@@ -24,9 +25,13 @@ def main(argv: list[str] | None = None) -> str:
   parser.add_argument("--out", required=True, help="Folder to write the merged model to.")
   parser.add_argument("--dtype", default="auto", choices=["auto", *MERGE_DTYPES],
                       help="Weight dtype of the output (auto: the base's).")
-  args = parser.parse_args(argv)
+  parser.add_argument("--verbose", action="store_true",
+                      help="Print an error's traceback, and every library's INFO log lines.")
+  args = parser.parse_args(argv)  # a bad argument: usage and one line, status 2
   logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
-  out = merge_lora(args.base, args.adapter, args.out, args.dtype)
+  common.quiet_logs(args.verbose)
+  with common.user_errors(["merge_lora.py"] + (["--verbose"] if args.verbose else [])):
+    out = merge_lora(args.base, args.adapter, args.out, args.dtype)
   print(out)
   return out
 

@@ -17,8 +17,9 @@ machine's), --device_memory_gb=0 (the device's own limit; none on a CPU).
 
 from __future__ import annotations
 
-from absl import app, flags
+from absl import flags
 
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 from agentjax.benchmarks import fit  # no jax yet: fake devices are set before it is imported
 
 flags.adopt_module_key_flags(fit)
@@ -27,4 +28,4 @@ if __name__ == "__main__":
   flags.FLAGS.set_default("ladders", True)
   flags.FLAGS.set_default("devices", 0)
   flags.FLAGS.set_default("device_memory_gb", 0.0)
-  app.run(fit.main)
+  common.run(fit.main)

@@ -17,7 +17,7 @@ beyond it): agentjax/retrieval/server.py.
 
 from __future__ import annotations
 
-import logging as std_logging
+import logging
 import os
 import sys
 
@@ -27,12 +27,14 @@ import sys
 if not any(arg.startswith("--index") for arg in sys.argv[1:]):
   os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-from absl import app, flags, logging  # noqa: E402
+from absl import app, flags  # noqa: E402
 
+import common  # noqa: E402  (launch/common.py: the entry point, one-line errors, quiet logs)
 from agentjax.retrieval.bm25 import BM25Backend  # noqa: E402
 from agentjax.retrieval.server import make_server  # noqa: E402
 
 FLAGS = flags.FLAGS
+log = logging.getLogger("agentjax.retriever")  # kept by the launch scripts' quiet logs
 flags.DEFINE_string("corpus", None, "FlashRAG JSONL corpus ({\"id\", \"contents\"} per line); "
                     "with --index, default: the index's own.")
 flags.DEFINE_string("index", None, "A dense index folder (launch/index.py): serve it instead of "
@@ -65,21 +67,19 @@ flags.DEFINE_bool("mmap", False, "Memory-map the cached index instead of reading
 
 def main(argv):
   del argv
-  # bm25s sets its own logger to DEBUG at import; its per-build chatter is not worth a log line.
-  std_logging.getLogger("bm25s").setLevel(std_logging.WARNING)
   if FLAGS.index:
     from agentjax.retrieval.dense_index import DenseBackend
     backend = DenseBackend(FLAGS.index, corpus_path=FLAGS.corpus,
                            query_prefix=FLAGS.query_prefix,
                            recall_target=FLAGS.recall_target or None)
-    logging.info("dense index %s (%d documents)", FLAGS.index, backend.num_docs)
+    log.info("dense index %s (%d documents)", FLAGS.index, backend.num_docs)
   elif not FLAGS.corpus:
     raise app.UsageError("give --corpus (BM25) or --index (a dense index of launch/index.py)")
   else:
     backend = BM25Backend(FLAGS.corpus, index_dir=FLAGS.index_dir, k1=FLAGS.k1, b=FLAGS.b,
                           stopwords="en" if FLAGS.stopwords else None, mmap=FLAGS.mmap)
-    logging.info("BM25 index %s at %s (%d documents)", "built" if backend.built else "loaded",
-                 backend.index_path, backend.num_docs)
+    log.info("BM25 index %s at %s (%d documents)", "built" if backend.built else "loaded",
+             backend.index_path, backend.num_docs)
   server = make_server(backend, host=FLAGS.host, port=FLAGS.port, default_topk=FLAGS.topk,
                        max_topk=FLAGS.max_topk, max_queries=FLAGS.max_queries,
                        max_body_bytes=FLAGS.max_body_bytes, read_timeout_s=FLAGS.read_timeout_s,
@@ -95,4 +95,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

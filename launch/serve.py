@@ -13,7 +13,8 @@ judge.model set to the served name.
 
 --hf_path serves a Hugging Face folder (config.json, safetensors, tokenizer with a chat template
 for chat requests); --workdir serves a training run's checkpoint (the latest, or --step), restored
-as launch/eval.py restores it, with the config the run recorded (its config.json) or --config. The model's name (/v1/models, and the
+as launch/eval.py restores it, with the config the run recorded (its config.json, with any
+--config.* overrides on top) or --config. The model's name (/v1/models, and the
 "model" every request must give) is --model_name, by default the folder's basename.
 
 Concurrent requests are decoded together: a worker takes the requests that arrive within
@@ -25,18 +26,18 @@ status codes and limits: agentjax/serve/app.py.
 
 from __future__ import annotations
 
-import logging
 import os
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import app, flags
+
+import common  # launch/common.py: the entry point, the run config
 
 _HF_PATH = flags.DEFINE_string("hf_path", None, "A Hugging Face folder to serve.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "A run's workdir: serve its checkpoint (without "
                                "--config, its config.json, whose relative paths are the run's: "
                                "start from the folder the run started in).")
-_CONFIG = config_flags.DEFINE_config_file("config", None, "The run's config file and preset "
-                                          "(with --workdir; default: the workdir's config.json).")
+_CONFIG = common.define_config("The run's config file and preset (with --workdir; default: the "
+                               "config the run recorded, its config.json).", required=False)
 _STEP = flags.DEFINE_integer("step", None, "Checkpoint step of --workdir (default: the latest).")
 _MODEL_NAME = flags.DEFINE_string("model_name", None, "The served model's name (default: the "
                                   "basename of --hf_path or --workdir).")
@@ -64,13 +65,16 @@ _DTYPE = flags.DEFINE_string("dtype", None, "Parameter and compute dtype of --hf
 
 
 def main(_):
-  logging.getLogger().setLevel(logging.INFO)
   if (_WORKDIR.value is None) == (_HF_PATH.value is None):
     raise app.UsageError("give exactly one of --hf_path or --workdir")
+  if _WORKDIR.value is not None and _CONFIG.value is None:
+    raise common.UserError(f"--workdir={_WORKDIR.value}: holds no recorded config "
+                           f"({common.RECORD}); give the run's --config (e.g. "
+                           f"configs/cw_grpo.py:demo)")
   import uvicorn
 
   from agentjax.sampling.complete import Completer
-  from agentjax.serve.app import completer_from_run, create_app, recorded_config
+  from agentjax.serve.app import completer_from_run, create_app
 
   folder = os.path.abspath(os.path.expanduser(_HF_PATH.value or _WORKDIR.value)).rstrip("/")
   if _HF_PATH.value is not None:
@@ -78,11 +82,8 @@ def main(_):
                                   dtype=_DTYPE.value)
     source = folder
   else:
-    try:
-      config = _CONFIG.value if _CONFIG.value is not None else recorded_config(folder)
-    except ValueError as e:
-      raise app.UsageError(f"{e}; or give the run's --config (e.g. configs/cw_grpo.py:demo)")
-    completer, source = completer_from_run(config, folder, step=_STEP.value,
+    _CONFIG.record()
+    completer, source = completer_from_run(_CONFIG.value, folder, step=_STEP.value,
                                            max_total_tokens=_MAX_TOTAL_TOKENS.value)
   name = _MODEL_NAME.value or os.path.basename(folder)
   server_app = create_app(completer, model_name=name, max_batch=_MAX_BATCH.value,
@@ -95,4 +96,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

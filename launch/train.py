@@ -5,7 +5,13 @@ r"""Train: RL (IGPO, GRPO, Dr.GRPO, RLOO, REINFORCE++, GSPO) or the SFT warm sta
   python launch/train.py --config=configs/igpo.py:qwen2.5-7b --workdir=/mnt/shared/runs/igpo7b \
       --config.rollout.group_size=8 --config.optimizer.lr=2e-6
 
-Re-running the same command resumes from the latest checkpoint in --workdir. On a TPU pod or
+Re-running the same command resumes from the latest checkpoint in --workdir; so does --workdir
+alone, with the config the run recorded ({workdir}/config.json) and any --config.* overrides on
+top, e.g. more steps:
+
+  python launch/train.py --workdir=runs/demo/igpo --config.train.steps=40
+
+Each command is appended to {workdir}/overrides.jsonl (launch/common.py). On a TPU pod or
 several GPU hosts every worker runs the same command (see README: multi-host); set
 --coordinator=host:port --num_processes=N --process_id=i where jax cannot detect the cluster.
 """
@@ -16,22 +22,23 @@ import json
 import logging
 import sys
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import flags
 
-import common  # noqa: E402  (launch/common.py: multi-host flags)
+import common  # launch/common.py: the entry point, the run config, multi-host flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and preset, e.g. "
-                                          "configs/igpo.py:demo.", lock_config=True)
+_CONFIG = common.define_config("Config file and preset, e.g. configs/igpo.py:demo (default: the "
+                               "config --workdir's run recorded, to continue it).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory: checkpoints, logs, exports.")
-flags.mark_flags_as_required(["config", "workdir"])
+flags.mark_flags_as_required(["workdir"])
 
 
 def main(_):
-  logging.getLogger().setLevel(logging.INFO)
   common.init_distributed()
   import jax
+  from agentjax.train import config as config_lib
   from agentjax.train.trainer import RetrieverUnavailableError, TrainingDivergedError, train
+  config_lib.validate(_CONFIG.value)  # before the command is recorded in the workdir
+  _CONFIG.record()
   try:
     summary = train(_CONFIG.value, _WORKDIR.value)
   except (TrainingDivergedError, RetrieverUnavailableError) as e:
@@ -44,4 +51,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

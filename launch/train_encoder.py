@@ -15,7 +15,9 @@ import json
 import os
 import time
 
-from absl import app, flags
+from absl import flags
+
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("world", None, "A SynthWorld folder (corpus.jsonl, train.jsonl, dev.jsonl).")
@@ -72,4 +74,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)
