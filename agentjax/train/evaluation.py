@@ -27,6 +27,7 @@ import jax
 import numpy as np
 
 from agentjax.agent.trajectories import search_stats
+from agentjax.bars import progress_bar
 from agentjax.rl.rewards import exact_match, f1_score
 from agentjax.train.kinds import trainer_kind
 from agentjax.train.builders import (load_model, load_questions, make_agents,
@@ -53,7 +54,7 @@ def eval_key(seed: int, batch: int, sample: int) -> jax.Array:
 
 
 def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], batch_size: int,
-             *, samples: int = 1, seed: int = 0) -> dict[str, Any]:
+             *, samples: int = 1, seed: int = 0, desc: str = "eval") -> dict[str, Any]:
   """`samples` rollouts of every record by `engine` (its sampling settings); EM/F1 against the
   record's gold answers.
 
@@ -65,6 +66,7 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
       so every call has the same shape.
     samples: rollouts per question, each from its own rng (module docstring).
     seed: the root of those rngs (unused by a greedy engine).
+    desc: the label of the progress bar (questions done; agentjax/bars.py).
   Returns:
     {"n": questions, "samples", "accuracy", "em", "f1", "format_ok", "turns" (means over the
     n * samples rollouts; with TurnRecords also "redundant_query_rate", "steps_to_answer":
@@ -76,6 +78,7 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
   if batch_size < 1:
     raise ValueError(f"batch_size must be >= 1, got {batch_size}")
   rows = []
+  bar = progress_bar(len(records), desc, unit="question", leave=False)
   for index, start in enumerate(range(0, len(records), batch_size)):
     chunk = list(records[start:start + batch_size])
     real = len(chunk)
@@ -103,6 +106,9 @@ def evaluate(engine: Any, params: Any, records: Sequence[Mapping[str, Any]], bat
           batch_rows[i][-1]["abstained"] = bool(batch.abstentions[i])
           batch_rows[i][-1]["sufficient"] = bool(batch.sufficient[i])
     rows += [row for question in batch_rows for row in question]
+    bar.set_postfix_str(f"F1 {np.mean([r['f1'] for r in rows]):.3f}", refresh=False)
+    bar.update(real)
+  bar.close()
   return {"n": len(records), "samples": samples, **row_means(rows), "per_question": rows}
 
 
@@ -251,7 +257,7 @@ def eval_benchmarks(config: Any, *, workdir: str | None = None, hf_path: str | N
   for name, (split, records) in questions.items():
     with use_mesh(mesh):
       result = evaluate(engine, params, records, config.train.eval_batch, samples=samples,
-                        seed=config.seed)
+                        seed=config.seed, desc=f"eval {name}")
     out["per_question"][name] = result.pop("per_question")
     out["benchmarks"][name] = dict(split=split, **result)
     log.info("%s/%s: %d questions x %d samples, accuracy %.4f EM %.4f F1 %.4f", name, split,

@@ -43,7 +43,6 @@ import logging
 import math
 import os
 import signal
-import sys
 import time
 from typing import Any, Mapping, Sequence
 
@@ -53,6 +52,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from agentjax.agent import RolloutConfig, RolloutEngine
+from agentjax.bars import progress_bar
 from agentjax.compiles import CompileCounter, cache_folder, use_persistent_cache
 from agentjax.jsonl import iter_json_objects
 from agentjax.judge import judge_identity
@@ -106,9 +106,8 @@ class MetricsWriter:
     # The suffix keeps a restart within the same second from reusing (truncating) a file name.
     self.tb = SummaryWriter(tb_dir, purge_step=start_step + 1 if rerun else None,
                             filename_suffix=f".{os.getpid()}.from{start_step}")
-    from tqdm import tqdm
-    self.bar = tqdm(total=total_steps, initial=start_step, desc=prefix, file=sys.stderr,
-                    dynamic_ncols=True, mininterval=1.0, disable=None)
+    # A bar on a terminal, a line every ~30 s or 10% of the run otherwise (agentjax/bars.py).
+    self.bar = progress_bar(total_steps, prefix, initial=start_step)
 
   def _truncate_after(self, step: int) -> None:
     """A resumed run rewrites history past its checkpoint (those steps are done again).
@@ -135,8 +134,9 @@ class MetricsWriter:
         self.tb.add_scalar(k, v, step)
     self.tb.flush()
     if self.bar is not None:
-      self.bar.set_postfix_str(" ".join(f"{k.split('/')[-1]} {metrics[k]:.3g}"
-                                        for k in postfix if k in metrics), refresh=False)
+      if postfix:  # an eval's row keeps the last step's postfix
+        self.bar.set_postfix_str(" ".join(f"{k.split('/')[-1]} {metrics[k]:.3g}"
+                                          for k in postfix if k in metrics), refresh=False)
       self.bar.update(step - self.bar.n)
 
   def close(self) -> None:
