@@ -11,8 +11,12 @@ r"""The main job on the embedded default (`make demo`): SynthWorld -> SFT -> IGP
 3. RL from the SFT export with the local BM25 retriever (configs/igpo.py:demo), evaluating the
    dev split greedily before (= after SFT) and after RL.
 4. Prints dev F1 after SFT and after RL with the paired standard error of the gain, F1 and early
-   answers per hop count, where the TensorBoard logs, checkpoints and exports are, and (last
-   line) one JSON object.
+   answers per hop count, writes the learning curves as PNG files ({root}/sft/plots/,
+   {root}/igpo/plots/: agentjax/plots.py), prints where they, the TensorBoard logs, checkpoints
+   and exports are, and (last line) one JSON object.
+
+Each stage shows its progress on stderr: a bar on a terminal, a line every ~30 s otherwise
+(AGENTJAX_PROGRESS=off turns them off; agentjax/bars.py).
 
 The world and tokenizer are reused when {root}/synthworld already holds the same settings; the SFT
 and RL workdirs start fresh unless --resume (then the runs continue from their checkpoints).
@@ -54,8 +58,23 @@ def _say(msg: str) -> None:
 
 def build_world(folder: str, topk: int) -> None:
   """SynthWorld files + tokenizer in `folder`, unless they are there with the same settings."""
-  _say("[1/4] " + build_demo_world(folder, topk=topk, vocab_size=_VOCAB.value,
+  # A few seconds: a line before it starts, the result after (no bar).
+  _say(f"[1/4] SynthWorld ({_WORLD.value}), its BM25 index and BPE tokenizer in {folder}")
+  _say("      " + build_demo_world(folder, topk=topk, vocab_size=_VOCAB.value,
                                    stop_early_rate=_STOP_EARLY.value, world=_WORLD.value))
+
+
+def learning_curves(workdirs: list[str]) -> list[str]:
+  """The runs' PNG learning curves ({workdir}/plots/, agentjax/plots.py), or a line saying why
+  there are none."""
+  from agentjax.plots import plot_run
+  paths = []
+  for workdir in workdirs:
+    try:
+      paths += plot_run(workdir)
+    except (ImportError, FileNotFoundError, ValueError) as e:  # the demo's result stands
+      _say(f"Plots: none for {workdir}: {e}")
+  return paths
 
 
 def by_hops(dev_path: str, before: list[dict], after: list[dict]) -> list[str]:
@@ -127,8 +146,16 @@ def main(_):
   for row in by_hops(os.path.join(world_dir, "dev.jsonl"), before["per_question"],
                      after["per_question"]):
     _say(row)
-  _say(f"TensorBoard: tensorboard --logdir {root}  (logs in {rl_dir}/tensorboard, "
-       f"{sft_dir}/tensorboard)")
+  plots = learning_curves([rl_dir, sft_dir])
+  folders: dict[str, list[str]] = {}
+  for path in plots:
+    folders.setdefault(os.path.dirname(path), []).append(os.path.basename(path))
+  for i, (folder, names) in enumerate(folders.items()):
+    _say(("Plots: " if i == 0 else "       ") + f"{folder}/ {' '.join(names)}")
+  if plots:
+    _say(f"       (python launch/plot.py --workdir={rl_dir} redraws them, also during a run)")
+  _say(f"TensorBoard: logs in {rl_dir}/tensorboard and {sft_dir}/tensorboard "
+       f"(pip install tensorboard; tensorboard --logdir {root})")
   _say(f"Checkpoints: {rl_dir}/checkpoints   Hugging Face exports: {sft['hf_export']}, "
        f"{rl['hf_export']}")
   _say(json.dumps({"demo": rl_config.algorithm, "sft_dev_f1": round(before["f1"], 4),
