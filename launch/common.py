@@ -275,6 +275,11 @@ def define_config(help_string: str, *, name: str = "config", required: bool = Tr
                                            lock_config=lock_config,
                                            sys_argv=None if given_argv is None else argv)
   source._flag = flag
+  if source.recorded:  # --helpshort names the record instead of printing the whole config
+    flag_values[name].default_as_str = repr(source.recorded)
+  caller = sys._getframe(1).f_globals.get("__name__")  # noqa: SLF001  (its --helpshort lists it)
+  flag_values.register_key_flag_for_module(sys.argv[0] if caller == "__main__" else caller,
+                                           flag_values[name])
   if flag_values is flags.FLAGS:  # the command's own: run() checks it, errors name it
     _CONFIGS.append(source)
   return source
@@ -466,6 +471,7 @@ def run(main: Callable[[list[str]], Any]) -> None:
   """app.run(main) with the launch scripts' conventions (the module docstring): quiet logs,
   the run config's checks, one-line user errors with status 2, --verbose."""
   argv = list(sys.argv)
+  flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[VERBOSE.name])  # --helpshort
 
   def checked_main(args: list[str]) -> Any:
     quiet_logs(VERBOSE.value)
