@@ -30,8 +30,10 @@ import os
 import shutil
 import time
 
-from absl import app, flags  # noqa: E402
+from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
+
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 
 from agentjax.data.demo_world import (WORLDS, build_demo_world, f1_by_hops,  # noqa: E402
                                       hops_by_id, paired_gain, use_demo_world)
@@ -164,4 +166,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

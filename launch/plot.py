@@ -8,14 +8,14 @@ Reads {workdir}/metrics.jsonl and {workdir}/eval/<step>.json; writes reward.png,
 rollouts.png, loss.png and step_time.png for an RL run, sft_loss.png for an SFT run, and prints
 each path. With several --workdir the runs are overlaid, one colour each, in --out_dir (default:
 plots/ in the folder the workdirs share). Works on a run in progress: it plots the steps done.
-A workdir without metrics, or a bad --smoothing, is a one-line error and exit code 2.
+A workdir without metrics, or a bad --smoothing, is a one-line error and exit status 2.
 """
 
 from __future__ import annotations
 
-import sys
-
 from absl import app, flags
+
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 
 _WORKDIR = flags.DEFINE_multi_string("workdir", None, "A run's workdir (repeat the flag to "
                                      "overlay runs).", required=True)
@@ -35,15 +35,14 @@ def main(argv):
   try:
     paths = plot_runs(workdirs, out_dir, smoothing=_SMOOTHING.value)
   except (FileNotFoundError, ValueError, ImportError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    raise common.UserError(str(e)) from None
   if not paths:
-    print(f"no figure: the runs log none of the keys the figures draw (agentjax/plots.py "
-          f"FIGURES); nothing written to {out_dir}", file=sys.stderr)
-    sys.exit(2)
+    raise common.UserError(f"--workdir={','.join(workdirs)}: the runs log none of the keys the "
+                           f"figures draw (agentjax/plots.py FIGURES); nothing written to "
+                           f"{out_dir}")
   for path in paths:
     print(path)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)
