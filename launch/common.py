@@ -56,7 +56,7 @@ _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process' index.")
 VERBOSE = flags.DEFINE_bool("verbose", False, "Print a user error's traceback, and every "
                             "library's INFO log lines (default: agentjax's and warnings).")
 
-RECORD = "config.json"  # what a run's checkpointer writes into its workdir
+RECORD = "config.json"  # what a run's checkpointer writes into its workdir (upgrade.RECORD)
 HISTORY = "overrides.jsonl"
 USER_ERROR_STATUS = 2
 # Errors that are the user's: (module, class). Looked up in sys.modules (a class can only be
@@ -123,36 +123,19 @@ def override_paths(argv: Sequence[str], name: str = "config") -> list[str]:
   return paths
 
 
-def _as_fields(value: Any) -> Any:
-  """JSON's lists back to the tuples config fields hold (a JSON file has no tuple)."""
-  if isinstance(value, dict):
-    return {k: _as_fields(v) for k, v in value.items()}
-  if isinstance(value, list):
-    return tuple(_as_fields(v) for v in value)
-  return value
-
-
 def recorded_config(workdir: str) -> config_dict.ConfigDict | None:
-  """The config the run in `workdir` recorded ({workdir}/config.json), upgraded to today's fields
-  (agentjax/train/upgrade.py) and without what is recorded beside the config fields; None when
-  the workdir holds no record. UserError naming the file when it cannot be read."""
-  path = os.path.join(workdir, RECORD)
-  if not os.path.isfile(path):
-    return None
+  """The config the run in `workdir` recorded ({workdir}/config.json), as
+  agentjax/train/upgrade.py's recorded_config reads it (upgraded to today's fields, without what
+  is recorded beside them); None when the workdir holds no record. UserError naming the file
+  when it cannot be read."""
+  if not os.path.isfile(os.path.join(workdir, RECORD)):
+    return None  # (without importing agentjax.train, which loads jax)
+  from agentjax.train.upgrade import RecordError
+  from agentjax.train.upgrade import recorded_config as read_record
   try:
-    with open(path, encoding="utf-8") as f:
-      recorded = json.load(f)
-  except (OSError, ValueError) as e:
-    raise UserError(f"{path}: cannot be read ({e}); give the run's --config instead") from e
-  if not isinstance(recorded, dict):
-    raise UserError(f"{path}: holds {type(recorded).__name__}, not a run's config; give the "
-                    f"run's --config instead")
-  from agentjax.train.builders import RECORDED_EXTRAS
-  from agentjax.train.upgrade import upgrade_recorded
-  recorded = upgrade_recorded(recorded)
-  for key in RECORDED_EXTRAS:  # recorded beside the config, not config fields
-    recorded.pop(key, None)
-  return config_dict.ConfigDict(_as_fields(recorded))
+    return read_record(workdir)
+  except RecordError as e:
+    raise UserError(f"{e}; give the run's --config instead") from e
 
 
 def check_overrides(config: Any, paths: Sequence[str], name: str = "config") -> None:

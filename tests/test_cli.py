@@ -119,6 +119,30 @@ def test_a_misspelled_override_names_the_closest_fields(tmp_path):
   common.check_overrides(config, ["train.steps", "model.lora.rank"])  # real fields pass
 
 
+def test_a_config_missing_a_field_names_the_closest_fields_it_has():
+  """A config file that misspells a field: validation names the field it lacks and the
+  misspelling (config.unknown_field's suggestion)."""
+  from agentjax.models.qwen.config import ConfigError
+  from agentjax.train import config as config_lib
+  config = igpo.get_config("demo")
+  config.rollout.group_sise = config.rollout.group_size
+  del config.rollout["group_size"]
+  with pytest.raises(ConfigError, match=r"^config.rollout.group_size is missing \(a config "
+                     r"starts from configs/base.py's get_config\): config.rollout has no field "
+                     r"'group_size'; did you mean config.rollout.group_sise\?$"):
+    config_lib.validate(config)
+
+
+def test_an_unreadable_record_is_one_line_naming_the_file(tmp_path):
+  for text, why in (("{not json", r"cannot be read \(Expecting property name"),
+                    ("[1, 2]", "holds list, not a run's config")):
+    (tmp_path / "config.json").write_text(text)
+    source = _define(["eval.py", f"--workdir={tmp_path}"])
+    with pytest.raises(common.UserError, match=rf"^{tmp_path}/config.json: {why}.*; give the "
+                       r"run's --config instead$"):
+      source.check()
+
+
 def test_a_checkpoint_mismatch_says_omitting_config_continues_the_run(tmp_path, monkeypatch):
   from agentjax.train.checkpoint import CheckpointMismatchError
   workdir = str(tmp_path / "run")

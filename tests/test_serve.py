@@ -7,6 +7,7 @@ fault isolation are also tested alone with a fake completer (no model, no compil
 
 import concurrent.futures
 import dataclasses
+import os
 import threading
 import time
 import types
@@ -462,7 +463,11 @@ def test_a_runs_checkpoint_is_served_with_its_trained_params(tiny_tokenizer_dir,
     for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(completer.params),
                                  jax.tree.leaves(state["params"])):
       np.testing.assert_array_equal(np.asarray(got), np.asarray(want), err_msg=str(path))
-  with pytest.raises(ValueError, match="cannot read the run's config .*config.json"):
+  with pytest.raises(ValueError, match=r"empty/config.json: no such file"):
     recorded_config(str(tmp_path / "empty"))
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write("[1]")
+  with pytest.raises(ValueError, match=r"run/config.json: holds list, not a run's config"):
+    recorded_config(workdir)
   with pytest.raises(FileNotFoundError, match="no checkpoint"):
     completer_from_run(config, str(tmp_path / "empty"), max_total_tokens=32)

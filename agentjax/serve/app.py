@@ -475,23 +475,17 @@ class BodyLimitMiddleware:
 
 def recorded_config(workdir: str) -> Any:
   """The config a training run recorded in {workdir}/config.json (what it trained with), as a
-  ConfigDict; ValueError naming the file when it cannot be read."""
-  import json
+  ConfigDict (agentjax/train/upgrade.py's recorded_config: upgraded, the extras dropped);
+  ValueError naming the file when it is absent or cannot be read."""
   import os
 
-  import ml_collections
-  path = os.path.join(workdir, "config.json")
-  try:
-    with open(path, encoding="utf-8") as f:
-      recorded = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ValueError(f"cannot read the run's config {path}: {e}") from None
-  from agentjax.train.trainer import RECORDED_EXTRAS
-  from agentjax.train.upgrade import upgrade_recorded
-  recorded = upgrade_recorded(recorded)  # an older run's config: the fields added since
-  for key in RECORDED_EXTRAS:  # recorded beside the config, not config fields
-    recorded.pop(key, None)
-  return ml_collections.ConfigDict(recorded)
+  from agentjax.train.upgrade import RECORD, RecordError
+  from agentjax.train.upgrade import recorded_config as read_record
+  config = read_record(workdir)
+  if config is None:
+    raise RecordError(f"{os.path.join(workdir, RECORD)}: no such file; serve a run's workdir "
+                      f"(its checkpointer writes it) or give the run's config")
+  return config
 
 
 def completer_from_run(config: Any, workdir: str, *, step: int | None = None,

@@ -39,6 +39,7 @@ from agentjax.train.critic import Critic, needs_critic
 from agentjax.train.kinds import trainer_kind
 from agentjax.train.optim import opt_state_shardings
 from agentjax.train.step import schedule_args, updates_per_step
+from agentjax.train.upgrade import RECORDED_EXTRAS  # re-exported: the trainer reads it here
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +48,6 @@ COMPAT_KEYS = ("trainer", "algorithm", "seed", "model.preset", "model.hf_path",
                "model.tokenizer_path", "model.param_dtype", "data.train", "rl.prompts_per_step",
                "rl.loss", "optimizer.weight_decay", "optimizer.clip_norm", "lora", "critic.init",
                "critic.weight_decay", "critic.clip_norm")
-# What a run's config.json records beside its config fields (make_checkpointer): readers that
-# rebuild the config from it (serve, eval) drop these.
-RECORDED_EXTRAS = ("judge_identity", "lora", "lora_backbone")
 # SFT also depends on these (its batch order and its data).
 SFT_COMPAT_KEYS = ("sft.demos", "sft.corpus_path", "sft.batch_size", "sft.max_len")
 EXPORT_DIR = "hf_export"

@@ -1,6 +1,7 @@
 """Reading and rejecting config fields: the helpers every validator uses (config.py, kinds.py).
 
     get(config, "rollout.group_size")        # the value, or ConfigError naming the missing field
+                                             # and the closest fields the config has
     fail("rollout.group_size", 1, "why")   # ConfigError("config.rollout.group_size=1: why")
 
 Every message starts with the dotted field it is about. One ConfigError for model and run configs.
@@ -21,7 +22,10 @@ def get(config: Any, field: str) -> Any:
   node = config
   for part in field.split("."):
     if part not in node:
-      raise ConfigError(f"config.{field} is missing (start from configs/base.py)")
+      # the section's closest fields: a config file's misspelling of the field ("group_sise")
+      from agentjax.train.config import unknown_field
+      raise ConfigError(f"config.{field} is missing (a config starts from configs/base.py's "
+                        f"get_config): {unknown_field(config, field)}")
     node = node[part]
   return node
 

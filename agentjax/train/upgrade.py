@@ -8,12 +8,28 @@ ADDED lists every field added to the config after runs had been recorded without
 value such a run ran with: the behaviour of the code before the field existed, which is not
 always today's default (rl.ig_probe_tokens: "natural" today, "split" then). A recorded config
 gains each missing field with that value; a field it has is never changed.
+
+    config = recorded_config("runs/x")   # the run's config.json as a ConfigDict, upgraded
+
+recorded_config is the one reader of a workdir's record (the launch scripts' --workdir default,
+the server's): upgraded, without what is recorded beside the config fields (RECORDED_EXTRAS),
+JSON's lists back to the tuples config fields hold.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import os
 from typing import Any, Mapping
+
+from ml_collections import config_dict
+
+RECORD = "config.json"  # what a run's checkpointer writes into its workdir (Checkpointer)
+# What a run's config.json records beside its config fields (builders.make_checkpointer: the
+# judge's identity, the adapters and the backbone they were trained on): readers that rebuild
+# the config from it drop these.
+RECORDED_EXTRAS = ("judge_identity", "lora", "lora_backbone")
 
 # (dotted field, the value a run recorded before the field existed ran with, what that meant)
 ADDED: tuple[tuple[str, Any, str], ...] = (
@@ -82,4 +98,39 @@ def upgrade_recorded(recorded: Mapping[str, Any]) -> dict[str, Any]:
   return out
 
 
-__all__ = ["ADDED", "upgrade_recorded"]
+class RecordError(ValueError):
+  """A workdir's config.json that is not a run's readable config; the message names the file."""
+
+
+def _as_fields(value: Any) -> Any:
+  """JSON's lists back to the tuples config fields hold (a JSON file has no tuple)."""
+  if isinstance(value, dict):
+    return {k: _as_fields(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return tuple(_as_fields(v) for v in value)
+  return value
+
+
+def recorded_config(workdir: str) -> Any:
+  """The config the run in `workdir` recorded ({workdir}/config.json) as an ml_collections
+  ConfigDict: upgraded to today's fields (upgrade_recorded), without RECORDED_EXTRAS, lists as
+  tuples. None when the workdir holds no record; RecordError naming the file when it cannot be
+  read or holds no config."""
+  path = os.path.join(workdir, RECORD)
+  if not os.path.isfile(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      recorded = json.load(f)
+  except (OSError, ValueError) as e:
+    raise RecordError(f"{path}: cannot be read ({e})") from e
+  if not isinstance(recorded, dict):
+    raise RecordError(f"{path}: holds {type(recorded).__name__}, not a run's config")
+  recorded = upgrade_recorded(recorded)
+  for key in RECORDED_EXTRAS:  # recorded beside the config, not config fields
+    recorded.pop(key, None)
+  return config_dict.ConfigDict(_as_fields(recorded))
+
+
+__all__ = ["ADDED", "RECORD", "RECORDED_EXTRAS", "RecordError", "recorded_config",
+           "upgrade_recorded"]
