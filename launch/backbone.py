@@ -35,18 +35,21 @@ rebuilding it (about an hour on a 2-core CPU) and shipping it again:
 
 from __future__ import annotations
 
+import difflib
 import json
 import logging
 import os
 import time
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
+
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 
 _ROOT = flags.DEFINE_string("root", "runs/research", "Folder of the world, corpus and backbone.")
-_SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:research", "SFT config.")
+_SFT = common.define_config("SFT config.", name="sft_config", default="configs/sft.py:research")
+STAGES = ("build", "sft", "early", "gate", "ship", "properties")
 _STAGES = flags.DEFINE_list("stages", ["build", "sft", "early", "gate"],
-                            "Stages to run, in order: build, sft, early, gate, ship, properties.")
+                            f"Stages to run, in order: {', '.join(STAGES)}.")
 _SCHEDULES = flags.DEFINE_list(
     "sft_schedules", ["2000", "4000"], "The SFT's learning-rate schedules, in steps, run one "
     "after the other in one workdir: each resumes where the one before stopped, with the lr of "
@@ -77,7 +80,13 @@ def _paths(config, root: str) -> None:
 
 
 def main(_):
-  logging.getLogger().setLevel(logging.WARNING)
+  unknown = [s for s in _STAGES.value if s not in STAGES]
+  if unknown:  # before any stage runs
+    close = difflib.get_close_matches(unknown[0], STAGES, n=1)
+    raise common.UserError(f"--stages={','.join(_STAGES.value)}: no stage {unknown[0]!r}; " + (
+        f"did you mean {close[0]}?" if close else f"the stages: {', '.join(STAGES)}"))
+  if not common.VERBOSE.value:  # the stages' own lines, not agentjax's INFO logs
+    logging.getLogger().setLevel(logging.WARNING)
   from agentjax.studies import backbone
   from agentjax.train import config as config_lib
   from agentjax.train.trainer import train
@@ -159,10 +168,7 @@ def main(_):
       with open(os.path.join(root, "backbone", "properties.json"), "w") as f:
         json.dump(result, f, indent=2)
       print(json.dumps(result), flush=True)
-    else:
-      raise app.UsageError(f"unknown stage {stage!r}: build, sft, early, gate, ship or "
-                           "properties")
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -31,25 +31,34 @@ function), with its flags and helpers in agentjax/benchmarks/common.py.
 
 from __future__ import annotations
 
+import difflib
 import json
-import sys
 
-from absl import app, flags
+from absl import flags
 
-from agentjax.benchmarks import common, fit
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
+from agentjax.benchmarks import common as bench_common
+from agentjax.benchmarks import fit
 from agentjax.benchmarks.registry import BENCHES  # no jax yet: `fit` sets the fake devices first
 
-common.define_flags()
-flags.adopt_module_key_flags(common)  # --helpshort lists them
+bench_common.define_flags()
+flags.adopt_module_key_flags(bench_common)  # --helpshort lists them
 flags.adopt_module_key_flags(fit)
 
 
 def main(argv):
-  if len(argv) != 2 or argv[1] not in BENCHES:
-    sys.exit(f"usage: python launch/bench.py {{{'|'.join(BENCHES)}}} [--flags]")
+  names = ", ".join(BENCHES)
+  if len(argv) != 2:
+    raise common.UserError(f"launch/bench.py {' '.join(argv[1:])}".rstrip() + ": takes one "
+                           f"benchmark name, e.g. `launch/bench.py forward`; the benchmarks: "
+                           f"{names}")
+  if argv[1] not in BENCHES:
+    close = difflib.get_close_matches(argv[1], list(BENCHES), n=3)
+    raise common.UserError(f"launch/bench.py {argv[1]}: no such benchmark; " + (
+        f"did you mean {' or '.join(close)}?" if close else f"the benchmarks: {names}"))
   result = BENCHES[argv[1]]()
   print(json.dumps(result))
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -31,11 +31,12 @@ import json
 import logging
 import os
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file and preset, e.g. "
-                                          "configs/coreact.py:collect.")
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
+
+_CONFIG = common.define_config("Config file and preset, e.g. configs/coreact.py:collect.",
+                               example="configs/coreact.py:collect")
 _SPLIT = flags.DEFINE_string("split", None, "Question split (default: coreact.collect_split).")
 _OUT = flags.DEFINE_string("out", None, "Output JSONL (default: coreact.branches_train for the "
                            "train split, coreact.branches_dev otherwise).")
@@ -46,23 +47,24 @@ _SEED = flags.DEFINE_integer("seed", None, "Sampling and judge-noise seed (defau
 _POLICY = flags.DEFINE_string("policy_path", None, "The policy's Hugging Face folder (default: "
                               "config.model.hf_path).")
 _BATCH = flags.DEFINE_integer("batch", 16, "Questions collected together (one decode batch).")
-flags.mark_flag_as_required("config")
+
+log = logging.getLogger(__name__)  # its INFO lines pass the entry point's quiet logs
 
 
 def main(_):
-  logging.getLogger().setLevel(logging.INFO)
   from configs.coreact import agent_config
   config = agent_config(_CONFIG.value)  # a rubric-trainer config (:demo): its agent's settings
   split = _SPLIT.value or config.coreact.collect_split
   questions = config.coreact.collect_questions if _QUESTIONS.value is None else _QUESTIONS.value
   if questions < 0 or _BATCH.value < 1:
-    raise app.UsageError(f"--questions={questions} must be >= 0 and --batch={_BATCH.value} >= 1")
+    raise common.UserError(f"--questions={questions} --batch={_BATCH.value}: --questions must be "
+                           f">= 0 (0: the whole split) and --batch >= 1")
   if _SEED.value is not None:
     config.seed = _SEED.value
   policy = os.path.expanduser(_POLICY.value or config.model.hf_path)
   if not policy or not os.path.isdir(policy):
-    raise app.UsageError(f"--policy_path / config.model.hf_path={policy!r}: the policy must be a "
-                         f"Hugging Face folder (e.g. the SFT run's hf_export)")
+    raise common.UserError(f"--policy_path / config.model.hf_path={policy!r}: the policy must be "
+                           f"a Hugging Face folder (e.g. the SFT run's hf_export)")
   out = _OUT.value or (config.coreact.branches_train if split == "train" else
                        config.coreact.branches_dev)
 
@@ -87,8 +89,8 @@ def main(_):
     rows += got
     for key, value in stats.to_json().items():
       setattr(total, key, getattr(total, key) + value)
-    logging.info("collected %d / %d questions: %d branch points", start + stats.questions,
-                 len(records), len(rows))
+    log.info("collected %d / %d questions: %d branch points", start + stats.questions,
+             len(records), len(rows))
   path = write_rows(out, rows)
   print(json.dumps({"out": path, "split": split, "policy": policy,
                     "judges": [j["model"] for j in ranker.identities()],
@@ -96,4 +98,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

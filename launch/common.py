@@ -162,6 +162,8 @@ class RunConfig:
     self.file = flag_value(argv, name)  # --config=<file>:<preset>, or None
     self.workdir = flag_value(argv, "workdir")
     self.recorded = None  # the record the config came from, when --config was not given
+    self.default: str | None = None  # the default file and preset, when it is the config
+    self.example = "configs/igpo.py:demo"  # a file and preset the missing config's error names
     self.error: UserError | None = None  # found while defining: run() reports it
 
   @property
@@ -176,22 +178,25 @@ class RunConfig:
     return dict(self._flag_values[self.name].override_values)
 
   def source(self) -> str:
-    """Where the config came from: the --config argument, or "recorded"."""
-    return self.file if self.file is not None else "recorded"
+    """Where the config came from: the --config argument, "recorded", or the default file."""
+    if self.file is not None:
+      return self.file
+    return self.default if self.default is not None and not self.recorded else "recorded"
 
   def check(self) -> None:
     """UserError when the command has no config and needs one, or its file cannot be loaded
     (after flags are parsed)."""
     if self.error is not None:
       raise self.error
-    missing = _missing_file(self.name, self.file)
+    missing = _missing_file(self.name, self.file or self.default)
     if missing:
       raise UserError(missing)
     if self.value is None and self.required:
-      where = (f"{self.workdir} holds no recorded config ({RECORD}) to continue from"
-               if self.workdir else "no --workdir with a recorded config was given")
-      raise UserError(f"--{self.name}: missing: {where}; give a config file and preset, e.g. "
-                      f"--{self.name}=configs/igpo.py:demo")
+      where = (f": {self.workdir} holds no recorded config ({RECORD}) to continue from"
+               if self.workdir else ": no --workdir with a recorded config was given"
+               if "workdir" in self._flag_values else "")
+      raise UserError(f"--{self.name}: missing{where}; give a config file and preset, e.g. "
+                      f"--{self.name}={self.example}")
 
   def record(self, script: str | None = None) -> str | None:
     """Appends this command's line to {workdir}/overrides.jsonl (process 0 of the job only);
@@ -224,15 +229,18 @@ def _append_history(workdir: str, line: Mapping[str, Any]) -> str:
 
 
 def define_config(help_string: str, *, name: str = "config", required: bool = True,
+                  default: str | None = None, example: str = "configs/igpo.py:demo",
                   lock_config: bool = True, argv: Sequence[str] | None = None,
                   flag_values: flags.FlagValues = flags.FLAGS) -> RunConfig:
   """Defines --{name}: a config file and preset, or, when none is given and --workdir holds a
-  run's record, that record; --{name}.a.b=value overrides either. Reads argv (default
-  sys.argv) for --{name} and --workdir now, before flags are parsed, since the flag's kind
-  depends on them. `required`: run() stops with a one-line error when there is neither."""
+  run's record, that record, else `default` (a file and preset); --{name}.a.b=value overrides
+  any of them. Reads argv (default sys.argv) for --{name} and --workdir now, before flags are
+  parsed, since the flag's kind depends on them. `required`: run() stops with a one-line error
+  when there is no config at all, naming `example` (a file and preset) as one to give."""
   given_argv = argv
   argv = list(sys.argv if argv is None else argv)
   source = RunConfig(None, name, argv, required, flag_values)
+  source.example = example
   recorded = None
   if source.file is None and source.workdir:
     try:
@@ -249,14 +257,25 @@ def define_config(help_string: str, *, name: str = "config", required: bool = Tr
                                              flag_values=flag_values, lock_config=lock_config,
                                              sys_argv=argv)
     except Exception as e:  # noqa: BLE001
-      source.error = e if isinstance(e, UserError) else UserError(f"--{name}: {_one_line(e)}")
+      source.error = _override_error(e, name, argv)
       flag = config_flags.DEFINE_config_dict(name, recorded, help_string,
                                              flag_values=flag_values, lock_config=lock_config,
                                              sys_argv=argv[:1])
   else:
-    flag = config_flags.DEFINE_config_file(name, None, help_string, flag_values=flag_values,
-                                           lock_config=lock_config,
-                                           sys_argv=None if given_argv is None else argv)
+    # A default file is loaded, and the overrides applied to it, as the flag is defined (a file
+    # the command line gives: as flags are parsed); not when the command line gives one, whose
+    # fields the default's may not have.
+    default = source.default = default if source.file is None else None
+    try:
+      flag = config_flags.DEFINE_config_file(name, default, help_string, flag_values=flag_values,
+                                             lock_config=lock_config,
+                                             sys_argv=None if given_argv is None else argv)
+    except Exception as e:  # noqa: BLE001  (run() reports it; a bug in the file goes on)
+      if default is None or _missing_file(name, default):
+        raise
+      source.error = _override_error(e, name, argv, default, lock_config)
+      flag = config_flags.DEFINE_config_file(name, default, help_string, flag_values=flag_values,
+                                             lock_config=lock_config, sys_argv=argv[:1])
   source._flag = flag
   if source.recorded:  # --helpshort names the record instead of printing the whole config
     flag_values[name].default_as_str = repr(source.recorded)
@@ -269,6 +288,24 @@ def define_config(help_string: str, *, name: str = "config", required: bool = Tr
 
 
 # ------------------------------------------------------------------------------------ errors
+
+
+def _override_error(e: BaseException, name: str, argv: Sequence[str], spec: str | None = None,
+                    lock_config: bool = True) -> UserError:
+  """The UserError for what applying argv's --{name}.* overrides raised as the flag was defined;
+  with `spec` (the file and preset they were applied to), a misspelled field is named with the
+  closest fields that config has."""
+  if isinstance(e, UserError):
+    return e
+  if spec is not None and isinstance(e, (AttributeError, KeyError)):
+    try:
+      config = config_flag_classes.ConfigFileFlagParser(name, lock_config).parse(spec)
+      check_overrides(config, override_paths(argv, name), name)
+    except UserError as found:
+      return found
+    except Exception:  # noqa: BLE001  (the error as ml_collections put it, below)
+      pass
+  return UserError(f"--{name}: {_one_line(e)}")
 
 
 def _one_line(e: BaseException) -> str:

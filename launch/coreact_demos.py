@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app, flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+from absl import flags
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "configs", "coreact.py") + ":rubric_sft", "A coreact rubric_sft config.")
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
+
+_CONFIG = common.define_config(
+    "A coreact rubric_sft config.", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "coreact.py")
+    + ":rubric_sft")
 _PER_BRANCH = flags.DEFINE_integer("per_branch", 2, "Random rubrics per branch point.")
 
 
@@ -31,4 +33,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -43,11 +43,13 @@ The study's jobs, scheduler and report: agentjax/studies/coreact.py; the sweep's
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 
-from absl import app, flags
+from absl import flags
 
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 from agentjax.studies import sweep  # the sweep's flags: --root --out --seeds --steps --workers ...
 from agentjax.studies.coreact import (DEMO_VARIANTS, FAMILIES, RESEARCH_DEFAULTS, REWARDS,
                                       STAGES, VARIANTS, Settings, jobs, prepare_world, report,
@@ -107,18 +109,24 @@ def settings() -> Settings:
                   commit_records=FLAGS.commit_records)
 
 
+def _unknown(flag: str, noun: str, given: tuple[str, ...], known) -> None:
+  """UserError naming the first of `given` (a list flag's values) not in `known`."""
+  for value in given:
+    if value not in known:
+      close = difflib.get_close_matches(value, list(known), n=1)
+      raise common.UserError(f"--{flag}={','.join(given)}: no {noun} {value!r}; " + (
+          f"did you mean {close[0]}?" if close else f"known: {', '.join(known)}"))
+
+
 def main(_):
-  logging.getLogger().setLevel(logging.WARNING)
+  if not common.VERBOSE.value:  # the scheduler's own lines, not agentjax's INFO logs
+    logging.getLogger().setLevel(logging.WARNING)
   s = settings()
-  for r in s.rewards:
-    if r not in REWARDS:
-      raise app.UsageError(f"--rewards: unknown reward {r!r}; known: {list(REWARDS)}")
-  for v in s.variants:
-    if v not in VARIANTS:
-      raise app.UsageError(f"--variants: unknown variant {v!r}; known: {list(VARIANTS)}")
+  _unknown("rewards", "reward", s.rewards, REWARDS)
+  _unknown("variants", "variant", s.variants, VARIANTS)
   if not os.path.exists(os.path.join("configs", "coreact.py")):
-    raise app.UsageError("run from the repository root (the runs' commands name configs/ and "
-                         "launch/ by relative path)")
+    raise common.UserError(f"{os.getcwd()}: no configs/coreact.py; run from the repository root "
+                           "(the runs' commands name configs/ and launch/ by relative path)")
   os.makedirs(s.root, exist_ok=True)
   stage = _STAGE.value
   if stage != "report":
@@ -130,4 +138,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

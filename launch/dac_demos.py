@@ -15,12 +15,12 @@ from __future__ import annotations
 import json
 import os
 
-from absl import app  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                           "configs", "dac.py") + ":generator_sft", "A DAC generator_sft config.")
+_CONFIG = common.define_config(
+    "A DAC generator_sft config.", default=os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "dac.py")
+    + ":generator_sft")
 
 
 def main(_):
@@ -33,4 +33,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -42,10 +42,11 @@ import subprocess
 import sys
 import time
 
-from absl import app, flags
-from ml_collections import config_flags
+from absl import flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", "configs/igpo.py:demo", "The RL config.")
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
+
+_CONFIG = common.define_config("The RL config.", default="configs/igpo.py:demo")
 _SHAPE = flags.DEFINE_enum("shape", "tiny", ["tiny", "config"], "tiny: the tiny model on a "
                            "SynthWorld of its own (the docstring); config: the config as given.")
 _ROOT = flags.DEFINE_string("root", "runs/soak", "Folder for the world and the run.")
@@ -53,7 +54,8 @@ _STEPS = flags.DEFINE_integer("steps", 300, "RL steps.")
 _ASYNC = flags.DEFINE_integer("async_steps", 0, "train.async_steps.")
 _PROCESSES = flags.DEFINE_integer("processes", 1, "Processes on loopback (jax.distributed, gloo "
                                   "collectives), one CPU device each.")
-_PROCESS_ID = flags.DEFINE_integer("process_id", -1, "Internal: a worker of --processes > 1.")
+_WORKER = flags.DEFINE_integer("worker", -1, "Internal: this worker's process index of "
+                               "--processes > 1 (-1: the soak itself).")
 _PORT = flags.DEFINE_integer("port", 0, "Internal: the coordinator's port.")
 _STALL = flags.DEFINE_float("stall_timeout_s", 300.0, "train.stall_timeout_s: a hang ends the "
                             "soak with the stacks instead of holding it.")
@@ -144,7 +146,7 @@ def _arm_kill(spec: str) -> None:
   def wrapped(*args, **kwargs):
     seen[0] += 1
     if seen[0] == occurrence:
-      print(f"soak: {sig.name} to process {_PROCESS_ID.value} at {point} #{occurrence} "
+      print(f"soak: {sig.name} to process {_WORKER.value} at {point} #{occurrence} "
             f"+{delay:.2f} s", flush=True)
       if delay <= 0:
         die()
@@ -159,11 +161,11 @@ def _worker(workdir: str) -> None:
   import jax
   if _PROCESSES.value > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{_PORT.value}", _PROCESSES.value, _PROCESS_ID.value)
+    jax.distributed.initialize(f"127.0.0.1:{_PORT.value}", _PROCESSES.value, _WORKER.value)
   from agentjax.train.trainer import train
   config = soak_config(_CONFIG.value, _ROOT.value, _STEPS.value, _ASYNC.value, _SHAPE.value,
                        _PROCESSES.value)
-  if _KILL.value and _PROCESS_ID.value == _KILL_PROCESS.value:
+  if _KILL.value and _WORKER.value == _KILL_PROCESS.value:
     _arm_kill(_KILL.value)
   out = train(config, workdir, stop_after=_STOP_AFTER.value or None)
   if _PARAMS_OUT.value:
@@ -184,7 +186,7 @@ def _spawn(workdir_args: list[str], extra: list[list[str]]) -> list[subprocess.P
       os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
       os.environ.get("PYTHONPATH")])))
   return [subprocess.Popen([sys.executable, os.path.abspath(__file__), *workdir_args,
-                            f"--process_id={i}", f"--port={port}", *extra[i]], env=env)
+                            f"--worker={i}", f"--port={port}", *extra[i]], env=env)
           for i in range(len(extra))]
 
 
@@ -314,13 +316,13 @@ def kill_trials(trials: int) -> dict:
 
 def main(argv):
   del argv
-  if _KILL_TRIALS.value and _PROCESS_ID.value < 0:
+  if _KILL_TRIALS.value and _WORKER.value < 0:
     out = kill_trials(_KILL_TRIALS.value)
     print(json.dumps(out))
     sys.exit(0 if out["passed"] == len(out["trials"]) else 1)
   root = _ROOT.value
   workdir = os.path.join(root, f"p{_PROCESSES.value}_async{_ASYNC.value}")
-  if _PROCESS_ID.value >= 0:
+  if _WORKER.value >= 0:
     _worker(workdir)
     return
   if os.path.exists(workdir):
@@ -359,4 +361,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -14,8 +14,9 @@ import os
 import tempfile
 import time
 
-from absl import app, flags
+from absl import flags
 
+import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 from agentjax.data.demo_world import WORLDS
 
 _WORLD = flags.DEFINE_enum("world", "v2", sorted(WORLDS), "SynthWorld preset (demo_world.WORLDS).")
@@ -50,4 +51,4 @@ def main(_):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -101,6 +101,26 @@ def test_no_config_and_no_record_is_a_one_line_error(tmp_path):
   assert _define(["serve.py"], required=False).check() is None  # serve.py --hf_path needs none
 
 
+def test_a_default_config_file_takes_overrides_and_a_misspelling_is_one_line():
+  """define_config(default=...): the default file when the command line gives none (soak.py,
+  backbone.py); it is loaded as the flag is defined, so a misspelled override is found then."""
+  source = _define(["soak.py", "--config.train.steps=3"], default="configs/igpo.py:demo")
+  assert source.error is None and source.source() == "configs/igpo.py:demo"
+  assert source.value.train.steps == 3 and source.value.algorithm == "igpo"
+  given = _define(["soak.py", "--config=configs/grpo.py:demo"], default="configs/igpo.py:demo")
+  assert given.source() == "configs/grpo.py:demo" and given.value.algorithm == "grpo"
+  bad = _define(["soak.py", "--config.train.stpes=3"], default="configs/igpo.py:demo")
+  assert str(bad.error) == ("--config.train.stpes: config.train has no field 'stpes'; did you "
+                            "mean config.train.steps or config.train.stale?")
+  values = flags.FlagValues()  # a script without --workdir: the error names no workdir
+  missing = common.define_config("c", argv=["x.py"], flag_values=values,
+                                 example="configs/coreact.py:collect")
+  values(["x.py"])
+  with pytest.raises(common.UserError, match=r"^--config: missing; give a config file and "
+                     r"preset, e.g. --config=configs/coreact.py:collect$"):
+    missing.check()
+
+
 def test_a_misspelled_override_names_the_closest_fields(tmp_path):
   workdir = str(tmp_path / "run")
   _record_run(workdir)
