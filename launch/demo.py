@@ -31,7 +31,6 @@ import shutil
 import time
 
 from absl import flags  # noqa: E402
-from ml_collections import config_flags  # noqa: E402
 
 import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 
@@ -39,8 +38,8 @@ from agentjax.data.demo_world import (WORLDS, build_demo_world, f1_by_hops,  # n
                                       hops_by_id, paired_gain, use_demo_world)
 
 _ROOT = flags.DEFINE_string("root", "runs/demo", "Folder for the world, tokenizer and workdirs.")
-_SFT = config_flags.DEFINE_config_file("sft_config", "configs/sft.py:demo", "SFT config.")
-_RL = config_flags.DEFINE_config_file("rl_config", "configs/igpo.py:demo", "RL config.")
+_SFT = common.define_config("SFT config.", name="sft_config", default="configs/sft.py:demo")
+_RL = common.define_config("RL config.", name="rl_config", default="configs/igpo.py:demo")
 _RESUME = flags.DEFINE_bool("resume", False, "Continue the SFT/RL workdirs instead of starting "
                             "them fresh.")
 _VOCAB = flags.DEFINE_integer("vocab_size", 1024, "BPE vocabulary of the demo tokenizer.")

@@ -224,6 +224,17 @@ def test_a_bad_override_exits_2_with_one_line_and_verbose_shows_the_traceback(tm
   assert verbose.stderr.splitlines()[-1] == proc.stderr.strip()
 
 
+def test_the_demos_misspelled_override_is_one_line(tmp_path):
+  """The demo's two config flags have default files, loaded as the flags are defined: a
+  misspelling there is one line too (it was a traceback raised at import)."""
+  proc = _launch("launch/demo.py", f"--root={tmp_path / 'demo'}", "--rl_config.train.stpes=3")
+  assert proc.returncode == 2, proc.stderr[-3000:]
+  assert proc.stderr.splitlines() == [
+      "error: --rl_config.train.stpes: rl_config.train has no field 'stpes'; did you mean "
+      "rl_config.train.steps or rl_config.train.stale?"]
+  assert not os.path.exists(tmp_path / "demo")
+
+
 @pytest.mark.slow
 def test_eval_and_train_continue_a_finished_run_from_its_workdir(world_dir, tiny_tokenizer_dir,
                                                                  tmp_path):
