@@ -5,7 +5,7 @@ r"""Evaluation: rollouts of benchmark questions scored by EM / F1 / accuracy (la
 
 Per benchmark: EM and F1 (means over every sample of every question) and accuracy, the share of
 samples whose answer EM is > 0 (CW-GRPO's eval/compute_scores.py counts `score > 0` as 1). Over
-the benchmarks, two averages (CW-A9 of the methods spec: report both):
+the benchmarks, two averages (our reading: the papers report one of the two, so we report both):
   "overall"  sample-weighted: the mean over every sample of the mix, as CW-GRPO's code computes it
              (in its 400-question mix MuSiQue's 100 questions weigh twice the others' 50);
   "average"  macro: the unweighted mean of the per-benchmark means.
