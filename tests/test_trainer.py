@@ -18,6 +18,7 @@ import pytest
 from agentjax.train import config as config_lib
 from agentjax.train.checkpoint import CheckpointMismatchError
 from agentjax.train.trainer import QuestionStream, eval_benchmarks, train
+from agentjax.train import trainer as trainer_module
 from tests.trainer_fixtures import run_metrics, tiny_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -340,11 +341,17 @@ def test_async_steps_overlap_rollouts_and_restart_them_on_resume(runs):
   assert last[-1]["async/staleness"] == 0.0
 
 
-def test_incompatible_config_is_refused_naming_the_field(runs):
+def test_incompatible_config_is_refused_naming_the_field(runs, monkeypatch):
   config, tmp, _, _, _ = runs
   changed = config.copy_and_resolve_references()
   changed.optimizer.clip_norm = 0.5
   before = sorted(os.listdir(os.path.join(tmp, "a", "checkpoints")))
+
+  def no_loading(*args, **kwargs):
+    raise AssertionError("the model was loaded before the mismatch was found")
+
+  # Refused before the model loads (minutes at 7B), not at restore.
+  monkeypatch.setattr(trainer_module, "load_model", no_loading)
   with pytest.raises(CheckpointMismatchError, match="optimizer.clip_norm"):
     train(changed, os.path.join(tmp, "a"))
   assert sorted(os.listdir(os.path.join(tmp, "a", "checkpoints"))) == before

@@ -126,6 +126,44 @@ def _replicated() -> NamedSharding:
 # ------------------------------------------------------------------------------------ Checkpointer
 
 
+def _check_fields(stored: Any, config: Any, compat_keys: Sequence[str], directory: Any,
+                  step: int) -> None:
+  """Raises CheckpointMismatchError on the first of `compat_keys` whose value differs between
+  the stored config and `config` (the checkpoints' latest step named)."""
+  for key in compat_keys:
+    old, new = _get_dotted(stored, key), _get_dotted(config, key)
+    if old != new:
+      raise CheckpointMismatchError(
+          f"config field {key!r} differs from the run that wrote the checkpoints in "
+          f"{directory} (latest step {step}): stored {old!r}, current {new!r}. "
+          f"Use a fresh workdir, or set {key} back to {old!r} to resume.")
+
+
+def check_before_loading(workdir: str | os.PathLike[str], config: Mapping[str, Any],
+                         compat_keys: Sequence[str]) -> None:
+  """The compat check a Checkpointer makes at restore, made before anything is loaded: when
+  {workdir} holds finished checkpoints and its config.json, a differing `compat_keys` field
+  raises CheckpointMismatchError now rather than after the model and the retriever loaded
+  (minutes at 7B). Reads only the folder listing and config.json; a workdir without either is
+  left to the Checkpointer."""
+  workdir = os.fspath(workdir)
+  if "://" in workdir:
+    return  # remote folders: the Checkpointer checks at restore
+  folder = os.path.join(workdir, "checkpoints")
+  path = os.path.join(workdir, "config.json")
+  steps = [int(n) for n in (os.listdir(folder) if os.path.isdir(folder) else []) if n.isdigit()]
+  if not steps or not os.path.isfile(path):
+    return
+  try:
+    with open(path) as f:
+      stored = json.load(f)
+  except ValueError as e:
+    raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+  if isinstance(stored, Mapping):
+    _check_fields(upgrade_recorded(stored), _to_json(dict(config), "config"), compat_keys,
+                  folder, max(steps))
+
+
 class Checkpointer:
   """Periodic, async, keep-last-K checkpoints of a train state pytree, with automatic resume.
 
@@ -363,13 +401,7 @@ class Checkpointer:
 
   def _check_config(self, stored: Any, step: int) -> None:
     if self.compat_keys and stored is not None:
-      for key in self.compat_keys:
-        old, new = _get_dotted(stored, key), _get_dotted(self.config, key)
-        if old != new:
-          raise CheckpointMismatchError(
-              f"config field {key!r} differs from the run that wrote the checkpoints in "
-              f"{self.directory} (latest step {step}): stored {old!r}, current {new!r}. "
-              f"Use a fresh workdir, or set {key} back to {old!r} to resume.")
+      _check_fields(stored, self.config, self.compat_keys, self.directory, step)
     if self.check_stored is not None and isinstance(stored, Mapping):
       self.check_stored(stored)  # the caller's own checks, after the fields (e.g. the backbone)
     self._config_checked = True

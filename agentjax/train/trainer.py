@@ -67,7 +67,7 @@ from agentjax.retrieval.shared import PrimarySearch
 from agentjax.sampling import SamplingParams
 from agentjax.train import config as config_lib
 from agentjax.train.adapters import TrainTarget
-from agentjax.train.checkpoint import Checkpointer, abstract_state
+from agentjax.train.checkpoint import Checkpointer, abstract_state, check_before_loading
 from agentjax.train.critic import CRITIC_EXPORT_DIR, Critic, needs_critic
 from agentjax.train.kinds import trainer_kind
 from agentjax.train.pipeline import RolloutPipeline
@@ -205,8 +205,12 @@ def train(config: Any, workdir: str, *, stop_after: int | None = None) -> dict[s
   train_rl / train_sft."""
   config_lib.validate(config)
   config_lib.check_paths(config)
+  # A resume that cannot work is refused now, not after the model and the retriever loaded.
+  supervised = trainer_kind(config).supervised
+  check_before_loading(workdir, dict(config.to_dict(), **TrainTarget.of(config).recorded()),
+                       COMPAT_KEYS + (SFT_COMPAT_KEYS if supervised else ()))
   use_persistent_cache(cache_folder(config.train.jax_cache_dir, os.path.expanduser(workdir)))
-  if trainer_kind(config).supervised:
+  if supervised:
     return train_sft(config, workdir, stop_after=stop_after)
   return train_rl(config, workdir, stop_after=stop_after)
 
