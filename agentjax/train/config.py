@@ -30,6 +30,8 @@ from agentjax.rl.offpolicy import CORRECTIONS
 from agentjax.train.fields import fail as _fail, get as _get, names as _names  # noqa: F401
 from agentjax.train.fields import non_negative as _non_negative, positive as _positive
 from agentjax.train.fields import non_negative_int as _non_negative_int
+# A misspelled field's closest names (launch/common.py's override errors use them too).
+from agentjax.train.fields import field_paths, unknown_field  # noqa: F401
 from agentjax.train.kinds import TRAINER_KINDS, trainer_kind
 from agentjax.train.pipeline import STALE_MODES
 
@@ -530,38 +532,3 @@ def check_paths(config: Any) -> None:
       os.path.join(os.path.expanduser(config.retrieval.index_dir), "manifest.json")):
     _fail("retrieval.index_dir", config.retrieval.index_dir, "no dense index there (no "
           "manifest.json: build one with launch/index.py)")
-
-
-def field_paths(config: Any, prefix: str = "") -> list[str]:
-  """Every dotted field of a config, sections included: ["data", "data.train", ...]."""
-  paths = []
-  for key in config.keys():
-    path = f"{prefix}{key}"
-    paths.append(path)
-    if hasattr(config[key], "keys"):
-      paths += field_paths(config[key], f"{path}.")
-  return paths
-
-
-def unknown_field(config: Any, field: str, name: str = "config") -> str:
-  """Why the dotted `field` is not one of `config`'s, with the closest fields it has (a
-  misspelled --config.* override): "config.train has no field 'step'; did you mean
-  config.train.steps?", or the section's fields when nothing is close."""
-  import difflib
-  node, parents = config, []
-  for part in field.split("."):
-    where = ".".join([name, *parents])
-    if not hasattr(node, "keys"):
-      return f"{where} is the {type(node).__name__} {node!r}, not a section with fields"
-    if part not in node:
-      break
-    node, parents = node[part], parents + [part]
-  else:
-    return f"{name}.{field} exists"
-  # A typo anywhere in the path ("trian.steps"), else a field of the section the path reached.
-  close = difflib.get_close_matches(field, field_paths(config), n=3, cutoff=0.8) or [
-      ".".join([*parents, k]) for k in difflib.get_close_matches(part, list(node.keys()), n=3)]
-  why = f"{where} has no field {part!r}"
-  if close:
-    return f"{why}; did you mean {' or '.join(f'{name}.{c}' for c in close)}?"
-  return f"{why}; its fields: {', '.join(sorted(node.keys()))}"

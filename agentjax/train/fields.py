@@ -9,6 +9,7 @@ Every message starts with the dotted field it is about. One ConfigError for mode
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, NoReturn
 
 from agentjax.models.qwen.config import ConfigError
@@ -23,7 +24,6 @@ def get(config: Any, field: str) -> Any:
   for part in field.split("."):
     if part not in node:
       # the section's closest fields: a config file's misspelling of the field ("group_sise")
-      from agentjax.train.config import unknown_field
       raise ConfigError(f"config.{field} is missing (a config starts from configs/base.py's "
                         f"get_config): {unknown_field(config, field)}")
     node = node[part]
@@ -59,3 +59,37 @@ def names(value: Any, field: str) -> tuple[str, ...]:
 
 
 __all__ = ["ConfigError", "fail", "get", "names", "non_negative", "non_negative_int", "positive"]
+
+
+def field_paths(config: Any, prefix: str = "") -> list[str]:
+  """Every dotted field of a config, sections included: ["data", "data.train", ...]."""
+  paths = []
+  for key in config.keys():
+    path = f"{prefix}{key}"
+    paths.append(path)
+    if hasattr(config[key], "keys"):
+      paths += field_paths(config[key], f"{path}.")
+  return paths
+
+
+def unknown_field(config: Any, field: str, name: str = "config") -> str:
+  """Why the dotted `field` is not one of `config`'s, with the closest fields it has (a
+  misspelled --config.* override): "config.train has no field 'step'; did you mean
+  config.train.steps?", or the section's fields when nothing is close."""
+  node, parents = config, []
+  for part in field.split("."):
+    where = ".".join([name, *parents])
+    if not hasattr(node, "keys"):
+      return f"{where} is the {type(node).__name__} {node!r}, not a section with fields"
+    if part not in node:
+      break
+    node, parents = node[part], parents + [part]
+  else:
+    return f"{name}.{field} exists"
+  # A typo anywhere in the path ("trian.steps"), else a field of the section the path reached.
+  close = difflib.get_close_matches(field, field_paths(config), n=3, cutoff=0.8) or [
+      ".".join([*parents, k]) for k in difflib.get_close_matches(part, list(node.keys()), n=3)]
+  why = f"{where} has no field {part!r}"
+  if close:
+    return f"{why}; did you mean {' or '.join(f'{name}.{c}' for c in close)}?"
+  return f"{why}; its fields: {', '.join(sorted(node.keys()))}"
