@@ -139,6 +139,29 @@ def test_the_signal_scores_each_search_turn_with_the_gold_chain_from_the_corpus(
     ss.gold_documents({"id": "q4", "gold_documents": "one text"}, dict)
 
 
+def test_training_records_without_gold_documents_are_refused_before_the_first_step(tmp_path):
+  """A user's question file: its gold_documents are kept by the reader, and a run of StepSearch
+  on records without them stops at load with one ConfigError naming the data entry, the record
+  and the field (it was a MissingData traceback from inside the first step)."""
+  from agentjax.data.qa_files import read_qa_file
+  from agentjax.models.qwen.config import ConfigError
+  from agentjax.signals import check_records
+  path = tmp_path / "mine.jsonl"
+  path.write_text(json.dumps({"question": "a?", "answer": "x", "gold_documents": ["x is a"]})
+                  + "\n" + json.dumps({"question": "b?", "answer": "y"}) + "\n")
+  records = read_qa_file(str(path))
+  assert records[0]["gold_documents"] == ["x is a"] and "gold_documents" not in records[1]
+  signals = get_method("stepsearch").signals  # its registry entry: ("critic", "step_rewards")
+  check_records(signals, records[:1], "data.train", "mine.jsonl")  # has them: passes
+  with pytest.raises(ConfigError, match=r"^config.data.train='mine.jsonl': question 'mine_1': "
+                                        r"StepSearch needs its gold documents: a 'gold_documents'"):
+    check_records(signals, records, "data.train", "mine.jsonl")
+  check_records(("critic",), records, "data.train", "mine.jsonl")  # PPO reads no gold documents
+  path.write_text(json.dumps({"question": "a?", "answer": "x", "gold_documents": "x is a"}) + "\n")
+  with pytest.raises(ValueError, match=r"mine.jsonl:1: field 'gold_documents' must be a list"):
+    read_qa_file(str(path))
+
+
 def ref_stepppo(outcome, step_r, num_turns, turn_id, mask, values):
   """gamma = lam = 1 GAE over the sampled tokens: each search turn's step reward on its last
   sampled token, the outcome on the answer turn's; A_t = (rewards at sampled slots >= t) - V_t;

@@ -16,7 +16,8 @@ Formats (docs/guides/data.md):
 A record: "question" (a non-empty string), the gold answers under the first of ANSWER_FIELDS that
 it has (a non-empty list of non-empty strings, or one string), and optionally "id" (a string or
 an integer; default: "{file stem}_{index}", index 0-based, as FlashRAG numbers "train_0").
-Other keys are ignored. Records come back as {"id", "question", "golden_answers"}, in file order.
+"gold_documents" (a list of strings, StepSearch's) is kept when present; other keys are ignored.
+Records come back as {"id", "question", "golden_answers"} (and "gold_documents"), in file order.
 A bad record raises QAFormatError: "{path}:{line}: ..." (parquet: "{path}: row {n}: ...")
 naming the field.
 """
@@ -33,6 +34,9 @@ QA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # Where the gold answers may be, first match wins: FlashRAG's and Search-R1's "golden_answers",
 # the common "answers" and "answer", and the reward target of Search-R1's verl rows.
 ANSWER_FIELDS = ("golden_answers", "answers", "answer", "reward_model.ground_truth.target")
+# Kept when a record has them (a list of strings each): what a method reads beyond the answers,
+# StepSearch's gold documents (the texts its step rewards match retrieved documents against).
+OPTIONAL_FIELDS = ("gold_documents",)
 
 
 class QAFormatError(ValueError):
@@ -203,8 +207,12 @@ def read_qa_file(path: str) -> list[dict[str, Any]]:
     if qid in seen:
       raise QAFormatError(f"{where}: field 'id' repeats {qid!r} from {seen[qid]}")
     seen[qid] = short
-    records.append({"id": qid, "question": check_text(row["question"], where, "question"),
-                    "golden_answers": _answers(row, where)})
+    record = {"id": qid, "question": check_text(row["question"], where, "question"),
+              "golden_answers": _answers(row, where)}
+    for field in OPTIONAL_FIELDS:
+      if row.get(field) is not None:
+        record[field] = check_text_list(row[field], where, field)
+    records.append(record)
   if not records:
     raise QAFormatError(f"{path}: no questions in the file")
   return records
@@ -215,5 +223,5 @@ def load_qa_path(entry: str, split: str) -> list[dict[str, Any]]:
   return read_qa_file(split_file(entry, split))
 
 
-__all__ = ["ANSWER_FIELDS", "QAFormatError", "QA_SUFFIXES", "check_id", "check_text",
+__all__ = ["ANSWER_FIELDS", "OPTIONAL_FIELDS", "QAFormatError", "QA_SUFFIXES", "check_id", "check_text",
            "check_text_list", "is_data_path", "load_qa_path", "read_qa_file", "split_file"]

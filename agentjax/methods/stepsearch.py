@@ -111,22 +111,32 @@ def step_rewards(turn_documents: Sequence[Sequence[Any]], golds: Sequence[str],
 # ---------------------------------------------------------------------------------------------
 
 
-def gold_documents(question: Mapping[str, Any], corpus: Callable[[], Mapping[str, str]]
-                   ) -> list[str]:
-  """The question's gold documents' texts: its "gold_documents", or SynthWorld's hop chain
-  resolved in the corpus (`corpus()`: {normalized title: contents}); MissingData naming the
-  field otherwise."""
+def check_gold(question: Mapping[str, Any]) -> list[str] | None:
+  """None when the record gives its gold documents ("gold_documents": a list of str), else its
+  SynthWorld hop chain (the titles to look up); MissingData naming the field when it has
+  neither (the signal's check_record: every training record is checked before step 1)."""
   if "gold_documents" in question:
     docs = question["gold_documents"]
     if isinstance(docs, (str, bytes)) or not all(isinstance(d, str) for d in docs):
       raise MissingData(f"question {question.get('id')!r}: 'gold_documents' must be a list of "
                         f"str, got {docs!r}")
-    return list(docs)
+    return None
   from agentjax.judge.oracle import gold_chain
   chain, why = gold_chain(question)
   if why is not None:
     raise MissingData(f"question {question.get('id')!r}: StepSearch needs its gold documents: a "
                       f"'gold_documents' field (their texts) or a SynthWorld hop chain ({why})")
+  return chain
+
+
+def gold_documents(question: Mapping[str, Any], corpus: Callable[[], Mapping[str, str]]
+                   ) -> list[str]:
+  """The question's gold documents' texts: its "gold_documents", or SynthWorld's hop chain
+  resolved in the corpus (`corpus()`: {normalized title: contents}); MissingData naming the
+  field otherwise."""
+  chain = check_gold(question)
+  if chain is None:
+    return list(question["gold_documents"])
   titles = corpus()
   missing = [name for name in chain if name not in titles]
   if missing:
@@ -174,7 +184,7 @@ class StepRewardsRunner(SignalRunner):
 
 
 STEP_REWARDS = register_signal(Signal("step_rewards", frozenset({"step_rewards"}),
-                                      StepRewardsRunner))
+                                      StepRewardsRunner, check_record=check_gold))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -117,6 +117,9 @@ class Signal:
   scored: its prepare returns probes (ScoredBatch's probe tokens) that the scoring pass scores
     in the same forward as the first role's log-probs; a stage that cannot carry probes (DAC's
     roles: stage.probes False) runs without the signal.
+  check_record: question record -> None, raising MissingData (naming the field) when the record
+    lacks what the signal reads (StepSearch's gold documents): every training record is checked
+    before the first step (check_records), not when a step samples it.
   """
   name: str
   provides: frozenset
@@ -124,6 +127,7 @@ class Signal:
   validate: Callable[[Any, Callable[..., None]], None] | None = None
   absent_metrics: Mapping[str, float] = dataclasses.field(default_factory=dict)
   scored: bool = False
+  check_record: Callable[[Mapping[str, Any]], None] | None = None
 
 
 SIGNALS = Registry("signal")
@@ -145,8 +149,23 @@ class MissingData(ValueError):
   """A question record lacks what a signal needs; the message names the field."""
 
 
+def check_records(names: Sequence[str], records: Sequence[Mapping[str, Any]], field: str,
+                  value: Any) -> None:
+  """Every record against the check_record of each signal in `names`; the first record that
+  lacks what one reads raises ConfigError "config.{field}={value!r}: {MissingData's message}"
+  (the data entry that gave it)."""
+  from agentjax.models.qwen.config import ConfigError
+  for name in names:
+    check = SIGNALS[name].check_record
+    for record in records if check is not None else ():
+      try:
+        check(record)
+      except MissingData as e:
+        raise ConfigError(f"config.{field}={value!r}: {e}") from None
+
+
 for _module in pkgutil.iter_modules(__path__):
   importlib.import_module(f"{__name__}.{_module.name}")
 
-__all__ = ["MissingData", "SIGNALS", "Signal", "SignalEnv", "SignalOutput", "SignalRunner",
+__all__ = ["MissingData", "SIGNALS", "check_records", "Signal", "SignalEnv", "SignalOutput", "SignalRunner",
            "StepContext", "absent_metrics", "register_signal"]

@@ -65,6 +65,7 @@ from agentjax.parallel.host import (DEVICE_TURN, any_process, broadcast_from_pri
 from agentjax.retrieval import SearchBackend, make_backend
 from agentjax.retrieval.shared import PrimarySearch
 from agentjax.sampling import SamplingParams
+from agentjax.signals import check_records
 from agentjax.train import config as config_lib
 from agentjax.train.adapters import TrainTarget
 from agentjax.train.checkpoint import Checkpointer, abstract_state, check_before_loading
@@ -351,6 +352,8 @@ def build_rl(config: Any) -> RLParts:
            else AgentRollout(engine, task))
   rl_step = RLStep.build(config, mesh, stage, optimizer, ref_params, target=target,
                          ref_model=ref_model, sampler_mesh=sampler_mesh)
+  # A training record that lacks what a signal reads is refused now, not at the step sampling it.
+  check_records(rl_step.signal_names, train_records, "data.train", config.data.train)
   return RLParts(mesh, cfg, tokenizer, target, task, stream, dev, eval_name, eval_engine, state,
                  rl_step, sampler_mesh, prompt_lengths=(min(lengths), longest))
 
