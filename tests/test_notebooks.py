@@ -74,9 +74,11 @@ def test_quickstart_is_committed_with_the_outputs_of_one_full_run():
   assert not [o for c in code for o in c.outputs if o.output_type == "error"]
   printed = "".join(text_of(c) for c in code)
   assert "QUICK=False" in printed  # the default sizes, not the tests' smoke run
+  assert "overrides: none | none" in printed  # `make demo`'s configs as they are
   assert ROOT not in json.dumps(nb)
   assert images(nb) == 1
   assert "step " in printed and "IGPO:" in printed
+  assert "paired stderr" in printed and "2-hop (" in printed  # the before/after summary
 
 
 def test_info_gain_is_committed_without_outputs():
