@@ -34,8 +34,8 @@ from absl import flags  # noqa: E402
 
 import common  # launch/common.py: the entry point (one-line errors, quiet logs)
 
-from agentjax.data.demo_world import (WORLDS, build_demo_world, f1_by_hops,  # noqa: E402
-                                      hops_by_id, paired_gain, use_demo_world)
+from agentjax.data.demo_world import (WORLDS, build_demo_world, hop_table,  # noqa: E402
+                                      paired_gain, use_demo_world)
 
 _ROOT = flags.DEFINE_string("root", "runs/demo", "Folder for the world, tokenizer and workdirs.")
 _SFT = common.define_config("SFT config.", name="sft_config", default="configs/sft.py:demo")
@@ -77,21 +77,6 @@ def learning_curves(workdirs: list[str]) -> list[str]:
       _say(f"Plots: none for {workdir}: {e}")
   return paths
 
-
-def by_hops(dev_path: str, before: list[dict], after: list[dict]) -> list[str]:
-  """Table rows per hop count: questions, F1 and answers given before the last hop was searched
-  (turns <= hops: the shortcut the hasty teacher showed), after SFT and after RL."""
-  hops = hops_by_id(dev_path)
-  f1 = [f1_by_hops(result, hops) for result in (before, after)]
-  rows = []
-  for h in sorted(set(hops.values())):
-    cells = []
-    for result, f1_at in zip((before, after), f1):
-      qs = [q for q in result if hops[q["id"]] == h]
-      cells.append(f"F1 {f1_at.get(h, 0.0):.3f}, answered early "
-                   f"{sum(q['turns'] <= h for q in qs)}")
-    rows.append(f"      {h}-hop ({len(qs)} questions): {cells[0]} -> {cells[1]}")
-  return rows
 
 
 def main(_):
@@ -144,9 +129,9 @@ def main(_):
        f"(paired stderr {stderr:.4f}, {gain / stderr if stderr else float('inf'):.1f} stderr)")
   _say(f"      EM {before['em']:.4f} -> {after['em']:.4f}; format ok {before['format_ok']:.3f} -> "
        f"{after['format_ok']:.3f}")
-  for row in by_hops(os.path.join(world_dir, "dev.jsonl"), before["per_question"],
+  for row in hop_table(os.path.join(world_dir, "dev.jsonl"), before["per_question"],
                      after["per_question"]):
-    _say(row)
+    _say("      " + row)
   plots = learning_curves([rl_dir, sft_dir])
   folders: dict[str, list[str]] = {}
   for path in plots:

@@ -241,6 +241,16 @@ def test_demo_world_statistics_against_numpy(tmp_path):
                              {f"q{i}": float(f) for i, f in enumerate(after)})
   d = after - before
   assert gain == pytest.approx(d.mean()) and stderr == pytest.approx(d.std(ddof=1) / 3)
+  # The demo's per-hop table: F1 per hop count, and answers given within `hops` turns.
+  from agentjax.data.demo_world import hop_table
+  turns = [1 + i % 4 for i in range(9)]
+  table = hop_table(str(split), [{"id": f"q{i}", "f1": float(f), "turns": 9} for i, f in
+                                 enumerate(before)],
+                    [dict(r, turns=t) for r, t in zip(rows, turns)])
+  early = {h: sum(turns[i] <= h for i in range(9) if 1 + i % 3 == h) for h in (1, 2, 3)}
+  assert table == [f"{h}-hop (3 questions): F1 {before[h - 1::3].mean():.3f}, answered early 0 "
+                   f"-> F1 {after[h - 1::3].mean():.3f}, answered early {early[h]}"
+                   for h in (1, 2, 3)]
 
 
 # ============================================================================ CW-GRPO study

@@ -91,3 +91,20 @@ def paired_gain(before: dict[str, float], after: dict[str, float]) -> tuple[floa
   mean = sum(d) / n
   var = sum((x - mean) ** 2 for x in d) / max(n - 1, 1)
   return mean, math.sqrt(var / n)
+
+
+def hop_table(dev_path: str, before: list[dict], after: list[dict]) -> list[str]:
+  """Rows per hop count of two evals' per-question results ({"id", "f1", "turns"}) on a
+  SynthWorld dev split: questions, F1 and answers given before the last hop was searched
+  (turns <= hops: the shortcut the hasty teacher showed), before -> after."""
+  hops = hops_by_id(dev_path)
+  f1 = [f1_by_hops(result, hops) for result in (before, after)]
+  rows = []
+  for h in sorted(set(hops.values())):
+    cells = []
+    for result, f1_at in zip((before, after), f1):
+      qs = [q for q in result if hops[q["id"]] == h]
+      cells.append(f"F1 {f1_at.get(h, 0.0):.3f}, answered early "
+                   f"{sum(q['turns'] <= h for q in qs)}")
+    rows.append(f"{h}-hop ({len(qs)} questions): {cells[0]} -> {cells[1]}")
+  return rows
