@@ -456,6 +456,9 @@ def test_make_guided_engine_from_config_and_eval_metrics(world, world_dir):
                                      "persist": False}
   ctx = BranchContext(question={"question": "Who founded Zorvath?"}, turns=(), max_calls=3)
   assert list(eng.feedback(RUBRIC, ctx, "<search>Zorvath founder</search>")) == [RUBRIC.items[0]]
+  # A generator folder that is not there (the preset's default, runs/demo/..., may exist in a
+  # clone where the guide's commands ran).
+  config.coreact.generator_path = os.path.join(world_dir, "no_generator")
   with pytest.raises(ValueError, match="generator_path"):
     make_guided_engine(config, agent.cfg, tok, backend, rollout, "coreact")
 
