@@ -192,8 +192,8 @@ def pyplot():
   try:
     import matplotlib
   except ImportError:
-    raise ImportError("plotting needs matplotlib: pip install matplotlib (or pip install -e "
-                      "'.[notebooks]')") from None
+    raise ImportError("plotting needs matplotlib (an agentjax dependency): pip install "
+                      "matplotlib") from None
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   return plt

@@ -86,9 +86,8 @@ def plot_f1_vs_time(study: dict, out: str) -> list[str]:
   seeds as a line, min-max as a band, on each seed's own clock interpolated to a common grid."""
   import os
 
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from agentjax.plots import pyplot, save_figure
+  plt = pyplot()
   from agentjax.studies.reporting import WINDOW, moving
   paths = []
   fig, axes = plt.subplots(1, len(study), figsize=(6 * len(study), 4), squeeze=False)
@@ -110,9 +109,7 @@ def plot_f1_vs_time(study: dict, out: str) -> list[str]:
     ax.set_ylabel(f"training F1 (moving mean of {WINDOW})")
     ax.legend(fontsize=7)
   path = os.path.join(out, "f1_vs_time.png")
-  fig.tight_layout()
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
+  save_figure(fig, path)
   paths.append(path)
   return paths
 

@@ -882,9 +882,8 @@ def plot(study: Mapping[str, Any], out: str) -> list[str]:
   """spearman_vs_step.png (held-out Spearman per reward: mean over seeds, band min-max) and
   guided_f1.png (F1 and steps to answer per variant: mean, error bar = sample std over seeds,
   dots = seeds)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from agentjax.plots import pyplot, save_figure
+  plt = pyplot()
   written = []
   if study["grpo"]:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4), squeeze=False)
@@ -901,10 +900,8 @@ def plot(study: Mapping[str, Any], out: str) -> list[str]:
       ax.set_title(f"held-out {key}: mean over seeds, band min-max")
       ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
-    fig.tight_layout()
     path = os.path.join(out, "spearman_vs_step.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     written.append(path)
   if study["guided"]:
     fig, axes = plt.subplots(1, 2, figsize=(13, 4), squeeze=False)
@@ -924,10 +921,8 @@ def plot(study: Mapping[str, Any], out: str) -> list[str]:
       ax.set_ylabel(f"test {key}")
       ax.set_title(f"{key}: mean, error bar = std over seeds, dots = seeds")
       ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
     path = os.path.join(out, "guided_f1.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     written.append(path)
   return written
 

@@ -640,9 +640,8 @@ def dac_panels(alphas=DAC_ALPHAS, sufficiency=("grpo_full", "grpo_lora", "dac",
 def plot_dac(study: dict, out: str, panels: tuple | None = None) -> list[str]:
   """`panels` (default dac_panels(): the demo DAC study's) vs step ({WINDOW}-step moving
   averages over full windows): the mean over seeds as a line, the min-max over seeds as a band; a method whose runs do not log the key is left out."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from agentjax.plots import pyplot, save_figure
+  plt = pyplot()
   paths = []
   for key, name, label, methods in panels or dac_panels():
     fig, axes = plt.subplots(1, len(study), figsize=(7 * len(study), 4.5), squeeze=False)
@@ -668,9 +667,7 @@ def plot_dac(study: dict, out: str, panels: tuple | None = None) -> list[str]:
       ax.set_ylabel(f"{label}\n({WINDOW}-step moving average)")
       ax.grid(alpha=0.3)
       ax.legend(fontsize=8)
-    fig.tight_layout()
     path = os.path.join(out, f"{name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     paths.append(path)
   return paths

@@ -93,9 +93,8 @@ def plot_seed_bands(study: dict, out: str, panels, title: str = "{size} model"
   """One figure per (metric key, file name, label) of `panels` vs step (moving averages over full
   windows): the mean over seeds as a line, the min-max over seeds as a band. outcome_only's line
   lies under GRPO's (identical runs)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from agentjax.plots import pyplot, save_figure
+  plt = pyplot()
   paths = []
   # One colour per method across the panels (the regimes run different arms).
   methods = list(dict.fromkeys(m for s in study.values() for m in s["runs"]))
@@ -125,10 +124,8 @@ def plot_seed_bands(study: dict, out: str, panels, title: str = "{size} model"
       ax.set_ylabel(f"{label}\n({WINDOW}-step moving average)")
       ax.grid(alpha=0.3)
       ax.legend(fontsize=8)
-    fig.tight_layout()
     path = os.path.join(out, f"{name}.png")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
     paths.append(path)
   return paths
 
