@@ -4,13 +4,13 @@ under three ranking rewards, and rubric-guided agents.
 
     python launch/coreact_study.py                    # every stage, then the report
     python launch/coreact_study.py --stage=grpo       # one stage (its inputs must exist)
-    python launch/coreact_study.py --stage=report     # tables + plots from the finished runs
+    python launch/coreact_study.py --report_only      # tables + plots from the finished runs
     # SynthWorld v2 and the research backbone shipped in the repository: the
     # research settings (coreact.RESEARCH_DEFAULTS: runs/research/coreact, Monte-Carlo branch
     # values, ...), each finished job's record kept in docs/results/coreact_research/runs and
     # committed as it ends; the report from those records alone
     python launch/coreact_study.py --family=research --commit_records
-    python launch/coreact_study.py --family=research --stage=report
+    python launch/coreact_study.py --family=research --report_only
 
 Everything runs from the `make demo` world, BM25 index and SFT agent (--world=runs/demo:
 synthworld/, tfds/, bm25_index/, sft/hf_export) into --root (runs/coreact), each run a subprocess
@@ -128,7 +128,9 @@ def main(_):
     raise common.UserError(f"{os.getcwd()}: no configs/coreact.py; run from the repository root "
                            "(the runs' commands name configs/ and launch/ by relative path)")
   os.makedirs(s.root, exist_ok=True)
-  stage = _STAGE.value
+  # --report_only (agentjax/studies/sweep.py's flag, as launch/compare.py's studies take it): the
+  # report stage alone.
+  stage = "report" if FLAGS.report_only else _STAGE.value
   if stage != "report":
     prepare_world(s)
     todo = [j for j in jobs(s) if stage == "all" or j.stage == stage]
